@@ -1,0 +1,23 @@
+"""Megatron-compatible mmap indexed datasets (`.bin`/`.idx`, magic `MMIDIDX`) and GPT sample indices.
+
+This package owns the on-disk format; every other mds tool reads and writes it through
+`IndexedDatasetReader`, `IndexedDatasetWriter` and `merge_datasets`.
+"""
+
+from mds_indexed_data.errors import IndexedDatasetError
+from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
+from mds_indexed_data.merge import merge_datasets
+from mds_indexed_data.reader import IndexedDatasetReader
+from mds_indexed_data.writer import IndexedDatasetWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IndexedDatasetError",
+    "IndexedDatasetReader",
+    "IndexedDatasetWriter",
+    "best_fitting_dtype",
+    "data_file_path",
+    "index_file_path",
+    "merge_datasets",
+]

@@ -1,0 +1,30 @@
+"""Concatenation of datasets, as bigscience's `tools/merge_preprocessed_data.py` (serial mode).
+
+Items and documents keep their order; doc_idx entries are shifted by the items already present and
+pointers are recomputed, so merging shards of one input equals tokenizing the input in one run.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from mds_indexed_data.errors import IndexedDatasetError
+from mds_indexed_data.reader import IndexedDatasetReader
+from mds_indexed_data.writer import IndexedDatasetWriter
+
+
+def merge_datasets(prefixes: Sequence[str | Path], output_prefix: str | Path) -> IndexedDatasetReader:
+    """Writes `output_prefix.{bin,idx}` holding every input in order; returns a reader of it."""
+    if not prefixes:
+        raise IndexedDatasetError("merge needs at least one input dataset")
+    readers = [IndexedDatasetReader(prefix) for prefix in prefixes]
+    dtype = readers[0].dtype
+    for reader in readers[1:]:
+        if reader.dtype != dtype:
+            raise IndexedDatasetError(
+                f"{reader.index_path}: token dtype {reader.dtype} differs from {dtype} of "
+                f"{readers[0].index_path}; re-tokenize with the same vocabulary before merging"
+            )
+    with IndexedDatasetWriter(output_prefix, dtype=dtype) as writer:
+        for reader in readers:
+            writer.add_dataset(reader)
+    return IndexedDatasetReader(output_prefix)

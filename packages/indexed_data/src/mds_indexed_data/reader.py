@@ -1,0 +1,86 @@
+"""Read-only, memory-mapped view of a `.bin`/`.idx` pair; validates before anything is used.
+
+The `.bin` is never read into memory: items are numpy views into the mapping, so readers are cheap
+to open in every DataLoader worker.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from mds_indexed_data.errors import IndexedDatasetError
+from mds_indexed_data.mmap_format import (
+    HEADER_SIZE,
+    data_file_path,
+    decode_header,
+    index_file_path,
+    index_file_size,
+)
+
+
+class IndexedDatasetReader:
+    """Items (Megatron's unit; one per document unless sentences were split) of a dataset prefix."""
+
+    def __init__(self, prefix: str | Path):
+        self.prefix = str(prefix)
+        self.index_path = index_file_path(prefix)
+        self.data_path = data_file_path(prefix)
+        if not self.index_path.is_file():
+            raise IndexedDatasetError(
+                f"{self.index_path}: index file not found; pass the prefix without .bin/.idx"
+            )
+        if not self.data_path.is_file():
+            raise IndexedDatasetError(f"{self.data_path}: data file not found next to its index")
+
+        index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
+        self.dtype, num_items, num_doc_idx = decode_header(bytes(index[:HEADER_SIZE]), self.index_path)
+        expected = index_file_size(num_items, num_doc_idx)
+        if index.size < expected:
+            raise IndexedDatasetError(
+                f"{self.index_path}: truncated index ({index.size} bytes, header says {expected})"
+            )
+        buffer = index._mmap  # the raw mapping; np.frombuffer keeps it alive
+        self.sizes = np.frombuffer(buffer, np.int32, num_items, HEADER_SIZE)
+        self.pointers = np.frombuffer(buffer, np.int64, num_items, HEADER_SIZE + 4 * num_items)
+        self.doc_idx = np.frombuffer(buffer, np.int64, num_doc_idx, HEADER_SIZE + 12 * num_items)
+
+        data_bytes = self.data_path.stat().st_size
+        needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if num_items else 0
+        if data_bytes < needed:
+            raise IndexedDatasetError(
+                f"{self.data_path}: data file is {data_bytes} bytes but its index points to "
+                f"{needed}; the .bin is truncated or belongs to another index"
+            )
+        # np.memmap refuses empty files, and an empty dataset has nothing to map.
+        self._tokens = (
+            np.memmap(self.data_path, dtype=self.dtype, mode="r") if data_bytes else np.empty(0, self.dtype)
+        )
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sizes.sum(dtype=np.int64))
+
+    @property
+    def num_documents(self) -> int:
+        return max(len(self.doc_idx) - 1, 0)
+
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """`length` tokens of item `index` from token `offset` (Megatron's `get`), as a view."""
+        size = int(self.sizes[index])
+        if length is None:
+            length = size - offset
+        start = int(self.pointers[index]) // self.dtype.itemsize + offset
+        return self._tokens[start : start + length]
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.get(index)
+
+    def item_bytes(self, start: int, stop: int) -> tuple[int, int]:
+        """Byte range [begin, end) of the `.bin` that holds items start..stop-1."""
+        if start >= stop:
+            return 0, 0
+        begin = int(self.pointers[start])
+        return begin, int(self.pointers[stop - 1]) + int(self.sizes[stop - 1]) * self.dtype.itemsize
