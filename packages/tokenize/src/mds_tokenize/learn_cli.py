@@ -1,0 +1,80 @@
+"""`mds-tokenize learn`: the thin typer command that trains a GPT-2-format byte-level BPE vocabulary.
+
+The signature is the configuration (litgpt style); everything else lives in `learn.py`. Registered
+as a subcommand by `mds_tokenize.cli`.
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mds_tokenize.byte_level import END_OF_TEXT
+
+
+def learn(
+    inputs: Annotated[
+        list[Path],
+        typer.Option(
+            "--input",
+            help="jsonl corpus to learn from (.jsonl, .jsonl.gz, .jsonl.xz or .jsonl.zst by extension); "
+            "repeat the flag for more files.",
+        ),
+    ],
+    vocab_size: Annotated[
+        int,
+        typer.Option(
+            "--vocab-size",
+            help="Number of entries in vocab.json: 256 byte tokens + learned merges + special tokens.",
+        ),
+    ],
+    output_dir: Annotated[
+        Path,
+        typer.Option("--output-dir", help="Folder for vocab.json, merges.txt and learn-config.json."),
+    ],
+    json_keys: Annotated[
+        list[str],
+        typer.Option("--json-keys", help="Keys of each jsonl object whose text is learned from; repeatable."),
+    ] = ["text"],  # noqa: B006 - typer reads the default, nothing mutates it
+    min_frequency: Annotated[
+        int,
+        typer.Option(
+            "--min-frequency",
+            help="Stop merging when the most frequent pair occurs fewer times than this.",
+        ),
+    ] = 2,
+    special_tokens: Annotated[
+        list[str],
+        typer.Option(
+            "--special-tokens",
+            help=f"Special tokens appended after the merges, in order; repeatable. {END_OF_TEXT} "
+            "(the EOD) is always included, added last when not listed.",
+        ),
+    ] = [END_OF_TEXT],  # noqa: B006 - typer reads the default, nothing mutates it
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Processes counting words in parallel [default: the CPUs this process may use].",
+        ),
+    ] = None,
+) -> None:
+    """Learn a byte-level BPE vocabulary (vocab.json + merges.txt in GPT-2 format) from jsonl text."""
+    # Imported here so that `mds-tokenize --help` does not pay for the learner's imports.
+    from mds_tokenize.learn import run
+    from mds_tokenize.learn_config import LearnConfig
+
+    try:
+        config = LearnConfig(
+            inputs=tuple(inputs),
+            json_keys=tuple(json_keys),
+            vocab_size=vocab_size,
+            output_dir=output_dir,
+            min_frequency=min_frequency,
+            special_tokens=tuple(special_tokens),
+            workers=workers,
+        )
+        run(config)
+    except ValueError as error:
+        typer.echo(f"mds-tokenize learn: error: {error}", err=True)
+        raise typer.Exit(code=2) from None
