@@ -1,0 +1,19 @@
+"""Fused Triton kernels of mds_model, each with a pure-torch reference that is also the CPU path.
+
+Every function takes `use_kernel`: True runs the Triton kernel (CUDA, or the CPU interpreter under
+TRITON_INTERPRET=1), False the reference. The model passes its config's switch; nothing is patched.
+"""
+
+from ._common import triton_available
+from .bias_gelu import bias_gelu
+from .cross_entropy import vocab_parallel_cross_entropy
+from .layer_norm import add_layer_norm
+from .softmax import scaled_masked_softmax
+
+__all__ = [
+    "add_layer_norm",
+    "bias_gelu",
+    "scaled_masked_softmax",
+    "triton_available",
+    "vocab_parallel_cross_entropy",
+]
