@@ -1,0 +1,150 @@
+"""Tensor-parallel causal self-attention (Megatron's `ParallelAttention`) with three core backends.
+
+QKV comes out of one column-parallel linear laid out per partition as `[heads/TP, 3, head_dim]`
+(Megatron checkpoint version >= 2). The core runs flash-attn's function when importable (CUDA, half
+precision), else `scaled_dot_product_attention`, else (ALiBi, or cached queries shorter than keys)
+explicit scores through the kernel API's scaled masked softmax. Rotary follows GPT-NeoX's
+rotate-half over the whole head; ALiBi slopes follow Press et al. and BS, sliced per TP partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kernels
+from .config import GPTConfig
+from .layers import ColumnParallelLinear, RowParallelLinear
+from .parallel import ParallelGroups
+from .rng import RNGStatesTracker, checkpoint
+
+try:  # optional dependency: only used on CUDA with fp16/bf16
+    from flash_attn import flash_attn_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (B, heads/TP, S_past, head_dim)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Per-head slopes 2^(-8i/n); for n not a power of two, Press et al.'s interleaved extension."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return torch.tensor(power_of_2(num_heads))
+    closest = 2 ** math.floor(math.log2(num_heads))
+    extra = power_of_2(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(power_of_2(closest) + extra)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for rotary positions; not saved in checkpoints (derived from the config)."""
+
+    def __init__(self, head_dim: int, *, max_positions: int, base: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        # x: (B, heads, S, head_dim)
+        seq = x.shape[2]
+        cos = self.cos[offset:offset + seq].to(x.dtype)
+        sin = self.sin[offset:offset + seq].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+class ParallelSelfAttention(nn.Module):
+    """Causal self-attention; hidden states are Megatron's (S, B, H), heads split over TP ranks."""
+
+    def __init__(self, config: GPTConfig, *, groups: ParallelGroups,
+                 rng_tracker: RNGStatesTracker | None) -> None:
+        super().__init__()
+        h, dtype = config.hidden_size, config.torch_dtype
+        self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
+        self.num_local_heads = config.num_attention_heads // groups.tp_size
+        self.head_dim = config.head_dim
+        self.query_key_value = ColumnParallelLinear(
+            h, 3 * h, groups=groups, init_std=config.init_method_std, dtype=dtype)
+        self.dense = RowParallelLinear(
+            h, h, groups=groups, init_std=config.output_layer_init_std, dtype=dtype)
+        self.rotary = None
+        if config.position_embedding_type == "rotary":
+            self.rotary = RotaryEmbedding(
+                self.head_dim, max_positions=config.max_positions, base=config.rotary_base)
+        self.alibi: torch.Tensor | None = None
+        if config.position_embedding_type == "alibi":
+            start = groups.tp_rank * self.num_local_heads
+            slopes = alibi_slopes(config.num_attention_heads)[start:start + self.num_local_heads]
+            del self.alibi  # a plain attribute cannot become a buffer of the same name
+            self.register_buffer("alibi", slopes.view(-1, 1, 1), persistent=False)
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "flash" if flash_attn_func is not None else "sdpa"
+        if backend == "flash" and flash_attn_func is None:
+            raise ValueError("attention_backend 'flash' needs the flash-attn package; pip install flash-attn")
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, *, position_offset: int = 0, past_kv: KVCache | None = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, KVCache | None]:
+        seq, batch, _ = x.shape  # (S, B, H)
+        qkv, _ = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
+        qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
+        q, k, v = (qkv[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))  # each (B, nh, S, hd)
+        if self.rotary is not None:
+            q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
+        if past_kv is not None:
+            k, v = torch.cat((past_kv[0], k), dim=2), torch.cat((past_kv[1], v), dim=2)
+        present = (k, v) if use_cache else None
+        if self.config.activation_checkpointing == "selective" and self.training:
+            context = checkpoint(self._core, q, k, v, rng_tracker=self.rng_tracker)
+        else:
+            context = self._core(q, k, v)
+        context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
+        out, _ = self.dense(context)
+        return out, present
+
+    def _dropout_rng(self):
+        return self.rng_tracker.fork() if self.rng_tracker is not None else contextlib.nullcontext()
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + causal mask [+ ALiBi]) v; q (B, nh, Sq, hd), k/v (B, nh, Sk, hd)."""
+        p = self.config.attention_dropout if self.training else 0.0
+        sq, sk = q.shape[2], k.shape[2]
+        backend = self.backend
+        if self.alibi is not None or (sq != sk and sq > 1):
+            backend = "softmax"  # masks SDPA's is_causal cannot express (it aligns top-left)
+        if backend == "flash" and not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
+            backend = "sdpa"
+        with self._dropout_rng():  # dropout on TP-split heads must differ per rank
+            if backend == "flash":
+                out = flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), dropout_p=p, causal=True)
+                return out.transpose(1, 2)
+            if backend == "sdpa":
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
+            return self._softmax_core(q, k, v, p)
+
+    def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:
+        scale = 1.0 / math.sqrt(self.head_dim)
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (B, nh, Sq, Sk)
+        if self.alibi is not None:
+            # BS adds slope * key_position; the per-row constant it omits cancels in the softmax.
+            positions = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
+            bias = (self.alibi.to(q.device) * positions).to(scores.dtype)  # (nh, 1, Sk)
+            scores = scores * scale + bias
+            scale = 1.0
+        probs = kernels.scaled_masked_softmax(scores, scale=scale, causal=True,
+                                              use_kernel=self.config.use_fused_kernels)
+        if p > 0.0:
+            probs = F.dropout(probs, p=p)
+        return torch.matmul(probs, v)

@@ -1,0 +1,137 @@
+"""The GPT model's shape and options as one frozen dataclass, with Megatron's argument names.
+
+Vocabulary padding follows Megatron's `_vocab_size_with_padding`: the embedding row count is the
+smallest multiple of `make_vocab_size_divisible_by * tensor_model_parallel_size` that holds the
+tokenizer's vocabulary (50257 -> 50304 at TP=1), unless `pad_vocab_size_to` overrides it (BS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+POSITION_EMBEDDING_TYPES = ("learned", "rotary", "alibi")
+ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "softmax")
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+PARAMS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def padded_vocab_size(
+    vocab_size: int, *, make_vocab_size_divisible_by: int = 128, tensor_model_parallel_size: int = 1
+) -> int:
+    """Megatron's padding rule: round up to a multiple of divisible_by * TP."""
+    multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Everything that fixes the model's parameters and its forward computation."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_length: int = 1024
+    ffn_hidden_size: int | None = None  # None: 4 * hidden_size, as Megatron
+    max_position_embeddings: int | None = None  # None: seq_length
+    make_vocab_size_divisible_by: int = 128
+    tensor_model_parallel_size: int = 1
+    pad_vocab_size_to: int | None = None
+    layernorm_epsilon: float = 1e-5
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_method_std: float = 0.02
+    position_embedding_type: str = "learned"
+    rotary_base: float = 10000.0
+    embed_layernorm: bool = False
+    use_fused_kernels: bool = True
+    attention_backend: str = "auto"
+    activation_checkpointing: str = "none"
+    params_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+                     "seq_length", "make_vocab_size_divisible_by", "tensor_model_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})")
+        tp = self.tensor_model_parallel_size
+        if self.num_attention_heads % tp:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"tensor_model_parallel_size ({tp})")
+        if self.ffn_hidden_size is not None and (self.ffn_hidden_size < 1 or self.ffn_hidden_size % tp):
+            raise ValueError(
+                f"ffn_hidden_size ({self.ffn_hidden_size}) must be a positive multiple of "
+                f"tensor_model_parallel_size ({tp})")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) must be >= seq_length "
+                f"({self.seq_length})")
+        if self.pad_vocab_size_to is not None:
+            # Both checks and their wording follow BS Megatron-DeepSpeed's --pad-vocab-size-to.
+            if self.pad_vocab_size_to < self.vocab_size:
+                raise ValueError(
+                    f"pad_vocab_size_to ({self.pad_vocab_size_to}) is smaller than vocab_size "
+                    f"({self.vocab_size})")
+            if self.pad_vocab_size_to % tp:
+                raise ValueError(
+                    f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by {tp}")
+            if self.pad_vocab_size_to % self.make_vocab_size_divisible_by:
+                raise ValueError(
+                    f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by "
+                    f"{self.make_vocab_size_divisible_by}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.layernorm_epsilon <= 0:
+            raise ValueError(f"layernorm_epsilon must be > 0, got {self.layernorm_epsilon}")
+        if self.init_method_std <= 0:
+            raise ValueError(f"init_method_std must be > 0, got {self.init_method_std}")
+        _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
+        _check_choice("params_dtype", self.params_dtype, tuple(PARAMS_DTYPES))
+        if self.position_embedding_type == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary position embeddings need an even head dim, got {self.head_dim}")
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings or self.seq_length
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        if self.pad_vocab_size_to is not None:
+            return self.pad_vocab_size_to
+        return padded_vocab_size(
+            self.vocab_size, make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            tensor_model_parallel_size=self.tensor_model_parallel_size)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return PARAMS_DTYPES[self.params_dtype]
+
+    @property
+    def output_layer_init_std(self) -> float:
+        """Megatron's scaled init for the two output projections: std / sqrt(2 * num_layers)."""
+        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

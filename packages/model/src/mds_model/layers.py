@@ -1,0 +1,142 @@
+"""Tensor-parallel layers: vocab-parallel embedding, column- and row-parallel linears (Megatron `mpu/layers.py`).
+
+Weights are initialised as Megatron's `_initialize_affine_weight_cpu`: the full master weight is drawn
+on CPU in fp32 from the default generator (seeded alike on every TP rank) and this rank keeps its slice,
+so a model built with the same seed is the same model at any TP size. Split parameters carry
+Megatron's attributes `tensor_model_parallel`, `partition_dim` and `partition_stride` for the tools.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kernels
+from .parallel import (
+    ParallelGroups,
+    copy_to_tensor_parallel,
+    gather_from_tensor_parallel,
+    reduce_from_tensor_parallel,
+    scatter_to_tensor_parallel,
+)
+
+
+def _master_slice(shape: tuple[int, ...], *, std: float, partition_dim: int, groups: ParallelGroups,
+                  dtype: torch.dtype) -> torch.Tensor:
+    master = torch.empty(shape, dtype=torch.float32)
+    nn.init.normal_(master, mean=0.0, std=std)
+    part = master.chunk(groups.tp_size, dim=partition_dim)[groups.tp_rank]
+    return part.to(dtype).contiguous()
+
+
+def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
+    param.tensor_model_parallel = True
+    param.partition_dim = partition_dim
+    param.partition_stride = 1
+    return param
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional fused residual add; returns (normed, summed) like the kernel API."""
+
+    def __init__(self, hidden_size: int, *, eps: float, use_kernel: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.eps, self.use_kernel = eps, use_kernel
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return kernels.add_layer_norm(x, self.weight, self.bias, eps=self.eps, residual=residual,
+                                      use_kernel=self.use_kernel)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding whose rows (the padded vocabulary) are split in contiguous ranges over TP ranks.
+
+    With `norm` (BLOOM's embed_layernorm) the looked-up vectors go through a LayerNorm named
+    `word_embeddings.norm`, the name BS Megatron-DeepSpeed checkpoints use.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, groups: ParallelGroups,
+                 init_std: float, dtype: torch.dtype = torch.float32,
+                 norm: LayerNorm | None = None) -> None:
+        super().__init__()
+        if num_embeddings % groups.tp_size:
+            raise ValueError(f"vocabulary size {num_embeddings} is not divisible by {groups.tp_size}")
+        self.groups = groups
+        self.num_embeddings = num_embeddings
+        self.num_local = num_embeddings // groups.tp_size
+        self.vocab_start_index = groups.tp_rank * self.num_local
+        self.weight = _mark_parallel(nn.Parameter(_master_slice(
+            (num_embeddings, embedding_dim), std=init_std, partition_dim=0, groups=groups, dtype=dtype)), 0)
+        self.norm = norm
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = self._lookup(tokens)
+        return out if self.norm is None else self.norm(out)[0]
+
+    def _lookup(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.groups.tp_size == 1:
+            return F.embedding(tokens, self.weight)
+        # Ids outside this rank's range look up row 0 and are zeroed; the all-reduce fills them in.
+        local = tokens - self.vocab_start_index
+        outside = (local < 0) | (local >= self.num_local)
+        local = local.masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tensor_parallel(out, self.groups.tp_group)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A^T + b with A split by rows (output features): each rank computes Y's own columns."""
+
+    def __init__(self, in_features: int, out_features: int, *, groups: ParallelGroups, init_std: float,
+                 bias: bool = True, gather_output: bool = False, skip_bias_add: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if out_features % groups.tp_size:
+            raise ValueError(f"output size {out_features} is not divisible by {groups.tp_size}")
+        self.groups, self.gather_output, self.skip_bias_add = groups, gather_output, skip_bias_add
+        self.weight = _mark_parallel(nn.Parameter(_master_slice(
+            (out_features, in_features), std=init_std, partition_dim=0, groups=groups, dtype=dtype)), 0)
+        self.bias = None
+        if bias:
+            self.bias = _mark_parallel(
+                nn.Parameter(torch.zeros(out_features // groups.tp_size, dtype=dtype)), 0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = copy_to_tensor_parallel(x, self.groups.tp_group)
+        add_bias = self.bias is not None and not self.skip_bias_add
+        y = F.linear(x, self.weight, self.bias if add_bias else None)
+        if self.gather_output:
+            y = gather_from_tensor_parallel(y, self.groups.tp_group)
+        return y, (self.bias if self.skip_bias_add else None)
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X A^T + b with A split by columns (input features); partial products are all-reduced.
+
+    The bias is replicated and added after the reduction (or returned, with skip_bias_add, so the
+    caller can fuse it with dropout and the residual add as Megatron does).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, groups: ParallelGroups, init_std: float,
+                 bias: bool = True, input_is_parallel: bool = True, skip_bias_add: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if in_features % groups.tp_size:
+            raise ValueError(f"input size {in_features} is not divisible by {groups.tp_size}")
+        self.groups, self.input_is_parallel, self.skip_bias_add = groups, input_is_parallel, skip_bias_add
+        self.weight = _mark_parallel(nn.Parameter(_master_slice(
+            (out_features, in_features), std=init_std, partition_dim=1, groups=groups, dtype=dtype)), 1)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_parallel(x, self.groups.tp_group)
+        y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
+        if self.bias is None or self.skip_bias_add:
+            return y, self.bias
+        return y + self.bias, None

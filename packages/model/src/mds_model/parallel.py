@@ -1,0 +1,149 @@
+"""Process groups passed explicitly (no globals) and Megatron's four tensor-parallel mappings.
+
+Rank layout follows Megatron and DeepSpeed's `PipeModelDataParallelTopology`: tensor-parallel ranks
+are consecutive, data-parallel next, pipeline stages outermost (rank = (pp * dp + d) * tp + t).
+The mappings are Megatron's `mpu/mappings.py` autograd functions: copy (identity forward, all-reduce
+backward), reduce (all-reduce forward, identity backward), gather/scatter along the last dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """This rank's place in the (pp, dp, tp) grid; a group of None means size 1, no communication."""
+
+    tp_group: dist.ProcessGroup | None = None
+    tp_rank: int = 0
+    tp_size: int = 1
+    dp_group: dist.ProcessGroup | None = None
+    dp_rank: int = 0
+    dp_size: int = 1
+    pp_group: dist.ProcessGroup | None = None
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    def __post_init__(self) -> None:
+        for kind in ("tp", "dp", "pp"):
+            rank, size = getattr(self, f"{kind}_rank"), getattr(self, f"{kind}_size")
+            assert 0 <= rank < size, f"{kind} rank {rank} outside size {size}"
+            assert size == 1 or getattr(self, f"{kind}_group") is not None, f"{kind} group missing"
+
+    @classmethod
+    def build(cls, *, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> ParallelGroups:
+        """Creates every group of the grid (collectively: all ranks must call this in the same order)."""
+        if not dist.is_initialized():
+            raise ValueError("torch.distributed must be initialised before building parallel groups")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        tp, pp = tensor_parallel_size, pipeline_parallel_size
+        if world % (tp * pp):
+            raise ValueError(
+                f"world size {world} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size")
+        dp = world // (tp * pp)
+
+        def coords(r: int) -> tuple[int, int, int]:
+            return r // (dp * tp), (r // tp) % dp, r % tp
+
+        mine = coords(rank)
+        found: dict[str, dist.ProcessGroup | None] = {}
+        for kind, axis in (("tp", 2), ("dp", 1), ("pp", 0)):
+            # Every rank creates every group of this kind: new_group is collective over the world.
+            members_by_key: dict[tuple[int, ...], list[int]] = {}
+            for r in range(world):
+                key = tuple(c for i, c in enumerate(coords(r)) if i != axis)
+                members_by_key.setdefault(key, []).append(r)
+            for members in members_by_key.values():
+                group = dist.new_group(members)
+                if rank in members:
+                    found[kind] = group
+        return cls(tp_group=found["tp"] if tp > 1 else None, tp_rank=mine[2], tp_size=tp,
+                   dp_group=found["dp"] if dp > 1 else None, dp_rank=mine[1], dp_size=dp,
+                   pp_group=found["pp"] if pp > 1 else None, pp_rank=mine[0], pp_size=pp)
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    x = x.contiguous()
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _split_last(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is None:
+        return x
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(size, dim=-1)[rank].contiguous()
+
+
+def _gather_last(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is None:
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad.clone(), ctx.group), None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        # Clone so that the all-reduce (in place) never writes into a tensor autograd saved.
+        return _all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _ScatterToTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_last(grad, ctx.group), None
+
+
+class _GatherFromTensorParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_last(grad, ctx.group), None
+
+
+def copy_to_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    return x if group is None else _CopyToTensorParallel.apply(x, group)
+
+
+def reduce_from_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    return x if group is None else _ReduceFromTensorParallel.apply(x, group)
+
+
+def scatter_to_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    return x if group is None else _ScatterToTensorParallel.apply(x, group)
+
+
+def gather_from_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    return x if group is None else _GatherFromTensorParallel.apply(x, group)
