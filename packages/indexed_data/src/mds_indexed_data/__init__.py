@@ -4,7 +4,17 @@ This package owns the on-disk format; every other mds tool reads and writes it t
 `IndexedDatasetReader`, `IndexedDatasetWriter` and `merge_datasets`.
 """
 
+from mds_indexed_data.blending import BlendedDataset
+from mds_indexed_data.build import (
+    BlendSummary,
+    DatasetsBuild,
+    SplitSummary,
+    build_train_valid_test_datasets,
+    format_summary,
+)
+from mds_indexed_data.config import GPTDataConfig, parse_data_path, samples_from_iterations
 from mds_indexed_data.errors import IndexedDatasetError
+from mds_indexed_data.gpt_dataset import GPTDataset
 from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
 from mds_indexed_data.merge import merge_datasets
 from mds_indexed_data.reader import IndexedDatasetReader
@@ -13,6 +23,16 @@ from mds_indexed_data.writer import IndexedDatasetWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlendSummary",
+    "BlendedDataset",
+    "DatasetsBuild",
+    "GPTDataConfig",
+    "GPTDataset",
+    "SplitSummary",
+    "build_train_valid_test_datasets",
+    "format_summary",
+    "parse_data_path",
+    "samples_from_iterations",
     "IndexedDatasetError",
     "IndexedDatasetReader",
     "IndexedDatasetWriter",

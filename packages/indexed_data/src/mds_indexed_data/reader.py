@@ -59,6 +59,14 @@ class IndexedDatasetReader:
     def __len__(self) -> int:
         return len(self.sizes)
 
+    # Pickling (DataLoader workers under spawn/forkserver) sends the prefix and maps the files
+    # again, instead of copying every token through a pipe.
+    def __getstate__(self) -> dict:
+        return {"prefix": self.prefix}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["prefix"])
+
     @property
     def num_tokens(self) -> int:
         return int(self.sizes.sum(dtype=np.int64))
