@@ -1,0 +1,126 @@
+"""GPT-2 byte-level BPE tokenizer built from `vocab.json` + `merges.txt`: encode, decode, EOD.
+
+Follows Megatron's `_GPT2BPETokenizer` (megatron-reference.md 3.2-3.5): the GPT-2 pretokenizer
+pattern, the byte-to-unicode map, merge ranks by line, unknown symbols -> id 0, `<|endoftext|>` as EOD
+(never special inside text). The hot path is the Cython `BPECore`; this class interns the symbols.
+"""
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mds_tokenize._bpe import BPECore
+from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode, unicode_to_bytes
+from mds_tokenize.unicode_classes import pattern_classes
+from mds_tokenize.vocab_files import load_merges, load_vocab
+
+
+class GPT2BPETokenizer:
+    """`encode(text) -> list[int]`, `decode(ids) -> str`, `eod`, `vocab_size` (unpadded)."""
+
+    def __init__(
+        self,
+        *,
+        vocab: dict[str, int],
+        merges: Sequence[tuple[str, str]],
+        cache_words: int = 1 << 18,
+    ):
+        self.vocab = dict(vocab)
+        self.merges = [tuple(pair) for pair in merges]
+        self.vocab_size = len(self.vocab)
+        self._cache_words = cache_words
+        # Megatron's BPE works on strings; interning them keeps "equal string" == "equal symbol".
+        symbols: dict[str, int] = {}
+
+        def intern(symbol: str) -> int:
+            return symbols.setdefault(symbol, len(symbols))
+
+        for token in self.vocab:
+            intern(token)
+        byte_symbols = [intern(char) for _, char in sorted(bytes_to_unicode().items())]
+        merge_symbols = [(intern(left), intern(right), intern(left + right)) for left, right in self.merges]
+        # Symbols missing from the vocab map to id 0, as Megatron's `encoder.get(token, 0)`... never
+        # reached with the real GPT-2 files, but possible with a hand-trimmed vocab.
+        symbol_ids = [self.vocab.get(symbol, 0) for symbol in symbols]
+        self._core = BPECore(
+            classes=pattern_classes(),
+            byte_symbols=byte_symbols,
+            symbol_ids=symbol_ids,
+            merges=merge_symbols,
+            cache_words=cache_words,
+        )
+        self.max_token_id = max(self.vocab.values())
+        byte_of = unicode_to_bytes()
+        self._token_bytes: list[bytes | None] = [None] * (self.max_token_id + 1)
+        for token, token_id in self.vocab.items():
+            # Characters outside the byte alphabet (only in non-GPT-2 vocabs) decode as their UTF-8.
+            self._token_bytes[token_id] = b"".join(
+                bytes([byte_of[char]]) if char in byte_of else char.encode("utf-8", "surrogatepass")
+                for char in token
+            )
+
+    @classmethod
+    def from_files(cls, vocab_file: str | Path, merge_file: str | Path, **kwargs) -> "GPT2BPETokenizer":
+        """Raises TokenizerFileError (a ValueError naming the file) for a missing or bad file."""
+        return cls(vocab=load_vocab(vocab_file), merges=load_merges(merge_file), **kwargs)
+
+    def __reduce__(self):
+        return (_rebuild, (self.vocab, self.merges, self._cache_words))
+
+    @property
+    def eod(self) -> int:
+        if END_OF_TEXT not in self.vocab:
+            raise ValueError(f"the vocabulary has no {END_OF_TEXT} token to use as end of document")
+        return self.vocab[END_OF_TEXT]
+
+    @property
+    def has_eod(self) -> bool:
+        return END_OF_TEXT in self.vocab
+
+    def encode_batch(self, texts: list[str], *, append_eod: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as uint32 back to back, lengths as int64). A text with a lone surrogate gets length
+        -1 and contributes nothing; an empty result gets length 0 and no EOD (Megatron skips it)."""
+        eod = self.eod if append_eod else 0
+        return self._core.encode_batch(texts, append_eod=append_eod, eod=eod)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        ids, lengths = self._core.encode_batch([text])
+        if lengths[0] < 0:
+            raise ValueError(
+                "text contains a lone surrogate (U+D800..U+DFFF), which has no UTF-8 encoding"
+            )
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def split(self, text: str) -> list[str]:
+        """The pretokens, equal to `regex.findall(GPT2_SPLIT_PATTERN, text)`."""
+        return self._core.split(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id <= self.max_token_id or self._token_bytes[token_id] is None:
+            raise ValueError(f"token id {token_id} is not in the vocabulary (ids 0..{self.max_token_id})")
+        return self._token_bytes[token_id]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        table = self._token_bytes
+        try:
+            pieces = [table[token_id] for token_id in ids]
+        except (IndexError, TypeError):
+            pieces = None
+        if pieces is None or None in pieces:
+            for token_id in ids:
+                self.token_bytes(int(token_id))  # raises for the first unknown id
+        return b"".join(pieces)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Megatron's decode: token bytes concatenated, invalid UTF-8 replaced with U+FFFD."""
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def _rebuild(vocab: dict[str, int], merges: list[tuple[str, str]], cache_words: int) -> GPT2BPETokenizer:
+    return GPT2BPETokenizer(vocab=vocab, merges=merges, cache_words=cache_words)
