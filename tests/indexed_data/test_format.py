@@ -184,7 +184,7 @@ def test_truncated_header(small):
 def test_truncated_arrays(small):
     path = Path(f"{small}.idx")
     path.write_bytes(path.read_bytes()[:-8])
-    with pytest.raises(IndexedDatasetError, match=r"truncated index \(86 bytes, header says 94\)"):
+    with pytest.raises(IndexedDatasetError, match=r"truncated index \(94 bytes, header says 102\)"):
         IndexedDatasetReader(small)
 
 
