@@ -119,8 +119,8 @@ def test_epoch_count_and_last_epoch_rule():
 def test_wide_output_dtypes_give_the_same_rows():
     sizes = np.array([5, 0, 9, 1, 30, 2], dtype=np.int32)
     doc_idx = np.array([4, 0, 2, 5, 3, 1, 4, 0], dtype=np.int32)
-    narrow = helpers.build_sample_idx(sizes, doc_idx, 6, 14, np.int32)
-    wide = helpers.build_sample_idx(sizes, doc_idx.astype(np.int64), 6, 14, np.int64)
+    narrow = helpers.build_sample_idx(sizes, doc_idx, 6, 13, np.int32)
+    wide = helpers.build_sample_idx(sizes, doc_idx.astype(np.int64), 6, 13, np.int64)
     assert wide.dtype == np.int64 and wide.tolist() == narrow.tolist()
     assert narrow[:3].tolist() == [[0, 0], [0, 6], [0, 12]]
 
