@@ -1,0 +1,137 @@
+"""Streams a jsonl file (plain, .gz, .xz or .zst by extension) as blocks of whole lines.
+
+Memory stays bounded whatever the file size (one block plus one partial line). `--partition K/N`
+takes the lines that start in the K-th of N equal byte ranges, so the N shards tile the file exactly.
+"""
+
+import gzip
+import lzma
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class Block:
+    """Whole lines of the input; `first_line` is 1-based within the file (or within the shard)."""
+
+    data: bytes
+    first_line: int
+    offset: int  # byte offset of data[0] in the (decompressed) input
+
+
+class InputError(ValueError):
+    """Unreadable input: a corrupt or truncated compressed file."""
+
+
+def _line_start_at_or_after(handle, offset: int, size: int) -> int:
+    """The first offset >= `offset` where a line starts (size if none)."""
+    if offset <= 0:
+        return 0
+    if offset >= size:
+        return size
+    handle.seek(offset - 1)
+    position = offset - 1
+    while True:
+        chunk = handle.read(1 << 16)
+        if not chunk:
+            return size
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+        position += len(chunk)
+
+
+def partition_range(path: Path, index: int, count: int) -> tuple[int, int]:
+    """Byte range [start, end) of shard `index` of `count` in an uncompressed file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        start = _line_start_at_or_after(handle, size * index // count, size)
+        end = _line_start_at_or_after(handle, size * (index + 1) // count, size)
+    return start, end
+
+
+class InputReader:
+    """Iterate to get Blocks; `position` and `total` give progress in on-disk bytes."""
+
+    def __init__(self, path: str | Path, *, block_bytes: int, partition: tuple[int, int] | None = None):
+        self.path = Path(path)
+        self.block_bytes = block_bytes
+        self._raw = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        suffix = self.path.suffix
+        self.start, self.end = 0, os.path.getsize(self.path)
+        if partition is not None:
+            self.start, self.end = partition_range(self.path, *partition)
+            self._raw.seek(self.start)
+        if suffix == ".gz":
+            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        elif suffix == ".xz":
+            self._stream = lzma.LZMAFile(self._raw, mode="rb")
+        elif suffix == ".zst":
+            self._stream = zstandard.ZstdDecompressor().stream_reader(self._raw, read_across_frames=True)
+        else:
+            self._stream = self._raw
+        self.total = self.end - self.start
+        self.num_bytes_read = 0
+
+    @property
+    def position(self) -> int:
+        """On-disk bytes consumed so far (compressed bytes for a compressed file)."""
+        if self._stream is self._raw:
+            return self.num_bytes_read
+        return min(self._raw.tell(), self.end)
+
+    def _read(self, size: int) -> bytes:
+        if self._stream is self._raw:
+            size = min(size, self.end - self.start - self.num_bytes_read)
+            if size <= 0:
+                return b""
+        try:
+            chunk = self._stream.read(size)
+        except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as error:
+            raise InputError(f"{self.path}: cannot decompress ({error}); the file is corrupt or truncated") from None
+        self.num_bytes_read += len(chunk)
+        return chunk
+
+    def __iter__(self) -> Iterator[Block]:
+        carry = b""
+        offset = self.start
+        first_line = 1
+        at_start = self.start == 0
+        while True:
+            chunk = self._read(self.block_bytes)
+            if at_start:
+                at_start = False
+                if chunk.startswith(UTF8_BOM):
+                    # Editors on Windows add it; json.loads would reject the first line for it.
+                    chunk = chunk[len(UTF8_BOM):]
+                    offset += len(UTF8_BOM)
+            if not chunk:
+                if carry:
+                    yield Block(carry, first_line, offset)
+                return
+            data = carry + chunk if carry else chunk
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data  # one line longer than a block: keep reading until it ends
+                continue
+            block, carry = data[:cut], data[cut:]
+            yield Block(block, first_line, offset)
+            first_line += block.count(b"\n")
+            offset += len(block)
+
+    def close(self) -> None:
+        if self._stream is not self._raw:
+            self._stream.close()
+        self._raw.close()
+
+    def __enter__(self) -> "InputReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
