@@ -1,0 +1,155 @@
+"""Worker for the multi-process model tests, launched by torchrun over gloo (CPU, fp32).
+
+Modes (argv[1]); each rank writes `rank{r}.json` under argv[2] with max abs differences:
+  tp    TP=2 vs TP=1: logits, loss and every parameter gradient, for several position types.
+  pp    PP=2 (DeepSpeed pipeline engine, 2 micro-batches) vs the plain GPT: loss and every gradient,
+        then `save_checkpoint` into argv[2]/ckpt so the test can read the file names and keys.
+  tppp  TP=2 x PP=2 (4 ranks) vs the plain GPT, as pp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mds_model.config import GPTConfig
+from mds_model.gpt import GPT, masked_mean
+from mds_model.parallel import ParallelGroups
+
+VOCAB, SEQ, BATCH = 250, 12, 3  # 250 pads to 256 at TP=1 and TP=2 with divisible_by 64
+
+
+def tiny_config(tp: int, **overrides) -> GPTConfig:
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB, seq_length=SEQ,
+                make_vocab_size_divisible_by=64, tensor_model_parallel_size=tp, hidden_dropout=0.0,
+                attention_dropout=0.0, use_fused_kernels=False)
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def batch(seed: int, batch_size: int = BATCH):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (batch_size, SEQ), generator=gen)
+    labels = torch.randint(0, VOCAB, (batch_size, SEQ), generator=gen)
+    loss_mask = (torch.rand(batch_size, SEQ, generator=gen) > 0.2).float()
+    return tokens, labels, loss_mask
+
+
+def local_slice(full: torch.Tensor, param: torch.nn.Parameter, groups: ParallelGroups) -> torch.Tensor:
+    """The part of a TP=1 tensor that this rank's (possibly split) parameter holds."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return full
+    return full.chunk(groups.tp_size, dim=param.partition_dim)[groups.tp_rank]
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.double() - b.double()).abs().max().item()
+
+
+def run_tp(out: Path) -> dict:
+    groups = ParallelGroups.build(tensor_parallel_size=2)
+    results = {}
+    variants = {
+        "learned": {},
+        "alibi_embed_layernorm": {"position_embedding_type": "alibi", "embed_layernorm": True},
+        "rotary_selective": {"position_embedding_type": "rotary", "activation_checkpointing": "selective"},
+        "learned_full_ckpt": {"activation_checkpointing": "full"},
+    }
+    for name, overrides in variants.items():
+        ref = GPT(tiny_config(1, **overrides), init_seed=7)
+        par = GPT(tiny_config(2, **overrides), groups=groups, init_seed=7)
+        tokens, labels, loss_mask = batch(11)
+        ref_logits = ref(tokens)
+        par_logits = par.gather_logits(par(tokens))
+        ref_loss = masked_mean(ref(tokens, labels), loss_mask)
+        par_loss = masked_mean(par(tokens, labels), loss_mask)
+        ref_loss.backward()
+        par_loss.backward()
+        ref_params = dict(ref.named_parameters())
+        grad_diffs = {
+            pname: max_diff(p.grad, local_slice(ref_params[pname].grad, p, groups))
+            for pname, p in par.named_parameters()
+        }
+        weight_diffs = [max_diff(p, local_slice(ref_params[n], p, groups)) for n, p in par.named_parameters()]
+        results[name] = {
+            "logits": max_diff(ref_logits, par_logits),
+            "loss": abs(ref_loss.item() - par_loss.item()),
+            "grads": grad_diffs,
+            "weights": max(weight_diffs),
+            "num_params": len(grad_diffs),
+        }
+    return results
+
+
+def pipe_param_name(name: str, num_layers: int) -> str:
+    """PipelineModule parameter name -> plain GPT parameter name."""
+    if name.startswith("tied_modules.embed."):
+        return "embedding." + name[len("tied_modules.embed."):]
+    index, rest = name.split(".", 1)
+    index = int(index)
+    if 3 <= index < 3 + num_layers:
+        return f"layers.{index - 3}.{rest}"
+    assert index == num_layers + 4, name
+    return f"final_layernorm.{rest}"
+
+
+def run_pipe(out: Path, tp: int) -> dict:
+    import deepspeed
+
+    from mds_model.pipeline import build_gpt_pipe
+
+    groups = ParallelGroups.build(tensor_parallel_size=tp, pipeline_parallel_size=2)
+    config = tiny_config(tp, num_layers=4, position_embedding_type="learned")
+    pipe = build_gpt_pipe(config, groups=groups, rng_tracker=None, init_seed=5)
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=1.0)  # delta of one step = the gradient
+    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                 "steps_per_print": 10**9, "gradient_clipping": 0.0}
+    engine, _, _, _ = deepspeed.initialize(model=pipe, optimizer=optimizer, config=ds_config)
+    micro = [batch(21 + i, batch_size=2) for i in range(2)]
+    before = {n: p.detach().clone() for n, p in pipe.named_parameters()}
+    data = iter([(tokens, (labels, mask)) for tokens, labels, mask in micro])
+    pipe_loss = engine.train_batch(data_iter=data).item()
+
+    ref = GPT(tiny_config(1, num_layers=4), init_seed=5)
+    ref_loss = sum(masked_mean(ref(t, lab), m) for t, lab, m in micro) / len(micro)
+    ref_loss.backward()
+    ref_params = dict(ref.named_parameters())
+    weight_diffs, grad_diffs = {}, {}
+    for name, p in pipe.named_parameters():
+        if groups.pp_rank > 0 and name.startswith("tied_modules.embed.position_embeddings"):
+            continue  # the last stage's embedding copy only lends its tied word embeddings to the head
+        ref_p = ref_params[pipe_param_name(name, config.num_layers)]
+        weight_diffs[name] = max_diff(before[name], local_slice(ref_p.detach(), p, groups))
+        grad_diffs[name] = max_diff(before[name] - p.detach(), local_slice(ref_p.grad, p, groups))
+    engine.save_checkpoint(str(out / "ckpt"), tag="global_step1")
+    return {"loss": abs(pipe_loss - ref_loss.item()), "pipe_loss": pipe_loss,
+            "weights": max(weight_diffs.values()), "grads": grad_diffs,
+            "stage": groups.pp_rank, "tp_rank": groups.tp_rank}
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    torch.manual_seed(0)
+    if mode == "tp":
+        dist.init_process_group("gloo")
+        result = run_tp(out)
+    else:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        result = run_pipe(out, tp=2 if mode == "tppp" else 1)
+    rank = dist.get_rank()
+    (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
