@@ -55,7 +55,7 @@ def learn(
         int | None,
         typer.Option(
             "--workers",
-            help="Processes counting words in parallel [default: the CPUs this process may use].",
+            help="Processes counting words in parallel (default: every CPU this process may use).",
         ),
     ] = None,
 ) -> None:

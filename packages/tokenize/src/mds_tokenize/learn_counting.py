@@ -5,63 +5,35 @@ Words are the matches of GPT-2's split pattern (megatron-reference.md 3.2), coun
 byte-level mapping is applied once per distinct word afterwards.
 """
 
-import gzip
-import json
-import lzma
 import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
 
 import regex
 
 from mds_tokenize.byte_level import GPT2_SPLIT_PATTERN
+from mds_tokenize.documents import _check_line
+from mds_tokenize.input_reader import InputReader
 
-# Lines are shipped to workers in chunks of about this many bytes: large enough to amortise the
+# Lines are shipped to workers in blocks of about this many bytes: large enough to amortise the
 # queue, small enough to keep every worker busy on small corpora.
-CHUNK_BYTES = 1 << 20
+BLOCK_BYTES = 1 << 20
 
 
-@contextmanager
-def open_jsonl(path: Path) -> Iterator[BinaryIO]:
-    """Opens a jsonl file for binary line reading, decompressing by extension."""
-    suffix = path.suffix.lower()
-    if suffix == ".gz":
-        stream = gzip.open(path, "rb")
-    elif suffix == ".xz":
-        stream = lzma.open(path, "rb")
-    elif suffix == ".zst":
-        import io
-
-        import zstandard
-
-        raw = open(path, "rb")  # noqa: SIM115 - closed with the reader below
-        stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    else:
-        stream = open(path, "rb")  # noqa: SIM115 - closed in the finally below
-    try:
-        yield stream
-    finally:
-        stream.close()
-
-
-def read_chunks(paths: tuple[Path, ...]) -> Iterator[tuple[str, int, bytes]]:
-    """Yields (path, number of the chunk's first line, newline-joined lines) over all inputs."""
+def read_blocks(paths: tuple[Path, ...]) -> Iterator[tuple[tuple[str, int, bytes], int]]:
+    """Yields ((path, number of the block's first line, whole lines), on-disk bytes consumed since the
+    previous block) over all inputs, decompressing by extension (the encoder's reader)."""
     for path in paths:
-        line_number = 1
         try:
-            with open_jsonl(Path(path)) as stream:
-                while lines := stream.readlines(CHUNK_BYTES):
-                    yield str(path), line_number, b"".join(lines)
-                    line_number += len(lines)
-        except (OSError, EOFError, lzma.LZMAError) as error:
-            raise ValueError(f"--input {path}: cannot read it ({error}); check the file") from None
-        except Exception as error:  # zstandard.ZstdError, without importing zstandard for plain files
-            if type(error).__name__ != "ZstdError":
-                raise
-            raise ValueError(f"--input {path}: cannot decompress it ({error}); check the file") from None
+            reader = InputReader(path, block_bytes=BLOCK_BYTES)
+        except OSError as error:
+            raise ValueError(f"--input {path}: cannot read it ({error.strerror}); check the file") from None
+        with reader:
+            position = 0
+            for block in reader:
+                yield (str(path), block.first_line, block.data), reader.position - position
+                position = reader.position
 
 
 class WordCounter:
@@ -79,19 +51,12 @@ class WordCounter:
         self.num_bytes += len(chunk)
         for offset, line in enumerate(chunk.split(b"\n")):
             if not line.strip():
-                continue  # blank lines (e.g. a trailing one) carry no document
-            where = f"{path}:{first_line + offset}"
-            try:
-                document = json.loads(line)
-            except ValueError as error:
-                raise ValueError(f"{where}: not valid JSON ({error}); fix or remove the line") from None
-            if not isinstance(document, dict):
-                raise ValueError(f"{where}: expected a JSON object per line, got {type(document).__name__}")
-            for key in self.json_keys:
-                text = document.get(key)
-                if not isinstance(text, str):
-                    problem = "has no key" if text is None else "has a non-string value for"
-                    raise ValueError(f"{where}: document {problem} {key!r}; check --json-keys")
+                continue  # blank lines carry no document, as in the encoder
+            # The encoder's line check: same accepted lines, same messages, lone surrogates refused.
+            texts, reason = _check_line(line, self.json_keys)
+            if texts is None:
+                raise ValueError(f"{path}:{first_line + offset}: {reason}; fix or remove the line")
+            for text in texts:
                 self.words.update(self._find_words(text))
             self.num_documents += 1
 
@@ -117,13 +82,13 @@ def count_words(
     on_chunk: Callable[[int], None] | None = None,
 ) -> tuple[Counter[str], int]:
     """Returns (word -> count over all inputs, number of documents). `on_chunk(num_bytes)` reports
-    progress in input (decompressed) bytes. The result does not depend on `num_workers`."""
+    progress in on-disk (compressed) input bytes. The result does not depend on `num_workers`."""
     if num_workers == 1:
         counter = WordCounter(json_keys=json_keys)
-        for chunk in read_chunks(paths):
+        for chunk, num_disk_bytes in read_blocks(paths):
             counter.count_chunk(*chunk)
             if on_chunk is not None:
-                on_chunk(len(chunk[2]))
+                on_chunk(num_disk_bytes)
         return counter.words, counter.num_documents
 
     context = multiprocessing.get_context()
@@ -136,10 +101,10 @@ def count_words(
     for process in processes:
         process.start()
     try:
-        for chunk in read_chunks(paths):
+        for chunk, num_disk_bytes in read_blocks(paths):
             tasks.put(chunk)
             if on_chunk is not None:
-                on_chunk(len(chunk[2]))
+                on_chunk(num_disk_bytes)
     finally:
         for _ in processes:
             tasks.put(None)
