@@ -14,7 +14,8 @@ _CUBIC = 0.044715
 
 def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Pure-torch bias+GeLU in fp32 (the CPU path and the tests' oracle); autograd gives the backward."""
-    z = x.float() + bias.float()
+    compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    z = x.to(compute_dtype) + bias.to(compute_dtype)
     y = 0.5 * z * (1.0 + torch.tanh(_SQRT_2_OVER_PI * z * (1.0 + _CUBIC * z * z)))
     return y.to(x.dtype)
 

@@ -66,7 +66,7 @@ if triton is not None:
         dw_acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         db_acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for row_i in range(pid, num_rows, num_programs):
-            row = row_i.to(tl.int64)
+            row = tl.cast(row_i, tl.int64)
             s = tl.load(sum_ptr + row * stride_sum + cols, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
             mean = tl.load(mean_ptr + row)
