@@ -1,5 +1,5 @@
 """`mds-tokenize learn` as a command: GPT-2-format files, invariance to workers and compression, and
-one clear stderr line (exit 2, nothing written) for each user mistake."""
+one clear stderr line (exit 1, nothing written) for each user mistake."""
 
 import gzip
 import json
@@ -85,7 +85,7 @@ def test_corpus_too_small_for_the_vocabulary_writes_what_it_supports(tmp_path, c
 
 
 def assert_user_error(result, message: str, output_dir: Path):
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mds-tokenize learn: error: "), result.stderr
     assert message in lines[0], lines[0]
@@ -144,5 +144,5 @@ def test_failure_keeps_an_earlier_vocabulary_intact(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"text": "ok"}\nnot json\n')
     result = invoke("--input", bad, "--vocab-size", 260, "--output-dir", tmp_path / "out")
-    assert result.exit_code == 2 and "bad.jsonl:2: not valid JSON" in result.stderr
+    assert result.exit_code == 1 and "bad.jsonl:2: not valid JSON" in result.stderr
     assert {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()} == before

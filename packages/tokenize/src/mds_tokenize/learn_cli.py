@@ -77,4 +77,4 @@ def learn(
         run(config)
     except ValueError as error:
         typer.echo(f"mds-tokenize learn: error: {error}", err=True)
-        raise typer.Exit(code=2) from None
+        raise typer.Exit(code=1) from None
