@@ -123,3 +123,31 @@ def test_byte_ids_follow_gpt2(shared_data):
     assert {token: token_id for token, token_id in vocab.items() if token_id < 256} == {
         token: token_id for token, token_id in gpt2.items() if token_id < 256
     }
+
+
+def hf_learn(texts, *, vocab_size: int, min_frequency: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+        special_tokens=[END_OF_TEXT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    state = json.loads(tokenizer.to_str())["model"]
+    return state["vocab"], [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" "))
+                            for merge in state["merges"]]
+
+
+def test_same_merges_as_hugging_face_trainer(shared_data):
+    # Our byte ids (GPT-2's order) are the byte symbols in code point order, which is how HF sorts
+    # its alphabet, and HF also breaks count ties by the smaller id pair: the merges coincide.
+    with open(shared_data / "c4_demo.jsonl", encoding="utf-8") as lines:
+        texts = [json.loads(line)["text"] for line in lines]
+    texts += ["日本語のテキスト、日本語の文。 🙂🙂 ñandú naïve café aaaa aaa aa"] * 5
+    vocab, merges = learn_vocabulary(words=count(texts), vocab_size=3000, special_tokens=(END_OF_TEXT,),
+                                     min_frequency=2)
+    hf_vocab, hf_merges = hf_learn(texts, vocab_size=3000, min_frequency=2)
+    assert merges == hf_merges
+    assert set(vocab) == set(hf_vocab)
