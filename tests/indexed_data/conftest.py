@@ -1,11 +1,10 @@
-"""Fixtures of the mds-indexed-data tests: the golden Megatron dataset, the pure-Python twin, writers."""
+"""Fixtures of the mds-indexed-data tests: golden Megatron dataset, pure-Python twin, writers."""
 
 import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mds_indexed_data import IndexedDatasetWriter
 
 GOLDEN_NAME = "megatron-golden/meg-gpt2-openwebtext_text_document"
@@ -21,7 +20,7 @@ def golden_prefix(shared_data) -> Path:
 
 @pytest.fixture(scope="session")
 def twin():
-    """tests/indexed_data/megatron_twin.py as a module (pytest runs with --import-mode=importlib)."""
+    """megatron_twin.py as a module (pytest runs with --import-mode=importlib)."""
     path = Path(__file__).with_name("megatron_twin.py")
     spec = importlib.util.spec_from_file_location("megatron_twin", path)
     module = importlib.util.module_from_spec(spec)
@@ -34,7 +33,9 @@ def make_dataset():
     """make_dataset(prefix, sizes, seed=0, dtype=uint16) writes random documents of those sizes."""
 
     def make(prefix, sizes, *, seed: int = 0, dtype=np.uint16, vocab: int = 5000) -> Path:
-        return write_dataset(Path(prefix), synthetic_documents(sizes, seed=seed, vocab=vocab), dtype)
+        return write_dataset(
+            Path(prefix), synthetic_documents(sizes, seed=seed, vocab=vocab), dtype
+        )
 
     return make
 

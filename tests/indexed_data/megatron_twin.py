@@ -1,4 +1,4 @@
-"""A slow, pure-Python twin of bigscience's GPT index construction, written from megatron-reference.md §4.
+"""A slow pure-Python twin of bigscience's GPT index construction, from megatron-reference.md §4.
 
 Deliberately independent of the implementation under test: its own MT19937 (seeded as numpy's legacy
 `RandomState(int)`), its own Fisher-Yates with masked rejection, plain loops and lists everywhere.
@@ -7,7 +7,7 @@ Only the final comparison converts to numpy.
 
 import math
 
-# ---- MT19937 and numpy's legacy RandomState.shuffle -------------------------------------------------
+# ---- MT19937 and numpy's legacy RandomState.shuffle ----
 
 
 class MersenneTwister:
@@ -84,8 +84,15 @@ def split_ranges(text: str, num_documents: int) -> list[tuple[int, int]]:
     return [(bounds[k], bounds[k + 1]) for k in range(3)]
 
 
-def index_mappings(sizes: list[int], start: int, end: int, num_samples: int, seq_length: int,
-                   seed: int, cutoff: float = 0.95):
+def index_mappings(
+    sizes: list[int],
+    start: int,
+    end: int,
+    num_samples: int,
+    seq_length: int,
+    seed: int,
+    cutoff: float = 0.95,
+):
     """(doc_idx, sample_idx rows, shuffle_idx, num_epochs, separate) as Python lists."""
     documents = list(range(start, end))
     tokens_per_epoch = 0
@@ -132,7 +139,9 @@ def index_mappings(sizes: list[int], start: int, end: int, num_samples: int, seq
             offset = 0
         rows.append((position, offset))
 
-    boundary = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length if separate else total_samples
+    boundary = (
+        ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length if separate else total_samples
+    )
     shuffle_first = list(range(boundary))
     rng.shuffle(shuffle_first)
     shuffle_last = list(range(boundary, total_samples))
@@ -156,7 +165,7 @@ def sample_tokens(tokens_of, doc_idx, rows, shuffle_idx, i) -> list[int]:
         offset = 0
 
 
-# ---- blending -------------------------------------------------------------------------------------
+# ---- blending ----
 
 
 def numpy_pairwise_sum(values: list[float]) -> float:

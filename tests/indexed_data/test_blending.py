@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from mds_indexed_data import (
     BlendedDataset,
     GPTDataConfig,
@@ -32,8 +31,9 @@ def _check_blend_against_twin(twin, built, config, readers, split_index, num_sam
         sizes = [int(s) for s in reader.sizes]
         start, end = twin.split_ranges(config.split, len(sizes))[split_index]
         components.append(
-            twin.index_mappings(sizes, start, end, component_counts[split_index],
-                                config.seq_length, config.seed)
+            twin.index_mappings(
+                sizes, start, end, component_counts[split_index], config.seq_length, config.seed
+            )
         )
     lengths = [len(rows) - 1 for _, rows, _, _, _ in components]
     assert [len(d) for d in blend.datasets] == lengths
@@ -85,7 +85,11 @@ def test_three_hundred_component_blend_matches_twin(twin, tmp_path, make_dataset
         weight = 1.0 if k % 50 == 0 else float(rng.integers(1, 9)) / 7
         data_path += [repr(weight), str(prefix)]
     config = GPTDataConfig.from_data_path(
-        data_path, seq_length=16, num_samples=(3000, 0, 0), split="1", seed=11,
+        data_path,
+        seq_length=16,
+        num_samples=(3000, 0, 0),
+        split="1",
+        seed=11,
         cache_dir=str(tmp_path / "cache"),
     )
     built = build_train_valid_test_datasets(config)

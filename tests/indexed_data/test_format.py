@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mds_indexed_data import (
     IndexedDatasetError,
     IndexedDatasetReader,
@@ -94,7 +93,9 @@ def test_merge_shifts_doc_idx_of_sentence_level_items(tmp_path):
 def test_merge_dtype_mismatch_is_an_error(tmp_path, make_dataset):
     make_dataset(tmp_path / "u16", [3, 4])
     make_dataset(tmp_path / "i32", [3], dtype=np.int32)
-    with pytest.raises(IndexedDatasetError, match=r"i32\.idx: token dtype int32 differs from uint16"):
+    with pytest.raises(
+        IndexedDatasetError, match=r"i32\.idx: token dtype int32 differs from uint16"
+    ):
         merge_datasets([tmp_path / "u16", tmp_path / "i32"], tmp_path / "out")
     assert not list(tmp_path.glob("out*"))
 
@@ -146,7 +147,9 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
 
 
 def test_missing_idx(tmp_path):
-    with pytest.raises(IndexedDatasetError, match=r"nope\.idx: index file not found; pass the prefix"):
+    with pytest.raises(
+        IndexedDatasetError, match=r"nope\.idx: index file not found; pass the prefix"
+    ):
         IndexedDatasetReader(tmp_path / "nope")
 
 
@@ -158,7 +161,9 @@ def test_missing_bin(small):
 
 def test_bad_magic(small):
     _patch(Path(f"{small}.idx"), 0, b"TNTIDX\x00\x00")
-    with pytest.raises(IndexedDatasetError, match=r"small\.idx: not a Megatron mmap index \(bad magic"):
+    with pytest.raises(
+        IndexedDatasetError, match=r"small\.idx: not a Megatron mmap index \(bad magic"
+    ):
         IndexedDatasetReader(small)
 
 
@@ -191,7 +196,9 @@ def test_truncated_arrays(small):
 def test_short_bin(small):
     path = Path(f"{small}.bin")
     path.write_bytes(path.read_bytes()[:-2])
-    with pytest.raises(IndexedDatasetError, match="data file is 26 bytes but its index points to 28"):
+    with pytest.raises(
+        IndexedDatasetError, match="data file is 26 bytes but its index points to 28"
+    ):
         IndexedDatasetReader(small)
 
 

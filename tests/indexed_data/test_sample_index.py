@@ -1,10 +1,13 @@
-"""doc_idx, sample_idx, shuffle_idx and samples equal the pure-Python bigscience twin, bit for bit."""
+"""doc_idx, sample_idx, shuffle_idx and samples equal the pure-Python bigscience twin exactly."""
 
 import numpy as np
 import pytest
-
-from mds_indexed_data import GPTDataConfig, IndexedDatasetReader, build_train_valid_test_datasets
-from mds_indexed_data import helpers
+from mds_indexed_data import (
+    GPTDataConfig,
+    IndexedDatasetReader,
+    build_train_valid_test_datasets,
+    helpers,
+)
 from mds_indexed_data.sample_index import (
     build_index_mappings,
     num_epochs_needed,
@@ -35,7 +38,8 @@ def _assert_matches_twin(twin, sizes, document_range, num_samples, seq_length, s
 @pytest.mark.parametrize(
     "split, seq_length, num_samples, seed, expect_epochs, expect_separate",
     [
-        ("949,50,1", 1024, 1600, 1234, 2, True),  # the worked example of the reference, section 4.11
+        # The worked example of the reference, section 4.11.
+        ("949,50,1", 1024, 1600, 1234, 2, True),
         ("949,50,1", 128, 10180, 1, 1, False),  # exactly one epoch
         ("969, 30, 1", 512, 7695, 42, 3, False),  # 3 epochs, last one almost complete: not separate
         ("98/2/0", 333, 9000, 7, 3, True),
@@ -68,7 +72,9 @@ def test_golden_valid_and_test_splits_match_twin(twin, golden_prefix):
 def test_synthetic_sizes_match_twin(twin, seed, seq_length, num_samples):
     rng = np.random.default_rng(seed % 1000 + seq_length)
     # Zeros, ones and long documents all occur: they stress the document-spanning arithmetic.
-    sizes = rng.choice([0, 1, 2, 3, 17, 200, 4000], size=120, p=[0.05, 0.1, 0.1, 0.15, 0.3, 0.25, 0.05])
+    sizes = rng.choice(
+        [0, 1, 2, 3, 17, 200, 4000], size=120, p=[0.05, 0.1, 0.1, 0.15, 0.3, 0.25, 0.05]
+    )
     sizes[0] = 5
     _assert_matches_twin(twin, sizes, (3, 110), num_samples, seq_length, seed)
 
@@ -133,7 +139,8 @@ def test_wide_output_dtypes_give_the_same_rows():
         ("98/2/0", 1000, ((0, 980), (980, 1000), (1000, 1000))),
         ("949,50,1", 300, ((0, 285), (285, 300), (300, 300))),
         ("1", 10, ((0, 10), (10, 10), (10, 10))),
-        ("1,1", 5, ((0, 3), (3, 5), (5, 5))),  # round(2.5) == 2 (half to even), then the shift by -1
+        # round(2.5) == 2 (half to even), then the shift by -1.
+        ("1,1", 5, ((0, 3), (3, 5), (5, 5))),
     ],
 )
 def test_split_ranges_match_reference(twin, text, size, expected):

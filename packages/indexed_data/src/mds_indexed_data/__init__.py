@@ -1,4 +1,4 @@
-"""Megatron-compatible mmap indexed datasets (`.bin`/`.idx`, magic `MMIDIDX`) and GPT sample indices.
+"""Megatron-compatible mmap indexed datasets (`.bin`/`.idx`, magic `MMIDIDX`) and GPT samples.
 
 This package owns the on-disk format; every other mds tool reads and writes it through
 `IndexedDatasetReader`, `IndexedDatasetWriter` and `merge_datasets`.
@@ -15,8 +15,8 @@ from mds_indexed_data.build import (
 from mds_indexed_data.config import GPTDataConfig, parse_data_path, samples_from_iterations
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.gpt_dataset import GPTDataset
-from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
 from mds_indexed_data.merge import merge_datasets
+from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
 from mds_indexed_data.reader import IndexedDatasetReader
 from mds_indexed_data.writer import IndexedDatasetWriter
 

@@ -1,10 +1,10 @@
-"""Weighted blend of several GPT datasets, as bigscience's `BlendableDataset` + `build_blending_indices`.
+"""Weighted blend of GPT datasets, as bigscience's `BlendableDataset` + `build_blending_indices`.
 
-Size = sum of the components' lengths (bigscience; Microsoft's fork uses the sum of requested counts).
-Weights are normalised twice exactly as upstream (Python sum in `get_datasets_weights_and_num_samples`,
-then `np.sum` in `BlendableDataset`) because the greedy interleave compares floats and a last-bit
-difference can flip a tie. The index dtype is uint8 up to 256 datasets (upstream caps at 254), wider
-beyond.
+Size = sum of the components' lengths (bigscience; Microsoft's fork: sum of requested counts).
+Weights are normalised twice exactly as upstream (Python sum in
+`get_datasets_weights_and_num_samples`, then `np.sum` in `BlendableDataset`) because the greedy
+interleave compares floats and a last-bit difference can flip a tie. The index dtype is uint8 up to
+256 datasets (upstream caps at 254), wider beyond.
 """
 
 import math
@@ -29,7 +29,9 @@ def normalized_weights(weights: Sequence[float]) -> list[float]:
 
 def component_num_samples(weights: Sequence[float], num_samples: Sequence[int]) -> list[list[int]]:
     """Per component, the (train, valid, test) counts ceil(n * w * 1.005) for normalised weights."""
-    return [[int(math.ceil(count * weight * HEADROOM)) for count in num_samples] for weight in weights]
+    return [
+        [int(math.ceil(count * weight * HEADROOM)) for count in num_samples] for weight in weights
+    ]
 
 
 def blending_index_dtype(num_datasets: int) -> np.dtype:
@@ -60,13 +62,15 @@ class BlendedDataset:
         self.datasets = list(datasets)
         self.weights = list(weights)
         self.size = sum(len(dataset) for dataset in self.datasets)
-        self.dataset_index, self.dataset_sample_index = build_blending_indices(self.weights, self.size)
+        self.dataset_index, self.dataset_sample_index = build_blending_indices(
+            self.weights, self.size
+        )
 
     def __len__(self) -> int:
         return self.size
 
     def achieved_ratios(self, num_samples: int | None = None) -> list[float]:
-        """Share of each component in the first `num_samples` samples (default: all, as upstream)."""
+        """Share of each component in the first `num_samples` samples (default all, as upstream)."""
         count = self.size if num_samples is None else min(num_samples, self.size)
         if count == 0:
             return [0.0] * len(self.datasets)

@@ -67,7 +67,9 @@ def build_train_valid_test_datasets(
     weights = normalized_weights(config.weights)
     blended = len(config.prefixes) > 1
     counts = (
-        component_num_samples(weights, config.num_samples) if blended else [list(config.num_samples)]
+        component_num_samples(weights, config.num_samples)
+        if blended
+        else [list(config.num_samples)]
     )
     per_split: list[list[tuple[GPTDataset, float]]] = [[], [], []]
     result = DatasetsBuild(train=None, valid=None, test=None)
@@ -78,9 +80,9 @@ def build_train_valid_test_datasets(
             if document_range[0] == document_range[1]:
                 if config.num_samples[k] > 0:
                     raise ValueError(
-                        f"{prefix}: --split {config.split!r} leaves 0 of its {len(reader)} documents "
-                        f"for {split_name}, but {config.num_samples[k]} {split_name} samples are "
-                        f"requested; change --split or request 0 {split_name} samples"
+                        f"{prefix}: --split {config.split!r} leaves 0 of its {len(reader)} "
+                        f"documents for {split_name}, but {config.num_samples[k]} {split_name} "
+                        f"samples are requested; change --split or request 0 {split_name} samples"
                     )
                 continue
             dataset, summary = _split_dataset(
@@ -115,8 +117,9 @@ def _split_dataset(
     num_tokens = int(reader.sizes[document_range[0] : document_range[1]].sum(dtype="int64"))
     if num_tokens == 0:
         raise ValueError(
-            f"{reader.prefix}: the {split_name} documents [{document_range[0]}, {document_range[1]}) "
-            "hold no tokens; change --split or re-tokenize the data"
+            f"{reader.prefix}: the {split_name} documents "
+            f"[{document_range[0]}, {document_range[1]}) hold no tokens; change --split or "
+            "re-tokenize the data"
         )
     key = CacheKey(
         data_prefix=reader.prefix,
@@ -140,7 +143,9 @@ def _split_dataset(
             "the same flags)"
         )
     else:
-        logger.info("building %s indices of %s (%d samples)", split_name, reader.prefix, num_samples)
+        logger.info(
+            "building %s indices of %s (%d samples)", split_name, reader.prefix, num_samples
+        )
         built = build_index_mappings(
             sizes=reader.sizes,
             document_range=document_range,
@@ -184,18 +189,24 @@ def _tool_version() -> str:
 
 
 def format_summary(build: DatasetsBuild) -> str:
-    """Human-readable lines: documents, epochs and samples per split, then the achieved blend ratios."""
+    """Readable lines: documents, epochs and samples per split, then the achieved blend ratios."""
     lines = []
     for s in build.splits:
         lines.append(
-            f"{s.split_name:5} {s.prefix}: documents [{s.document_range[0]}, {s.document_range[1]}) "
-            f"= {s.num_documents}, tokens {s.num_tokens}, epochs {s.num_epochs}"
+            f"{s.split_name:5} {s.prefix}: documents "
+            f"[{s.document_range[0]}, {s.document_range[1]}) = {s.num_documents}, "
+            f"tokens {s.num_tokens}, epochs {s.num_epochs}"
             f"{' (last epoch shuffled separately)' if s.separate_last_epoch else ''}, "
             f"samples requested {s.num_samples_requested} available {s.num_samples_available}, "
             f"cache {'hit' if s.cache_hit else 'built'} {Path(s.cache_file).name}"
         )
     for blend in build.blends:
-        lines.append(f"{blend.split_name} blend of {len(blend.input_weights)} datasets, {blend.size} samples:")
-        for i, (weight, ratio) in enumerate(zip(blend.input_weights, blend.achieved_ratios, strict=True)):
+        lines.append(
+            f"{blend.split_name} blend of {len(blend.input_weights)} datasets, "
+            f"{blend.size} samples:"
+        )
+        for i, (weight, ratio) in enumerate(
+            zip(blend.input_weights, blend.achieved_ratios, strict=True)
+        ):
             lines.append(f"   dataset {i}, input: {weight:.6g}, achieved: {ratio:.6g}")
     return "\n".join(lines)

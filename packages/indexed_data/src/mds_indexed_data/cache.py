@@ -67,7 +67,7 @@ def cache_paths(key: CacheKey, cache_dir: Path) -> dict[str, Path]:
 
 
 def load_cache(key: CacheKey, cache_dir: Path) -> tuple[IndexMappings, dict] | None:
-    """The cached arrays (memory-mapped, read-only) and description, or None if absent or unusable."""
+    """The cached arrays (mapped read-only) and description, or None if absent or unusable."""
     paths = cache_paths(key, cache_dir)
     try:
         description = json.loads(paths["json"].read_text())
@@ -118,7 +118,8 @@ def save_cache(key: CacheKey, cache_dir: Path, mappings: IndexMappings, extra: d
     }
     tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     for name in ARRAY_NAMES:
-        _write_atomically(paths[name], tag, lambda f, a=getattr(mappings, name): np.save(f, a))
+        array = getattr(mappings, name)
+        _write_atomically(paths[name], tag, lambda f, a=array: np.save(f, a))
     _write_atomically(
         paths["json"], tag, lambda f: f.write(json.dumps(description, indent=2).encode() + b"\n")
     )

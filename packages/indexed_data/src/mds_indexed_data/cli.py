@@ -24,7 +24,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 
 
 def _sample_counts(
-    train_samples, valid_samples, test_samples, train_iters, global_batch_size, eval_interval, eval_iters
+    train_samples,
+    valid_samples,
+    test_samples,
+    train_iters,
+    global_batch_size,
+    eval_interval,
+    eval_iters,
 ) -> tuple[int, int, int]:
     if (train_samples is None) == (train_iters is None):
         raise ValueError("give exactly one of --train-samples or --train-iters")
@@ -33,7 +39,9 @@ def _sample_counts(
             raise ValueError("--global-batch-size goes with --train-iters, not --train-samples")
         return train_samples, valid_samples or 0, test_samples or 0
     if valid_samples is not None or test_samples is not None:
-        raise ValueError("--valid-samples/--test-samples go with --train-samples, not --train-iters")
+        raise ValueError(
+            "--valid-samples/--test-samples go with --train-samples, not --train-iters"
+        )
     if global_batch_size is None:
         raise ValueError("--train-iters needs --global-batch-size")
     return samples_from_iterations(
@@ -72,18 +80,33 @@ def build(
 ) -> None:
     """Precompute every sample-index cache training needs and print the summary."""
     counts = _sample_counts(
-        train_samples, valid_samples, test_samples, train_iters, global_batch_size, eval_interval, eval_iters
+        train_samples,
+        valid_samples,
+        test_samples,
+        train_iters,
+        global_batch_size,
+        eval_interval,
+        eval_iters,
     )
     config = GPTDataConfig.from_data_path(
-        data_path, seq_length=seq_length, num_samples=counts, split=split, seed=seed, cache_dir=cache_dir
+        data_path,
+        seq_length=seq_length,
+        num_samples=counts,
+        split=split,
+        seed=seed,
+        cache_dir=cache_dir,
     )
-    print("target sizes: " + ", ".join(f"{n} {c}" for n, c in zip(SPLIT_NAMES, counts, strict=True)))
+    print(
+        "target sizes: " + ", ".join(f"{n} {c}" for n, c in zip(SPLIT_NAMES, counts, strict=True))
+    )
     print(format_summary(build_train_valid_test_datasets(config)))
 
 
 @app.command()
 def merge(
-    datasets: Annotated[list[str], typer.Option(help="Input prefixes, in order: --datasets P1 P2 ...")],
+    datasets: Annotated[
+        list[str], typer.Option(help="Input prefixes, in order: --datasets P1 P2 ...")
+    ],
     output_prefix: Annotated[str, typer.Option(help="Output prefix (writes OUT.bin and OUT.idx)")],
 ) -> None:
     """Concatenate datasets (items, documents and tokens in order; dtypes must match)."""
@@ -104,9 +127,13 @@ def info(prefix: Annotated[str, typer.Argument(help="Dataset prefix (without .bi
 def show(
     prefix: Annotated[str, typer.Argument(help="Dataset prefix (without .bin/.idx)")],
     doc: Annotated[int | None, typer.Option(help="Print document i")] = None,
-    sample: Annotated[int | None, typer.Option(help="Print training sample i (needs a built cache)")] = None,
+    sample: Annotated[
+        int | None, typer.Option(help="Print training sample i (needs a built cache)")
+    ] = None,
     split_name: Annotated[str, typer.Option(help="train, valid or test (with --sample)")] = "train",
-    seq_length: Annotated[int | None, typer.Option(help="As given to build (with --sample)")] = None,
+    seq_length: Annotated[
+        int | None, typer.Option(help="As given to build (with --sample)")
+    ] = None,
     split: Split = "969, 30, 1",
     seed: Seed = 1234,
     train_samples: Annotated[int, typer.Option(help="As given to build (with --sample)")] = 0,
@@ -140,7 +167,9 @@ def show(
         if dataset is None:
             raise ValueError(f"--split-name {split_name}: --split {split!r} gives it no documents")
         if not 0 <= sample < len(dataset):
-            raise ValueError(f"--sample {sample}: the {split_name} split has samples 0..{len(dataset) - 1}")
+            raise ValueError(
+                f"--sample {sample}: the {split_name} split has samples 0..{len(dataset) - 1}"
+            )
         tokens = dataset[sample]
     print(render_tokens(tokens, decoder))
 

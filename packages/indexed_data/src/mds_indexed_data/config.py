@@ -1,7 +1,8 @@
 """The frozen configuration of GPT sample indexing, shared by `mds-index build` and `mds-train`.
 
-Field meanings follow Megatron-DeepSpeed's flags (`--data-path`, `--split`, `--seq-length`, `--seed`,
-`--train-samples` or the iteration-derived counts of `build_train_valid_test_data_iterators`).
+Field meanings follow Megatron-DeepSpeed's flags (`--data-path`, `--split`, `--seq-length`,
+`--seed`, `--train-samples` or the iteration-derived counts of
+`build_train_valid_test_data_iterators`).
 """
 
 import math
@@ -22,13 +23,15 @@ def parse_data_path(items: Sequence[str]) -> tuple[tuple[float, ...], tuple[str,
     """
     items = [item for item in items if item.strip()]
     if not items:
-        raise ValueError("--data-path: give a dataset prefix, or weight/prefix pairs such as '0.3 A 0.7 B'")
+        raise ValueError(
+            "--data-path: give a dataset prefix, or weight/prefix pairs such as '0.3 A 0.7 B'"
+        )
     if len(items) == 1:
         return (1.0,), (items[0].strip(),)
     if len(items) % 2:
         raise ValueError(
-            f"--data-path: {len(items)} values given; with several datasets give weight/prefix pairs "
-            "such as '0.3 A 0.7 B'"
+            f"--data-path: {len(items)} values given; with several datasets give weight/prefix "
+            "pairs such as '0.3 A 0.7 B'"
         )
     weights, prefixes = [], []
     for position in range(0, len(items), 2):
@@ -105,7 +108,8 @@ class GPTDataConfig:
             raise ValueError(f"--seq-length must be >= 1, got {self.seq_length}")
         if len(self.num_samples) != 3 or any(count < 0 for count in self.num_samples):
             raise ValueError(
-                f"--train-samples/--valid-samples/--test-samples must be >= 0, got {self.num_samples}"
+                "--train-samples/--valid-samples/--test-samples must be >= 0, "
+                f"got {self.num_samples}"
             )
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")

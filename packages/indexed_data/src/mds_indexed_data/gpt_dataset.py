@@ -1,4 +1,4 @@
-"""The GPT training dataset of one split: sample i is L + 1 int64 tokens, as bigscience's `GPTDataset`.
+"""GPT training dataset of a split: sample i is L + 1 int64 tokens, as bigscience's `GPTDataset`.
 
 Sample i reads row `shuffle_idx[i]` of sample_idx and concatenates the token runs it spans, so a
 lookup costs O(L) and touches only the mapped pages it needs. Pickling (DataLoader workers under

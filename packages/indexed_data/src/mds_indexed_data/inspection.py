@@ -1,7 +1,8 @@
 """What `mds-index info` and `mds-index show` print: dataset statistics and one document or sample.
 
-Decoding uses the mds-tokenize public API (`GPT2BPETokenizer.from_files(vocab, merges).decode(ids)`),
-imported only when vocabulary files are given so this package does not depend on it.
+Decoding uses the mds-tokenize public API
+(`GPT2BPETokenizer.from_files(vocab, merges).decode(ids)`), imported only when vocabulary files
+are given, so this package does not depend on it.
 """
 
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from mds_indexed_data.reader import IndexedDatasetReader
 
 
 def length_histogram(sizes: np.ndarray) -> list[tuple[int, int, int]]:
-    """(low, high, count) rows over power-of-two token-count bins [low, high); empty bins skipped."""
+    """(low, high, count) over power-of-two token-count bins [low, high); empty bins skipped."""
     if len(sizes) == 0:
         return []
     sizes = np.asarray(sizes, dtype=np.int64)

@@ -12,7 +12,9 @@ from mds_indexed_data.reader import IndexedDatasetReader
 from mds_indexed_data.writer import IndexedDatasetWriter
 
 
-def merge_datasets(prefixes: Sequence[str | Path], output_prefix: str | Path) -> IndexedDatasetReader:
+def merge_datasets(
+    prefixes: Sequence[str | Path], output_prefix: str | Path
+) -> IndexedDatasetReader:
     """Writes `output_prefix.{bin,idx}` holding every input in order; returns a reader of it."""
     if not prefixes:
         raise IndexedDatasetError("merge needs at least one input dataset")

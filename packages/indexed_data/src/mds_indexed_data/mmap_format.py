@@ -14,7 +14,8 @@ from mds_indexed_data.errors import IndexedDatasetError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
-HEADER_STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, num items, num doc_idx entries
+# magic, version, dtype code, num items, num doc_idx entries
+HEADER_STRUCT = struct.Struct("<9sQBQQ")
 HEADER_SIZE = HEADER_STRUCT.size  # 34
 
 # Code 7 is float64 in bigscience (our primary reference) and float32 in Microsoft's fork; it never
@@ -33,7 +34,7 @@ CODE_BY_DTYPE = {dtype: code for code, dtype in sorted(DTYPE_BY_CODE.items(), re
 
 
 def best_fitting_dtype(vocab_size: int | None) -> np.dtype:
-    """Megatron's rule: uint16 when the (unpadded) vocabulary has fewer than 65500 tokens, else int32."""
+    """Megatron's rule: uint16 when the (unpadded) vocabulary has < 65500 tokens, else int32."""
     if vocab_size is not None and vocab_size < 65500:
         return np.dtype(np.uint16)
     return np.dtype(np.int32)

@@ -33,7 +33,9 @@ class IndexedDatasetReader:
             raise IndexedDatasetError(f"{self.data_path}: data file not found next to its index")
 
         index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
-        self.dtype, num_items, num_doc_idx = decode_header(bytes(index[:HEADER_SIZE]), self.index_path)
+        self.dtype, num_items, num_doc_idx = decode_header(
+            bytes(index[:HEADER_SIZE]), self.index_path
+        )
         expected = index_file_size(num_items, num_doc_idx)
         if index.size < expected:
             raise IndexedDatasetError(
@@ -45,7 +47,9 @@ class IndexedDatasetReader:
         self.doc_idx = np.frombuffer(buffer, np.int64, num_doc_idx, HEADER_SIZE + 12 * num_items)
 
         data_bytes = self.data_path.stat().st_size
-        needed = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if num_items else 0
+        needed = (
+            int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if num_items else 0
+        )
         if data_bytes < needed:
             raise IndexedDatasetError(
                 f"{self.data_path}: data file is {data_bytes} bytes but its index points to "
@@ -53,7 +57,9 @@ class IndexedDatasetReader:
             )
         # np.memmap refuses empty files, and an empty dataset has nothing to map.
         self._tokens = (
-            np.memmap(self.data_path, dtype=self.dtype, mode="r") if data_bytes else np.empty(0, self.dtype)
+            np.memmap(self.data_path, dtype=self.dtype, mode="r")
+            if data_bytes
+            else np.empty(0, self.dtype)
         )
 
     def __len__(self) -> int:

@@ -1,4 +1,4 @@
-"""doc_idx, sample_idx and shuffle_idx of one GPT dataset split, as bigscience's `_build_index_mappings`.
+"""doc_idx, sample_idx and shuffle_idx of a split, as bigscience's `_build_index_mappings`.
 
 Same arithmetic, same dtypes (doc_idx int32, sample_idx int32, shuffle_idx uint32) and the same
 `np.random.RandomState(seed)` consumed in the same order (doc_idx shuffle(s), then shuffle_idx
@@ -24,7 +24,7 @@ class IndexMappings:
 
 
 def num_epochs_needed(*, tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
-    """Smallest E >= 1 with (E * T - 1) // L >= n: each sample is L + 1 tokens, neighbours share one."""
+    """Smallest E >= 1 with (E*T - 1) // L >= n: a sample is L + 1 tokens, neighbours share one."""
     if tokens_per_epoch <= 0:
         raise ValueError("a split with no tokens cannot give samples")
     # (E*T - 1) // L >= n  <=>  E*T - 1 >= n*L  <=>  E >= (n*L + 1) / T; integer ceil, no float.
@@ -48,7 +48,9 @@ def separate_last_epoch_needed(
     return last_epoch_samples < int(cutoff * samples_per_epoch)
 
 
-def _shuffled_epochs(documents: np.ndarray, num_epochs: int, rng: np.random.RandomState) -> np.ndarray:
+def _shuffled_epochs(
+    documents: np.ndarray, num_epochs: int, rng: np.random.RandomState
+) -> np.ndarray:
     doc_idx = np.tile(documents, num_epochs)
     rng.shuffle(doc_idx)
     return doc_idx
@@ -112,7 +114,9 @@ def build_index_mappings(
     sizes32 = np.ascontiguousarray(sizes, dtype=np.int32)
     sample_idx = helpers.build_sample_idx(sizes32, doc_idx, seq_length, total_samples, sample_dtype)
 
-    num_first = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length if separate else total_samples
+    num_first = (
+        ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length if separate else total_samples
+    )
     shuffle_idx = build_shuffle_idx(num_first=num_first, total=total_samples, rng=rng)
     return IndexMappings(
         doc_idx=doc_idx,

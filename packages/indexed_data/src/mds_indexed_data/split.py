@@ -24,7 +24,9 @@ def parse_split(text: str) -> tuple[float, float, float]:
                 "'949,50,1' or '98/2/0'"
             ) from None
         if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"--split {text!r}: weights must be finite and >= 0, got {part.strip()!r}")
+            raise ValueError(
+                f"--split {text!r}: weights must be finite and >= 0, got {part.strip()!r}"
+            )
         weights.append(weight)
     if len(weights) > 3:
         # Megatron silently ignores extra entries; a fourth weight is almost surely a typo.
@@ -32,7 +34,9 @@ def parse_split(text: str) -> tuple[float, float, float]:
     weights += [0.0] * (3 - len(weights))
     total = sum(weights)
     if total <= 0:
-        raise ValueError(f"--split {text!r}: the weights sum to 0; give at least one positive weight")
+        raise ValueError(
+            f"--split {text!r}: the weights sum to 0; give at least one positive weight"
+        )
     return weights[0] / total, weights[1] / total, weights[2] / total
 
 

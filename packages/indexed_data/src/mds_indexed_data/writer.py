@@ -1,4 +1,4 @@
-"""Streaming writer of a `.bin`/`.idx` pair, byte-identical to Megatron's `MMapIndexedDatasetBuilder`.
+"""Streaming `.bin`/`.idx` writer, byte-identical to Megatron's `MMapIndexedDatasetBuilder`.
 
 Both files are written under temporary names and renamed into place by `finalize()`, `.bin` first,
 so a visible `.idx` always means a complete dataset; a failure removes the temporaries.
@@ -15,7 +15,7 @@ from mds_indexed_data.reader import IndexedDatasetReader
 
 
 class IndexedDatasetWriter:
-    """Appends items and document boundaries; use as a context manager or call finalize()/abort()."""
+    """Appends items and document ends; use as a context manager or call finalize()/abort()."""
 
     def __init__(self, prefix: str | Path, *, dtype: np.dtype):
         self.dtype = np.dtype(dtype)
@@ -62,7 +62,9 @@ class IndexedDatasetWriter:
         first = len(self._sizes)
         self._data.write(flat_tokens.tobytes(order="C"))
         self._sizes.frombytes(lengths.tobytes())
-        self._doc_idx.frombytes(np.arange(first + 1, first + len(lengths) + 1, dtype=np.int64).tobytes())
+        self._doc_idx.frombytes(
+            np.arange(first + 1, first + len(lengths) + 1, dtype=np.int64).tobytes()
+        )
 
     def add_dataset(self, reader: IndexedDatasetReader) -> None:
         """Appends every item and document of another dataset (Megatron's merge semantics)."""
@@ -84,7 +86,9 @@ class IndexedDatasetWriter:
         pointers *= self.dtype.itemsize
         with open(self._temp_index, "wb") as index:
             index.write(
-                encode_header(dtype=self.dtype, num_items=len(sizes), num_doc_idx=len(self._doc_idx))
+                encode_header(
+                    dtype=self.dtype, num_items=len(sizes), num_doc_idx=len(self._doc_idx)
+                )
             )
             index.write(sizes.tobytes())
             index.write(pointers.tobytes())
@@ -118,4 +122,3 @@ def _copy_bytes(source, destination, num_bytes: int, chunk: int = 64 << 20) -> N
             raise OSError(f"{source.name}: ended {num_bytes} bytes early")
         destination.write(block)
         num_bytes -= len(block)
-
