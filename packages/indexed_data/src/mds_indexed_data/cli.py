@@ -8,7 +8,6 @@ import logging
 import sys
 from typing import Annotated
 
-import click
 import typer
 
 from mds_indexed_data.build import build_train_valid_test_datasets, format_summary
@@ -193,13 +192,16 @@ def main(argv: list[str] | None = None) -> None:
     args = _expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
     command = typer.main.get_command(app)
     try:
-        command.main(args=args, prog_name="mds-index", standalone_mode=False)
-    except click.ClickException as error:
-        error.show()
-        sys.exit(error.exit_code)
-    except click.exceptions.Abort:
+        code = command.main(args=args, prog_name="mds-index", standalone_mode=False)
+    except typer.Abort:
         sys.exit(130)
+    except typer.TyperException as error:
+        # Usage errors (unknown flag, missing value) print click's usage line and message.
+        error.show()
+        sys.exit(getattr(error, "exit_code", 2))
     except (ValueError, OSError) as error:
         # IndexedDatasetError is a ValueError: user mistakes end here as one line, no traceback.
         print(f"mds-index: error: {error}", file=sys.stderr)
         sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)
