@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mds_indexed_data import IndexedDatasetReader
 from mds_indexed_data.cli import _expand_multi_value_flags, main
 
@@ -212,7 +211,8 @@ def test_user_mistakes_end_in_one_line(capsys, tmp_path, make_dataset, args, fra
 
 
 def test_nargs_style_flags_are_expanded():
-    assert _expand_multi_value_flags(["build", "--data-path", "0.3", "A", "0.7", "B", "--seed", "1"]) == [
+    args = ["build", "--data-path", "0.3", "A", "0.7", "B", "--seed", "1"]
+    assert _expand_multi_value_flags(args) == [
         "build", "--data-path", "0.3", "--data-path", "A", "--data-path", "0.7", "--data-path", "B",
         "--seed", "1",
     ]  # fmt: skip
@@ -236,6 +236,6 @@ def test_console_script_runs(tmp_path, make_dataset):
     )
     assert result.returncode == 1 and result.stdout == ""
     assert (
-        result.stderr
-        == f"mds-index: error: {Path(tmp_path / 'nope.idx')}: index file not found; pass the prefix without .bin/.idx\n"
+        result.stderr == f"mds-index: error: {Path(tmp_path / 'nope.idx')}: index file not found; "
+        "pass the prefix without .bin/.idx\n"
     )
