@@ -1,0 +1,149 @@
+"""Parameter count, model FLOPs per token and a per-GPU memory estimate, to plan runs before a job.
+
+FLOPs: the PaLM convention `6N + 12 L h s` (as `reference_gpt.py`) and Megatron's Narayanan et al.
+formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute).
+Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
+parameter in mixed precision), activations per Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", Table 2) for tensor parallelism without sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .config import GPTConfig
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The parallel layout and batch the estimate is for."""
+
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 1
+    micro_batch_size: int = 1
+    zero_stage: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+
+
+def layer_parameters(config: GPTConfig) -> int:
+    """One transformer layer: QKV, dense, two LayerNorms, the MLP (12h^2 + 13h when ffn = 4h)."""
+    h, f = config.hidden_size, config.ffn_size
+    return 4 * h * h + 2 * h * f + 9 * h + f
+
+
+def embedding_parameters(config: GPTConfig) -> int:
+    h = config.hidden_size
+    count = config.padded_vocab_size * h
+    if config.position_embedding_type == "learned":
+        count += config.max_positions * h
+    if config.embed_layernorm:
+        count += 2 * h
+    return count
+
+
+def total_parameters(config: GPTConfig, *, exclude_embeddings: bool = False) -> int:
+    """Whole model, tied LM head counted once."""
+    body = config.num_layers * layer_parameters(config) + 2 * config.hidden_size  # + final norm
+    return body if exclude_embeddings else body + embedding_parameters(config)
+
+
+def flops_per_token(config: GPTConfig) -> dict[str, float]:
+    """Training (forward + backward) FLOPs per token under both conventions."""
+    L, h, s, V = config.num_layers, config.hidden_size, config.seq_length, config.padded_vocab_size
+    megatron = 24 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))  # per token, per pass factor f
+    return {
+        "palm_6n_plus_attention": 6 * total_parameters(config) + 12 * L * h * s,
+        "megatron_no_recompute": 3 * megatron,
+        "megatron_with_recompute": 4 * megatron,
+    }
+
+
+def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
+    """Parameters held by the busiest GPU: the first stage (embedding + its share of layers)."""
+    t, h = config.tensor_model_parallel_size, config.hidden_size
+    f = config.ffn_size
+    split = 4 * h * h + 2 * h * f + 3 * h + f  # matrices and column-parallel biases: divided by TP
+    replicated = layer_parameters(config) - split
+    layers = -(-config.num_layers // plan.pipeline_model_parallel_size)
+    count = layers * (split // t + replicated)
+    count += config.padded_vocab_size * h // t + (embedding_parameters(config) - config.padded_vocab_size * h)
+    if plan.pipeline_model_parallel_size == 1:
+        count += 2 * h
+    return count
+
+
+def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> float:
+    """Korthikanti et al. Table 2 with tensor parallelism t, half-precision activations.
+
+    Flash-attn and SDPA never store the (s x s) scores, probabilities and dropout mask, so the
+    `5as/ht` term only counts when attention runs through explicit softmax (ALiBi or backend softmax).
+    """
+    s, b, h, a = config.seq_length, micro_batch_size, config.hidden_size, config.num_attention_heads
+    t = config.tensor_model_parallel_size
+    mode = config.activation_checkpointing
+    if mode == "full":
+        return 2 * s * b * h  # only the layer input is kept
+    explicit_scores = config.position_embedding_type == "alibi" or config.attention_backend == "softmax"
+    if mode == "selective" or not explicit_scores:
+        return s * b * h * (10 + 24 / t)
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def estimate(config: GPTConfig, plan: Plan) -> dict:
+    """All figures for `mds-model info`; memory in bytes for the busiest GPU (pipeline stage 0)."""
+    half = config.params_dtype in ("bfloat16", "float16")
+    weight_bytes, grad_bytes, optim_bytes = (2, 2, 12) if half else (4, 4, 8)
+    params = _stage_parameters(config, plan)
+    dp = plan.data_parallel_size
+    weights = params * weight_bytes / (dp if plan.zero_stage >= 3 else 1)
+    grads = params * grad_bytes / (dp if plan.zero_stage >= 2 else 1)
+    optimizer = params * optim_bytes / (dp if plan.zero_stage >= 1 else 1)
+    # With 1F1B the first stage holds pp micro-batches of L/pp layers: L layers' worth in all.
+    activations = config.num_layers * activation_bytes_per_layer(config, plan.micro_batch_size)
+    s, b = config.seq_length, plan.micro_batch_size
+    logits = s * b * config.padded_vocab_size / config.tensor_model_parallel_size * weight_bytes
+    activations += logits
+    return {
+        "config": asdict(config),
+        "plan": asdict(plan),
+        "padded_vocab_size": config.padded_vocab_size,
+        "parameters": total_parameters(config),
+        "parameters_without_embeddings": total_parameters(config, exclude_embeddings=True),
+        "parameters_per_gpu": params,
+        "flops_per_token": flops_per_token(config),
+        "memory_bytes_per_gpu": {
+            "weights": weights, "gradients": grads, "optimizer": optimizer,
+            "activations": activations, "total": weights + grads + optimizer + activations,
+        },
+    }
+
+
+def format_estimate(result: dict) -> str:
+    """A human-readable summary, one figure per line."""
+    mem = result["memory_bytes_per_gpu"]
+    flops = result["flops_per_token"]
+    plan = result["plan"]
+    cfg = result["config"]
+    lines = [
+        f"padded vocab size        {result['padded_vocab_size']}",
+        f"parameters               {result['parameters']:,} ({result['parameters'] / 1e6:.1f}M)",
+        f"  without embeddings     {result['parameters_without_embeddings']:,}",
+        f"  on the busiest GPU     {result['parameters_per_gpu']:,}",
+        f"FLOPs per token (6N+12Lhs)          {flops['palm_6n_plus_attention'] / 1e9:.3f} GFLOP",
+        f"FLOPs per token (Megatron, f=3)     {flops['megatron_no_recompute'] / 1e9:.3f} GFLOP",
+        f"FLOPs per token (Megatron, f=4)     {flops['megatron_with_recompute'] / 1e9:.3f} GFLOP",
+        f"memory per GPU (TP={cfg['tensor_model_parallel_size']} PP={plan['pipeline_model_parallel_size']} "
+        f"DP={plan['data_parallel_size']} micro-batch={plan['micro_batch_size']} "
+        f"ZeRO-{plan['zero_stage']}, {cfg['params_dtype']}, checkpointing {cfg['activation_checkpointing']}):",
+    ]
+    for key in ("weights", "gradients", "optimizer", "activations", "total"):
+        lines.append(f"  {key:<12} {mem[key] / GIB:8.2f} GiB")
+    return "\n".join(lines)
