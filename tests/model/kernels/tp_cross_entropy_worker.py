@@ -22,6 +22,9 @@ def main() -> int:
     rank, world_size, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     group = dist.new_group(list(range(world_size)))
+    # On a GPU machine the kernels need CUDA tensors; gloo all-reduces those too, and two ranks may
+    # share the one GPU.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     failures = []
     for num_rows, vocab_local, dtype in [(11, 19, torch.float32), (6, 2500, torch.float32),
                                          (7, 33, torch.bfloat16)]:
@@ -39,10 +42,11 @@ def main() -> int:
         shard_grad_expected = expected_grad[:, start:start + vocab_local]
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         for use_kernel in (True, False):
-            shard = full[:, start:start + vocab_local].clone().requires_grad_()
-            loss = vocab_parallel_cross_entropy(shard, target, group=group, vocab_start_index=start,
+            shard = full[:, start:start + vocab_local].to(device).requires_grad_()
+            loss = vocab_parallel_cross_entropy(shard, target.to(device), group=group, vocab_start_index=start,
                                                 use_kernel=use_kernel)
-            (grad,) = torch.autograd.grad(loss, shard, dloss)
+            (grad,) = torch.autograd.grad(loss, shard, dloss.to(device))
+            loss, grad = loss.cpu(), grad.cpu()
             case = f"rank {rank} rows {num_rows} V_local {vocab_local} {dtype} use_kernel={use_kernel}"
             if grad.dtype != dtype:
                 failures.append(f"{case}: grad dtype {grad.dtype}")

@@ -91,7 +91,7 @@ _MAX_HIDDEN = 65536
 def _num_bwd_programs(num_rows: int, device: torch.device) -> int:
     if device.type == "cuda":
         # A few programs per SM keep the chip busy; more only grows the partial-sum buffers.
-        return max(1, min(num_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(num_rows, 8 * torch.cuda.get_device_properties(device).multi_processor_count))
     return max(1, min(num_rows, 4))  # the CPU interpreter runs programs one after another
 
 

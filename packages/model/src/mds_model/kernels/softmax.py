@@ -38,16 +38,21 @@ except ImportError:  # CPU-only installs run the reference
 if triton is not None:
 
     @triton.jit
-    def _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, seq_k, last_key, scale,
-                            CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
-        in_row = cols < seq_k
-        x = tl.load(x_row_ptr + cols, mask=in_row, other=0.0).to(tl.float32) * scale
-        masked = cols >= seq_k
-        if CAUSAL:
-            masked = masked | (cols > last_key)
+    def _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, end, scale, HAS_MASK: tl.constexpr):
+        # `end` is the first key this row cannot see (seq_k, or the causal limit): nothing past it is
+        # read, which halves the reads of a causal softmax.
+        visible = cols < end
+        x = tl.load(x_row_ptr + cols, mask=visible, other=0.0).to(tl.float32) * scale
         if HAS_MASK:
-            masked = masked | (tl.load(m_row_ptr + cols * stride_mk, mask=in_row, other=1) != 0)
-        return tl.where(masked, float("-inf"), x)
+            visible = visible & (tl.load(m_row_ptr + cols * stride_mk, mask=visible, other=1) == 0)
+        return tl.where(visible, x, float("-inf"))
+
+    @triton.jit
+    def _visible_end(row, seq_q, seq_k, CAUSAL: tl.constexpr):
+        end = seq_k
+        if CAUSAL:
+            end = tl.minimum(seq_k, row % seq_q + seq_k - seq_q + 1)
+        return end
 
     @triton.jit
     def _softmax_fwd(x_ptr, y_ptr, m_ptr, seq_q, seq_k, num_heads, scale,
@@ -60,11 +65,10 @@ if triton is not None:
         m_row_ptr = m_ptr + (bh // num_heads) * stride_mb + (bh % num_heads) * stride_mh + q * stride_mq
         x_row_ptr = x_ptr + row * seq_k
         y_row_ptr = y_ptr + row * seq_k
-        last_key = q + seq_k - seq_q
+        end = _visible_end(row, seq_q, seq_k, CAUSAL)
         if SINGLE:
             cols = tl.arange(0, BLOCK)
-            x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, seq_k, last_key, scale,
-                                    CAUSAL, HAS_MASK)
+            x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, end, scale, HAS_MASK)
             row_max = tl.max(x, axis=0)
             row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
             e = tl.exp(x - row_max)
@@ -73,16 +77,12 @@ if triton is not None:
             tl.store(y_row_ptr + cols, (e / total).to(y_ptr.dtype.element_ty), mask=cols < seq_k)
         else:
             # Pass 1: online max and sum of exponentials; causal rows stop at their last visible key.
-            end = seq_k
-            if CAUSAL:
-                end = tl.minimum(seq_k, last_key + 1)
             # Per-lane running max and sum, combined once at the end (no reduction per block).
             lane_max = tl.full((BLOCK,), float("-inf"), tl.float32)
             lane_sum = tl.zeros((BLOCK,), dtype=tl.float32)
             for start in range(0, end, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, seq_k, last_key, scale,
-                                        CAUSAL, HAS_MASK)
+                x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, end, scale, HAS_MASK)
                 new_max = tl.maximum(lane_max, x)
                 safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
                 lane_sum = lane_sum * tl.exp(lane_max - safe_max) + tl.exp(x - safe_max)
@@ -93,37 +93,41 @@ if triton is not None:
             run_sum = tl.where(run_sum == 0.0, 1.0, run_sum)
             for start in range(0, seq_k, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, seq_k, last_key, scale,
-                                        CAUSAL, HAS_MASK)
+                x = _load_scaled_masked(x_row_ptr, m_row_ptr, stride_mk, cols, end, scale, HAS_MASK)
                 y = tl.exp(x - run_max) / run_sum
                 tl.store(y_row_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=cols < seq_k)
 
     @triton.jit
-    def _softmax_bwd(dy_ptr, y_ptr, dx_ptr, seq_k, scale, SINGLE: tl.constexpr, BLOCK: tl.constexpr):
-        # dx = scale * y * (dy - sum(dy * y)); masked positions have y == 0 and so get 0.
+    def _softmax_bwd(dy_ptr, y_ptr, dx_ptr, seq_q, seq_k, scale, CAUSAL: tl.constexpr, SINGLE: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        # dx = scale * y * (dy - sum(dy * y)); masked positions have y == 0 and so get 0 (and causally
+        # masked ones are not even read).
         row = tl.program_id(0).to(tl.int64)
+        end = _visible_end(row, seq_q, seq_k, CAUSAL)
         if SINGLE:
             cols = tl.arange(0, BLOCK)
-            ok = cols < seq_k
+            ok = cols < end
             y = tl.load(y_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
             dot = tl.sum(y * dy, axis=0)
-            tl.store(dx_ptr + row * seq_k + cols, (scale * y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=ok)
+            dx = scale * y * (dy - dot)
+            tl.store(dx_ptr + row * seq_k + cols, dx.to(dx_ptr.dtype.element_ty), mask=cols < seq_k)
         else:
             acc = tl.zeros((BLOCK,), dtype=tl.float32)
-            for start in range(0, seq_k, BLOCK):
+            for start in range(0, end, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                ok = cols < seq_k
+                ok = cols < end
                 y = tl.load(y_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
                 dy = tl.load(dy_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
                 acc += y * dy
             dot = tl.sum(acc, axis=0)
             for start in range(0, seq_k, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                ok = cols < seq_k
+                ok = cols < end
                 y = tl.load(y_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
                 dy = tl.load(dy_ptr + row * seq_k + cols, mask=ok, other=0.0).to(tl.float32)
-                tl.store(dx_ptr + row * seq_k + cols, (scale * y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=ok)
+                dx = scale * y * (dy - dot)
+                tl.store(dx_ptr + row * seq_k + cols, dx.to(dx_ptr.dtype.element_ty), mask=cols < seq_k)
 
 
 # Rows up to this length stay in registers (one read); longer rows stream in blocks of _LOOP_BLOCK.
@@ -158,22 +162,22 @@ class ScaledMaskedSoftmaxFunction(torch.autograd.Function):
             _softmax_fwd[(num_rows,)](
                 scores_c, probs, mask_view, seq_q, seq_k, num_heads, scale, *strides,
                 CAUSAL=causal, HAS_MASK=mask is not None, SINGLE=single, BLOCK=block,
-                num_warps=num_warps_for(block, elem_per_thread=4))
+                num_warps=num_warps_for(block))
         ctx.save_for_backward(probs)
-        ctx.scale = scale
+        ctx.scale, ctx.causal = scale, causal
         return probs
 
     @staticmethod
     def backward(ctx, dprobs):
         (probs,) = ctx.saved_tensors
         dprobs = dprobs.contiguous()
-        seq_k = probs.shape[-1]
+        seq_q, seq_k = probs.shape[-2:]
         dscores = torch.empty_like(probs)
         num_rows = probs.numel() // seq_k if seq_k else 0
         single, block = _block_for(seq_k) if seq_k else (True, 1)
         if num_rows > 0:
-            _softmax_bwd[(num_rows,)](dprobs, probs, dscores, seq_k, ctx.scale, SINGLE=single, BLOCK=block,
-                                      num_warps=num_warps_for(block, elem_per_thread=4))
+            _softmax_bwd[(num_rows,)](dprobs, probs, dscores, seq_q, seq_k, ctx.scale, CAUSAL=ctx.causal,
+                                      SINGLE=single, BLOCK=block, num_warps=num_warps_for(block))
         return dscores, None, None, None
 
 
