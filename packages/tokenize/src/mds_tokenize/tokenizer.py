@@ -31,34 +31,37 @@ class GPT2BPETokenizer:
         self.vocab_size = len(self.vocab)
         self._cache_words = cache_words
         # Megatron's BPE works on strings; interning them keeps "equal string" == "equal symbol".
-        symbols: dict[str, int] = {}
+        symbols = {token: index for index, token in enumerate(self.vocab)}
+        lookup = symbols.get
 
         def intern(symbol: str) -> int:
-            return symbols.setdefault(symbol, len(symbols))
+            index = lookup(symbol)
+            if index is None:
+                index = symbols[symbol] = len(symbols)
+            return index
 
-        for token in self.vocab:
-            intern(token)
         byte_symbols = [intern(char) for _, char in sorted(bytes_to_unicode().items())]
-        merge_symbols = [(intern(left), intern(right), intern(left + right)) for left, right in self.merges]
-        # Symbols missing from the vocab map to id 0, as Megatron's `encoder.get(token, 0)`... never
-        # reached with the real GPT-2 files, but possible with a hand-trimmed vocab.
-        symbol_ids = [self.vocab.get(symbol, 0) for symbol in symbols]
+        # Plain lookups first (almost every symbol is a vocab token), intern() only for the rest.
+        lefts = [lookup(left) for left, _ in self.merges]
+        rights = [lookup(right) for _, right in self.merges]
+        products = [lookup(left + right) for left, right in self.merges]
+        for index, (left, right) in enumerate(self.merges):
+            if lefts[index] is None or rights[index] is None or products[index] is None:
+                lefts[index], rights[index] = intern(left), intern(right)
+                products[index] = intern(left + right)
+        # Symbols missing from the vocab map to id 0, as Megatron's `encoder.get(token, 0)`; never
+        # the case with the real GPT-2 files, possible with a hand-trimmed vocab.
+        symbol_ids = list(self.vocab.values())
+        symbol_ids.extend([0] * (len(symbols) - len(symbol_ids)))
         self._core = BPECore(
             classes=pattern_classes(),
             byte_symbols=byte_symbols,
             symbol_ids=symbol_ids,
-            merges=merge_symbols,
+            merges=list(zip(lefts, rights, products)),
             cache_words=cache_words,
         )
         self.max_token_id = max(self.vocab.values())
-        byte_of = unicode_to_bytes()
-        self._token_bytes: list[bytes | None] = [None] * (self.max_token_id + 1)
-        for token, token_id in self.vocab.items():
-            # Characters outside the byte alphabet (only in non-GPT-2 vocabs) decode as their UTF-8.
-            self._token_bytes[token_id] = b"".join(
-                bytes([byte_of[char]]) if char in byte_of else char.encode("utf-8", "surrogatepass")
-                for char in token
-            )
+        self._token_bytes: list[bytes | None] | None = None  # built by the first decode
 
     @classmethod
     def from_files(cls, vocab_file: str | Path, merge_file: str | Path, **kwargs) -> "GPT2BPETokenizer":
@@ -99,13 +102,31 @@ class GPT2BPETokenizer:
         """The pretokens, equal to `regex.findall(GPT2_SPLIT_PATTERN, text)`."""
         return self._core.split(text)
 
+    def _decode_table(self) -> list[bytes | None]:
+        if self._token_bytes is None:
+            to_latin1 = str.maketrans({char: chr(byte) for byte, char in bytes_to_unicode().items()})
+            table: list[bytes | None] = [None] * (self.max_token_id + 1)
+            for token, token_id in self.vocab.items():
+                try:
+                    table[token_id] = token.translate(to_latin1).encode("latin-1")
+                except UnicodeEncodeError:
+                    # Characters outside the byte alphabet (non-GPT-2 vocabs only) decode as UTF-8.
+                    byte_of = unicode_to_bytes()
+                    table[token_id] = b"".join(
+                        bytes([byte_of[char]]) if char in byte_of else char.encode("utf-8", "surrogatepass")
+                        for char in token
+                    )
+            self._token_bytes = table
+        return self._token_bytes
+
     def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id <= self.max_token_id or self._token_bytes[token_id] is None:
+        table = self._decode_table()
+        if not 0 <= token_id <= self.max_token_id or table[token_id] is None:
             raise ValueError(f"token id {token_id} is not in the vocabulary (ids 0..{self.max_token_id})")
-        return self._token_bytes[token_id]
+        return table[token_id]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        table = self._token_bytes
+        table = self._decode_table()
         try:
             pieces = [table[token_id] for token_id in ids]
         except (IndexError, TypeError):

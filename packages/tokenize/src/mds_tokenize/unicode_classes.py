@@ -7,6 +7,7 @@ the Cython scan in `_bpe.pyx` identical to `regex.findall(GPT2_SPLIT_PATTERN, te
 
 from functools import cache
 
+import numpy as np
 import regex
 
 CLASS_OTHER = 0
@@ -21,7 +22,8 @@ NUM_CODE_POINTS = 0x110000
 def pattern_classes() -> bytes:
     """One class byte per code point (0x110000 bytes). About 0.1 s, once per process."""
     table = bytearray(NUM_CODE_POINTS)
-    every_code_point = "".join(map(chr, range(NUM_CODE_POINTS)))
+    # 20x faster than "".join(map(chr, ...)); surrogatepass keeps U+D800..U+DFFF (class "other").
+    every_code_point = np.arange(NUM_CODE_POINTS, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
     for class_code, pattern in (
         (CLASS_LETTER, r"\p{L}+"),
         (CLASS_NUMBER, r"\p{N}+"),
