@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import typer
 import zstandard
-from typer.testing import CliRunner
-
+from mds_tokenize import learn_counting
 from mds_tokenize.byte_level import END_OF_TEXT
 from mds_tokenize.learn_cli import learn
+from typer.testing import CliRunner
 
 app = typer.Typer()
 app.command()(learn)
@@ -29,10 +29,22 @@ def write_jsonl(path: Path, texts) -> Path:
 
 def test_writes_gpt2_format_vocabulary(shared_data, tmp_path):
     output = tmp_path / "vocab"
-    result = invoke("--input", shared_data / "c4_demo.jsonl", "--vocab-size", 2048, "--output-dir", output,
-                    "--workers", 1)
+    result = invoke(
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--vocab-size",
+        2048,
+        "--output-dir",
+        output,
+        "--workers",
+        1,
+    )
     assert result.exit_code == 0, result.output
-    assert sorted(path.name for path in output.iterdir()) == ["learn-config.json", "merges.txt", "vocab.json"]
+    assert sorted(path.name for path in output.iterdir()) == [
+        "learn-config.json",
+        "merges.txt",
+        "vocab.json",
+    ]
     vocab = json.loads((output / "vocab.json").read_text(encoding="utf-8"))
     assert sorted(vocab.values()) == list(range(2048))
     assert vocab[END_OF_TEXT] == 2047
@@ -50,16 +62,32 @@ def test_writes_gpt2_format_vocabulary(shared_data, tmp_path):
     assert summary["config"]["inputs"] == [str((shared_data / "c4_demo.jsonl").resolve())]
 
 
-def test_workers_and_compression_do_not_change_the_result(shared_data, tmp_path):
+def test_workers_and_compression_do_not_change_the_result(shared_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(learn_counting, "BLOCK_BYTES", 1 << 16)  # many blocks per worker
     lines = (shared_data / "c4_demo.jsonl").read_bytes().splitlines(keepends=True)
     parts = [tmp_path / "part0.jsonl.gz", tmp_path / "part1.jsonl.xz", tmp_path / "part2.jsonl.zst"]
     parts[0].write_bytes(gzip.compress(b"".join(lines[:100])))
     parts[1].write_bytes(lzma.compress(b"".join(lines[100:200])))
     parts[2].write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[200:])))
-    plain = invoke("--input", shared_data / "c4_demo.jsonl", "--vocab-size", 1500,
-                   "--output-dir", tmp_path / "plain", "--workers", 1)
-    split = invoke(*[arg for part in parts for arg in ("--input", part)], "--vocab-size", 1500,
-                   "--output-dir", tmp_path / "split", "--workers", 2)
+    plain = invoke(
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--vocab-size",
+        1500,
+        "--output-dir",
+        tmp_path / "plain",
+        "--workers",
+        1,
+    )
+    split = invoke(
+        *[arg for part in parts for arg in ("--input", part)],
+        "--vocab-size",
+        1500,
+        "--output-dir",
+        tmp_path / "split",
+        "--workers",
+        2,
+    )
     assert plain.exit_code == 0 and split.exit_code == 0, plain.output + split.output
     for name in ("vocab.json", "merges.txt"):
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "split" / name).read_bytes()
@@ -67,8 +95,20 @@ def test_workers_and_compression_do_not_change_the_result(shared_data, tmp_path)
 
 def test_extra_special_tokens_come_before_the_appended_eod(tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", ["hello world, hello there"] * 3)
-    result = invoke("--input", corpus, "--vocab-size", 270, "--output-dir", tmp_path / "out",
-                    "--special-tokens", "<pad>", "--special-tokens", "<mask>", "--min-frequency", 1)
+    result = invoke(
+        "--input",
+        corpus,
+        "--vocab-size",
+        270,
+        "--output-dir",
+        tmp_path / "out",
+        "--special-tokens",
+        "<pad>",
+        "--special-tokens",
+        "<mask>",
+        "--min-frequency",
+        1,
+    )
     assert result.exit_code == 0, result.output
     vocab = json.loads((tmp_path / "out" / "vocab.json").read_text(encoding="utf-8"))
     assert [vocab["<pad>"], vocab["<mask>"], vocab[END_OF_TEXT]] == [267, 268, 269]
@@ -96,7 +136,12 @@ def assert_user_error(result, message: str, output_dir: Path):
 @pytest.mark.parametrize(
     ("vocab_size", "specials", "message"),
     [
-        (256, [], "--vocab-size 256 is too small: the 256 byte tokens and 1 special token(s) need at least 257"),
+        (
+            256,
+            [],
+            "--vocab-size 256 is too small: the 256 byte tokens and 1 special token(s) need at "
+            "least 257",
+        ),
         (258, ["<pad>", "<mask>"], "--vocab-size 258 is too small"),
         (300, ["<pad>", "<pad>"], "--special-tokens lists '<pad>' twice"),
     ],
@@ -104,7 +149,9 @@ def assert_user_error(result, message: str, output_dir: Path):
 def test_bad_vocabulary_options(tmp_path, vocab_size, specials, message):
     corpus = write_jsonl(tmp_path / "c.jsonl", ["text"])
     extra = [arg for token in specials for arg in ("--special-tokens", token)]
-    result = invoke("--input", corpus, "--vocab-size", vocab_size, "--output-dir", tmp_path / "out", *extra)
+    result = invoke(
+        "--input", corpus, "--vocab-size", vocab_size, "--output-dir", tmp_path / "out", *extra
+    )
     assert_user_error(result, message, tmp_path / "out")
 
 
@@ -120,17 +167,31 @@ def test_bad_vocabulary_options(tmp_path, vocab_size, specials, message):
     ],
 )
 @pytest.mark.parametrize("workers", [1, 2])
-def test_bad_corpus(tmp_path, content, message, workers):
+def test_bad_corpus(tmp_path, monkeypatch, content, message, workers):
+    # Tiny blocks, so that two workers really split these few lines between them.
+    monkeypatch.setattr(learn_counting, "BLOCK_BYTES", 16)
     corpus = tmp_path / "bad.jsonl"
     corpus.write_bytes(content)
-    result = invoke("--input", corpus, "--vocab-size", 300, "--output-dir", tmp_path / "out",
-                    "--workers", workers)
+    result = invoke(
+        "--input",
+        corpus,
+        "--vocab-size",
+        300,
+        "--output-dir",
+        tmp_path / "out",
+        "--workers",
+        workers,
+    )
     assert_user_error(result, message, tmp_path / "out")
 
 
 def test_missing_input_and_unreadable_compressed_input(tmp_path):
-    result = invoke("--input", tmp_path / "nope.jsonl", "--vocab-size", 300, "--output-dir", tmp_path / "out")
-    assert_user_error(result, "--input " + str(tmp_path / "nope.jsonl") + ": no such file", tmp_path / "out")
+    result = invoke(
+        "--input", tmp_path / "nope.jsonl", "--vocab-size", 300, "--output-dir", tmp_path / "out"
+    )
+    assert_user_error(
+        result, "--input " + str(tmp_path / "nope.jsonl") + ": no such file", tmp_path / "out"
+    )
     corrupt = tmp_path / "corrupt.jsonl.gz"
     corrupt.write_bytes(gzip.compress(b'{"text": "hello"}\n' * 100)[:40])
     result = invoke("--input", corrupt, "--vocab-size", 300, "--output-dir", tmp_path / "out")
@@ -139,7 +200,10 @@ def test_missing_input_and_unreadable_compressed_input(tmp_path):
 
 def test_failure_keeps_an_earlier_vocabulary_intact(tmp_path):
     good = write_jsonl(tmp_path / "good.jsonl", ["hello hello world"] * 4)
-    assert invoke("--input", good, "--vocab-size", 260, "--output-dir", tmp_path / "out").exit_code == 0
+    assert (
+        invoke("--input", good, "--vocab-size", 260, "--output-dir", tmp_path / "out").exit_code
+        == 0
+    )
     before = {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()}
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"text": "ok"}\nnot json\n')

@@ -1,12 +1,11 @@
-"""The fast learner (Cython, incremental pair counts, lazy heap) against a slow, obviously correct one
-that recounts every pair before each merge: same merges in the same order, same vocabulary."""
+"""The fast learner (Cython, incremental pair counts, lazy heap) against a slow, obviously correct
+one that recounts every pair before each merge: same merges in the same order, same vocabulary."""
 
 import json
 import random
 from collections import Counter
 
 import regex
-
 from mds_tokenize.byte_level import END_OF_TEXT, GPT2_SPLIT_PATTERN, bytes_to_unicode
 from mds_tokenize.learn import learn_vocabulary
 
@@ -23,8 +22,8 @@ def reference_learn(words: Counter, *, vocab_size: int, special_tokens: tuple, m
     merges = []
     while len(strings) + missing_specials < vocab_size:
         pair_counts = Counter()
-        for symbols, count in zip(table, counts):
-            for pair in zip(symbols, symbols[1:]):
+        for symbols, count in zip(table, counts, strict=True):
+            for pair in zip(symbols, symbols[1:], strict=False):
                 pair_counts[pair] += count
         if not pair_counts:
             break
@@ -73,7 +72,7 @@ def assert_same_as_reference(words, **options):
 
 def test_english_documents_match_reference(shared_data):
     with open(shared_data / "c4_demo.jsonl", encoding="utf-8") as lines:
-        texts = [json.loads(line)["text"] for _, line in zip(range(12), lines)]
+        texts = [json.loads(line)["text"] for _, line in zip(range(12), lines, strict=False)]
     vocab, merges = assert_same_as_reference(
         count(texts), vocab_size=700, special_tokens=(END_OF_TEXT,), min_frequency=2
     )
@@ -84,8 +83,10 @@ def test_english_documents_match_reference(shared_data):
 def test_tiny_alphabet_with_many_ties_and_repeated_symbols_matches_reference():
     # Two letters in random words: pair counts tie all the time and runs like "aaaa" overlap.
     rng = random.Random(5)
-    texts = [" ".join("".join(rng.choice("ab") for _ in range(rng.randint(1, 9))) for _ in range(40))
-             for _ in range(30)]
+    texts = [
+        " ".join("".join(rng.choice("ab") for _ in range(rng.randint(1, 9))) for _ in range(40))
+        for _ in range(30)
+    ]
     vocab, merges = assert_same_as_reference(
         count(texts), vocab_size=400, special_tokens=(END_OF_TEXT,), min_frequency=1
     )
@@ -93,9 +94,16 @@ def test_tiny_alphabet_with_many_ties_and_repeated_symbols_matches_reference():
 
 
 def test_multibyte_text_and_min_frequency_match_reference():
-    texts = ["日本語のテキスト、日本語の文。", "emoji 🙂🙂 and ñandú, naïve café", "Ελληνικά κείμενα κείμενα",
-             "tabs\tand\n\nnewlines   spaces", "'s 're 've 'll 123 4567 !!! ..."] * 3
-    assert_same_as_reference(count(texts), vocab_size=2000, special_tokens=(END_OF_TEXT,), min_frequency=3)
+    texts = [
+        "日本語のテキスト、日本語の文。",
+        "emoji 🙂🙂 and ñandú, naïve café",
+        "Ελληνικά κείμενα κείμενα",
+        "tabs\tand\n\nnewlines   spaces",
+        "'s 're 've 'll 123 4567 !!! ...",
+    ] * 3
+    assert_same_as_reference(
+        count(texts), vocab_size=2000, special_tokens=(END_OF_TEXT,), min_frequency=3
+    )
 
 
 def test_exhausted_corpus_stops_early_like_reference():
@@ -113,12 +121,18 @@ def test_special_token_spelled_by_a_learned_token_shares_its_id():
     )
     # "ab" is learned first and takes no extra id; merging goes on until 260 entries exist.
     assert merges == [("a", "b"), ("Ġ", "ab"), ("Ġab", "c")]
-    assert vocab["ab"] == 256 and vocab["Ġabc"] == 258 and vocab[END_OF_TEXT] == 259 and len(vocab) == 260
+    assert (
+        vocab["ab"] == 256
+        and vocab["Ġabc"] == 258
+        and vocab[END_OF_TEXT] == 259
+        and len(vocab) == 260
+    )
 
 
 def test_byte_ids_follow_gpt2(shared_data):
-    vocab, _ = learn_vocabulary(words=count(["x"]), vocab_size=300, special_tokens=(END_OF_TEXT,),
-                                min_frequency=1)
+    vocab, _ = learn_vocabulary(
+        words=count(["x"]), vocab_size=300, special_tokens=(END_OF_TEXT,), min_frequency=1
+    )
     gpt2 = json.loads((shared_data / "gpt2-vocab.json").read_text(encoding="utf-8"))
     assert {token: token_id for token, token_id in vocab.items() if token_id < 256} == {
         token: token_id for token, token_id in gpt2.items() if token_id < 256
@@ -131,13 +145,18 @@ def hf_learn(texts, *, vocab_size: int, min_frequency: int):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-        special_tokens=[END_OF_TEXT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        show_progress=False,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     state = json.loads(tokenizer.to_str())["model"]
-    return state["vocab"], [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" "))
-                            for merge in state["merges"]]
+    return state["vocab"], [
+        tuple(merge) if isinstance(merge, list) else tuple(merge.split(" "))
+        for merge in state["merges"]
+    ]
 
 
 def test_same_merges_as_hugging_face_trainer(shared_data):
@@ -146,8 +165,9 @@ def test_same_merges_as_hugging_face_trainer(shared_data):
     with open(shared_data / "c4_demo.jsonl", encoding="utf-8") as lines:
         texts = [json.loads(line)["text"] for line in lines]
     texts += ["日本語のテキスト、日本語の文。 🙂🙂 ñandú naïve café aaaa aaa aa"] * 5
-    vocab, merges = learn_vocabulary(words=count(texts), vocab_size=3000, special_tokens=(END_OF_TEXT,),
-                                     min_frequency=2)
+    vocab, merges = learn_vocabulary(
+        words=count(texts), vocab_size=3000, special_tokens=(END_OF_TEXT,), min_frequency=2
+    )
     hf_vocab, hf_merges = hf_learn(texts, vocab_size=3000, min_frequency=2)
     assert merges == hf_merges
     assert set(vocab) == set(hf_vocab)

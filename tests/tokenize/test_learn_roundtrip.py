@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 from mds_indexed_data import IndexedDatasetReader
-
 from mds_tokenize import cli
 from mds_tokenize.byte_level import END_OF_TEXT
 from mds_tokenize.tokenizer import GPT2BPETokenizer
@@ -24,8 +23,17 @@ def run_cli(*args) -> None:
 @pytest.fixture(scope="module")
 def learned(shared_data, tmp_path_factory):
     output = tmp_path_factory.mktemp("learned")
-    run_cli("learn", "--input", shared_data / "c4_demo.jsonl", "--vocab-size", VOCAB_SIZE,
-            "--output-dir", output, "--workers", 2)
+    run_cli(
+        "learn",
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--vocab-size",
+        VOCAB_SIZE,
+        "--output-dir",
+        output,
+        "--workers",
+        2,
+    )
     return output
 
 
@@ -45,7 +53,7 @@ def test_every_training_document_round_trips(learned, documents):
         assert tokenizer.decode(ids) == text
         num_tokens += len(ids)
         num_bytes += len(text.encode("utf-8"))
-    # Merges actually apply: a 3k vocabulary fitted to this English text gives over 3 bytes per token.
+    # Merges really apply: a 3k vocabulary fitted to this English text gives > 3 bytes per token.
     assert num_bytes / num_tokens > 3
 
 
@@ -55,10 +63,21 @@ def test_round_trip_of_unseen_multilingual_text(learned):
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
-def test_encoder_writes_a_training_dataset_with_the_learned_files(learned, documents, shared_data, tmp_path):
+def test_encoder_writes_a_training_dataset_with_the_learned_files(
+    learned, documents, shared_data, tmp_path
+):
     prefix = tmp_path / "c4"
-    run_cli("--input", shared_data / "c4_demo.jsonl", "--output-prefix", prefix,
-            "--vocab-file", learned / "vocab.json", "--merge-file", learned / "merges.txt", "--append-eod")
+    run_cli(
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--output-prefix",
+        prefix,
+        "--vocab-file",
+        learned / "vocab.json",
+        "--merge-file",
+        learned / "merges.txt",
+        "--append-eod",
+    )
     dataset = IndexedDatasetReader(f"{prefix}_text_document")
     assert dataset.dtype == np.uint16 and len(dataset) == len(documents) == dataset.num_documents
     tokenizer = GPT2BPETokenizer.from_files(learned / "vocab.json", learned / "merges.txt")

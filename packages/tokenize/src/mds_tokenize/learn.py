@@ -2,7 +2,8 @@
 
 Vocabulary layout: ids 0..255 are the byte symbols in GPT-2's own order (the ids GPT-2 gives them),
 then one id per new merge result in merge order, then the special tokens. Files: `vocab.json`
-(json.dumps of token -> id, like GPT-2's encoder.json) and `merges.txt` (`#version: 0.2` + `a b` lines).
+(json.dumps of token -> id, like GPT-2's encoder.json) and `merges.txt` (`#version: 0.2`, then
+`a b` lines).
 """
 
 import json
@@ -64,7 +65,10 @@ def learn_vocabulary(
     symbols, offsets, counts = words_to_symbols(words)
     token_strings = byte_alphabet()
     merges, _num_tokens = learn_merges(
-        symbols, offsets, counts, token_strings,
+        symbols,
+        offsets,
+        counts,
+        token_strings,
         vocab_size=vocab_size,
         special_tokens=frozenset(special_tokens),
         min_frequency=min_frequency,
@@ -99,17 +103,24 @@ def write_vocabulary(
     drops the first line and the last split element) and the resolved config with run statistics."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically({
-            output_dir / VOCAB_FILE: json.dumps(vocab),
-            output_dir / MERGES_FILE: MERGES_HEADER + "\n" + "".join(f"{a} {b}\n" for a, b in merges),
-            output_dir / CONFIG_FILE: json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
-        })
+        write_atomically(
+            {
+                output_dir / VOCAB_FILE: json.dumps(vocab),
+                output_dir / MERGES_FILE: MERGES_HEADER
+                + "\n"
+                + "".join(f"{a} {b}\n" for a, b in merges),
+                output_dir / CONFIG_FILE: json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
+            }
+        )
     except OSError as error:
-        raise ValueError(f"--output-dir {output_dir}: cannot write there ({error}); pick a writable folder") from None
+        raise ValueError(
+            f"--output-dir {output_dir}: cannot write there ({error}); pick a writable folder"
+        ) from None
 
 
 def run(config: LearnConfig) -> dict:
-    """Counts words, learns the merges, writes the files and the resolved config; returns a summary."""
+    """Counts words, learns the merges, writes the files and the resolved config; returns the
+    summary that learn-config.json holds."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
@@ -127,7 +138,12 @@ def run(config: LearnConfig) -> dict:
             f"{' '.join(config.json_keys)} ({num_documents} documents); pass a non-empty corpus"
         )
     counted = time.perf_counter()
-    logger.info("counted %d distinct words in %d documents in %.1fs", len(words), num_documents, counted - started)
+    logger.info(
+        "counted %d distinct words in %d documents in %.1fs",
+        len(words),
+        num_documents,
+        counted - started,
+    )
 
     target_merges = config.vocab_size - config.min_vocab_size
     with Progress(label="merging", unit="merges", total=target_merges) as progress:
@@ -140,9 +156,13 @@ def run(config: LearnConfig) -> dict:
         )
     if len(vocab) < config.vocab_size:
         logger.warning(
-            "the corpus supports only %d tokens (no pair occurs at least --min-frequency %d times); "
+            "the corpus supports only %d tokens (no pair occurs at least --min-frequency %d "
+            "times); "
             "wrote a %d-entry vocabulary instead of --vocab-size %d",
-            len(vocab), config.min_frequency, len(vocab), config.vocab_size,
+            len(vocab),
+            config.min_frequency,
+            len(vocab),
+            config.vocab_size,
         )
     summary = {
         "tool": "mds-tokenize learn",
@@ -158,6 +178,11 @@ def run(config: LearnConfig) -> dict:
     write_vocabulary(output_dir=config.output_dir, vocab=vocab, merges=merges, summary=summary)
     logger.info(
         "wrote %s and %s to %s: %d tokens, %d merges, in %.1fs",
-        VOCAB_FILE, MERGES_FILE, config.output_dir, len(vocab), len(merges), summary["seconds"],
+        VOCAB_FILE,
+        MERGES_FILE,
+        config.output_dir,
+        len(vocab),
+        len(merges),
+        summary["seconds"],
     )
     return summary

@@ -1,4 +1,5 @@
-"""`mds-tokenize learn`: the thin typer command that trains a GPT-2-format byte-level BPE vocabulary.
+"""`mds-tokenize learn`: the thin typer command that trains a GPT-2-format byte-level BPE
+vocabulary.
 
 The signature is the configuration (litgpt style); everything else lives in `learn.py`. Registered
 as a subcommand by `mds_tokenize.cli`.
@@ -17,7 +18,8 @@ def learn(
         list[Path],
         typer.Option(
             "--input",
-            help="jsonl corpus to learn from (.jsonl, .jsonl.gz, .jsonl.xz or .jsonl.zst by extension); "
+            help="jsonl corpus to learn from (.jsonl, .jsonl.gz, .jsonl.xz or .jsonl.zst by "
+            "extension); "
             "repeat the flag for more files.",
         ),
     ],
@@ -25,16 +27,21 @@ def learn(
         int,
         typer.Option(
             "--vocab-size",
-            help="Number of entries in vocab.json: 256 byte tokens + learned merges + special tokens.",
+            help="Number of entries in vocab.json: 256 byte tokens + learned tokens + special "
+            "tokens.",
         ),
     ],
     output_dir: Annotated[
         Path,
-        typer.Option("--output-dir", help="Folder for vocab.json, merges.txt and learn-config.json."),
+        typer.Option(
+            "--output-dir", help="Folder for vocab.json, merges.txt and learn-config.json."
+        ),
     ],
     json_keys: Annotated[
         list[str],
-        typer.Option("--json-keys", help="Keys of each jsonl object whose text is learned from; repeatable."),
+        typer.Option(
+            "--json-keys", help="Keys of each jsonl object whose text is learned from; repeatable."
+        ),
     ] = ["text"],  # noqa: B006 - typer reads the default, nothing mutates it
     min_frequency: Annotated[
         int,
@@ -59,7 +66,7 @@ def learn(
         ),
     ] = None,
 ) -> None:
-    """Learn a byte-level BPE vocabulary (vocab.json + merges.txt in GPT-2 format) from jsonl text."""
+    """Learn a byte-level BPE vocabulary (GPT-2-format vocab.json + merges.txt) from jsonl."""
     # Imported here so that `mds-tokenize --help` does not pay for the learner's imports.
     from mds_tokenize.learn import run
     from mds_tokenize.learn_config import LearnConfig

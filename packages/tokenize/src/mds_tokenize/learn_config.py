@@ -27,7 +27,9 @@ class LearnConfig:
             if not Path(path).is_file():
                 raise ValueError(f"--input {path}: no such file; check the path")
         if not self.json_keys or any(not key for key in self.json_keys):
-            raise ValueError("--json-keys must name at least one non-empty key, e.g. --json-keys text")
+            raise ValueError(
+                "--json-keys must name at least one non-empty key, e.g. --json-keys text"
+            )
         if self.min_frequency < 1:
             raise ValueError(f"--min-frequency {self.min_frequency}: must be at least 1")
         if self.workers is not None and self.workers < 1:

@@ -1,10 +1,12 @@
-"""Streaming word counts for `mds-tokenize learn`: jsonl (optionally .gz/.xz/.zst) -> GPT-2 pretokenized
-words -> Counter, in parallel worker processes. Only the table of distinct words is held in memory.
+"""Streaming word counts for `mds-tokenize learn`: jsonl (optionally .gz/.xz/.zst) -> GPT-2
+pretokenized words -> Counter, in parallel worker processes. Only the table of distinct words is
+held in memory.
 
 Words are the matches of GPT-2's split pattern (megatron-reference.md 3.2), counted as raw text; the
 byte-level mapping is applied once per distinct word afterwards.
 """
 
+import itertools
 import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,13 +24,15 @@ BLOCK_BYTES = 1 << 20
 
 
 def read_blocks(paths: tuple[Path, ...]) -> Iterator[tuple[tuple[str, int, bytes], int]]:
-    """Yields ((path, number of the block's first line, whole lines), on-disk bytes consumed since the
-    previous block) over all inputs, decompressing by extension (the encoder's reader)."""
+    """Yields ((path, number of the block's first line, whole lines), on-disk bytes consumed since
+    the previous block) over all inputs, decompressing by extension (the encoder's reader)."""
     for path in paths:
         try:
             reader = InputReader(path, block_bytes=BLOCK_BYTES)
         except OSError as error:
-            raise ValueError(f"--input {path}: cannot read it ({error.strerror}); check the file") from None
+            raise ValueError(
+                f"--input {path}: cannot read it ({error.strerror}); check the file"
+            ) from None
         with reader:
             position = 0
             for block in reader:
@@ -61,7 +65,9 @@ class WordCounter:
             self.num_documents += 1
 
 
-def _count_worker(json_keys: tuple[str, ...], tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+def _count_worker(
+    json_keys: tuple[str, ...], tasks: multiprocessing.Queue, results: multiprocessing.Queue
+) -> None:
     counter = WordCounter(json_keys=json_keys)
     error = None
     while (task := tasks.get()) is not None:
@@ -83,9 +89,13 @@ def count_words(
 ) -> tuple[Counter[str], int]:
     """Returns (word -> count over all inputs, number of documents). `on_chunk(num_bytes)` reports
     progress in on-disk (compressed) input bytes. The result does not depend on `num_workers`."""
-    if num_workers == 1:
+    blocks = read_blocks(paths)
+    # Starting processes costs more than counting one block (1 MB) in place: a small corpus, or a
+    # single worker, is counted here.
+    first_blocks = list(itertools.islice(blocks, 2))
+    if num_workers == 1 or len(first_blocks) < 2:
         counter = WordCounter(json_keys=json_keys)
-        for chunk, num_disk_bytes in read_blocks(paths):
+        for chunk, num_disk_bytes in itertools.chain(first_blocks, blocks):
             counter.count_chunk(*chunk)
             if on_chunk is not None:
                 on_chunk(num_disk_bytes)
@@ -101,7 +111,7 @@ def count_words(
     for process in processes:
         process.start()
     try:
-        for chunk, num_disk_bytes in read_blocks(paths):
+        for chunk, num_disk_bytes in itertools.chain(first_blocks, blocks):
             tasks.put(chunk)
             if on_chunk is not None:
                 on_chunk(num_disk_bytes)

@@ -50,7 +50,9 @@ class Progress:
         if self.on_terminal:
             filled = int(BAR_WIDTH * min(self.done / self.total, 1.0))
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-            self.stream.write(f"\r{self.label} [{bar}] {text[len(self.label) + 2:]}" + ("\n" if final else ""))
+            self.stream.write(
+                f"\r{self.label} [{bar}] {text[len(self.label) + 2 :]}" + ("\n" if final else "")
+            )
             self.stream.flush()
         elif final:
             logger.info("%s", text)
