@@ -100,7 +100,9 @@ class ParallelSelfAttention(nn.Module):
         seq, batch, _ = x.shape  # (S, B, H)
         qkv, _ = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].permute(1, 2, 0, 3) for i in range(3))  # each (B, nh, S, hd)
+        # unbind, not three index ops: its backward writes one stacked gradient instead of three
+        # zero-filled full-size ones.
+        q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
         if self.rotary is not None:
             q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
         if past_kv is not None:
