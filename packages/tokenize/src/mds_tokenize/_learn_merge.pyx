@@ -4,7 +4,7 @@
 over a table of (word, count), updating pair counts incrementally in the words that hold the pair.
 
 Same algorithm as the Hugging Face `tokenizers` BpeTrainer (max-heap with lazy invalidation, pair ->
-words index); the tie rule (smallest (left id, right id)) is ours and is documented in the README.
+words index) and the same tie rule (smallest (left id, right id)): the merges come out identical.
 """
 
 from cython.operator cimport dereference as deref
