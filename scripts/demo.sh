@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job end to end on an embedded corpus (Python's help topics), with no downloads:
+# corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+out=${MDS_DEMO_DIR:-demo-output}
+rm -rf "$out" && mkdir -p "$out"
+
+python3 scripts/demo_corpus.py --output "$out/corpus.jsonl"
+mds-tokenize learn --input "$out/corpus.jsonl" --vocab-size 4096 --output-dir "$out/vocab"
+mds-tokenize --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
+    --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" --append-eod --workers 2
+mds-index info "$out/corpus_text_document"
+mds-index build --data-path "$out/corpus_text_document" --split 949,50,1 --seq-length 256 \
+    --train-samples 2000 --valid-samples 64 --test-samples 0 --seed 1234
+echo "demo finished: outputs in $out/"
