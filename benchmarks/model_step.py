@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REFERENCES = (REPO.parent / "shared" / "bench" / "reference_gpt.py", REPO / ".device" / "reference_gpt.py")
 VARIANTS = {  # name: (use_fused_kernels, torch.compile)
     "ours-eager-kernels": (True, False),
-    "ours-eager-torch": (False, False),
     "ours-compile-torch": (False, True),
+    "ours-eager-torch": (False, False),
     "ours-compile-kernels": (True, True),
 }
 
@@ -53,7 +53,7 @@ class MasterWeightAdamW:
             param.grad = None
 
 
-def run_ours(variant: str, *, mbs: int, steps: int, peak: float) -> dict:
+def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Path | None) -> dict:
     import torch
 
     from mds_model.config import GPTConfig
@@ -89,6 +89,15 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float) -> dict:
         one()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - start) / steps
+    if profile_dir is not None:  # where the time goes, per CUDA kernel, over 3 more steps
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                one()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+        (profile_dir / f"profile-{variant}.txt").write_text(table)
     tokens = mbs * config.seq_length
     flops_token = 6 * n + 12 * config.num_layers * config.hidden_size * config.seq_length
     return {"variant": variant, "params": n, "step_ms": dt * 1e3, "tokens_per_s": tokens / dt,
@@ -107,9 +116,9 @@ def run_reference(path: Path, *, compiled: bool, mbs: int, steps: int) -> dict:
             "tokens_per_s": float(match[2].replace(",", "")), "mfu": float(match[3]) / 100, "line": line}
 
 
-def child(variant: str, *, mbs: int, steps: int, peak: float) -> dict:
+def child(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Path | None) -> dict:
     cmd = [sys.executable, __file__, "--variant", variant, "--mbs", str(mbs), "--steps", str(steps),
-           "--peak", str(peak)]
+           "--peak", str(peak)] + (["--profile-dir", str(profile_dir)] if profile_dir else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -126,9 +135,13 @@ def main() -> None:
     parser.add_argument("--variant", choices=sorted(VARIANTS), help="(internal) run one variant of ours")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants of ours")
     parser.add_argument("--json-out", type=Path, default=None, help="also write all results here")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="write a per-kernel CUDA time table of each eager variant of ours here")
     args = parser.parse_args()
     if args.variant:
-        print(json.dumps(run_ours(args.variant, mbs=args.mbs, steps=args.steps, peak=args.peak)), flush=True)
+        profile_dir = args.profile_dir if args.variant.startswith("ours-eager") else None
+        result = run_ours(args.variant, mbs=args.mbs, steps=args.steps, peak=args.peak, profile_dir=profile_dir)
+        print(json.dumps(result), flush=True)
         return
     reference = args.reference or next((p for p in DEFAULT_REFERENCES if p.is_file()), None)
     if reference is None or not reference.is_file():
@@ -139,7 +152,8 @@ def main() -> None:
         results.append(run_reference(reference, compiled=compiled, mbs=args.mbs, steps=args.steps))
         print(json.dumps(results[-1]), flush=True)
     for variant in args.variants.split(","):
-        results.append(child(variant, mbs=args.mbs, steps=args.steps, peak=args.peak))
+        results.append(child(variant, mbs=args.mbs, steps=args.steps, peak=args.peak,
+                             profile_dir=args.profile_dir))
         print(json.dumps(results[-1]), flush=True)
     by_name = {r["variant"]: r for r in results}
     eager, comp = by_name["reference-eager"], by_name["reference-compile"]
