@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_REFERENCES = (REPO.parent / "shared" / "bench" / "reference_gpt.py", REPO / ".device" / "reference_gpt.py")
+DEFAULT_REFERENCES = (
+    REPO.parent / "shared" / "bench" / "reference_gpt.py",
+    REPO / ".device" / "reference_gpt.py",
+)
 VARIANTS = {  # name: (use_fused_kernels, torch.compile)
     "ours-eager-kernels": (True, False),
     "ours-compile-torch": (False, True),
@@ -43,7 +46,7 @@ class MasterWeightAdamW:
     def step(self) -> None:
         import torch
 
-        for master, param in zip(self.master, self.params):
+        for master, param in zip(self.master, self.params, strict=True):
             master.grad = param.grad.float()
         self.optimizer.step()
         torch._foreach_copy_([p.data for p in self.params], self.master)
@@ -55,15 +58,22 @@ class MasterWeightAdamW:
 
 def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Path | None) -> dict:
     import torch
-
     from mds_model.config import GPTConfig
     from mds_model.estimate import total_parameters
     from mds_model.gpt import GPT, masked_mean
 
     use_kernels, compiled = VARIANTS[variant]
-    config = GPTConfig(num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=50257,
-                       seq_length=1024, hidden_dropout=0.0, attention_dropout=0.0,
-                       use_fused_kernels=use_kernels, params_dtype="bfloat16")
+    config = GPTConfig(
+        num_layers=24,
+        hidden_size=1024,
+        num_attention_heads=16,
+        vocab_size=50257,
+        seq_length=1024,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_fused_kernels=use_kernels,
+        params_dtype="bfloat16",
+    )
     model = GPT(config, init_seed=0).cuda()
     n = model.num_parameters()
     assert n == total_parameters(config)
@@ -96,29 +106,58 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
             for _ in range(3):
                 one()
             torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+        table = prof.key_averages().table(
+            sort_by="cuda_time_total", row_limit=25, max_name_column_width=70
+        )
         (profile_dir / f"profile-{variant}.txt").write_text(table)
     tokens = mbs * config.seq_length
     flops_token = 6 * n + 12 * config.num_layers * config.hidden_size * config.seq_length
-    return {"variant": variant, "params": n, "step_ms": dt * 1e3, "tokens_per_s": tokens / dt,
-            "mfu": flops_token * tokens / dt / peak, "first_loss": losses[0].item(),
-            "last_loss": losses[-1].item(), "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {
+        "variant": variant,
+        "params": n,
+        "step_ms": dt * 1e3,
+        "tokens_per_s": tokens / dt,
+        "mfu": flops_token * tokens / dt / peak,
+        "first_loss": losses[0].item(),
+        "last_loss": losses[-1].item(),
+        "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
 
 
 def run_reference(path: Path, *, compiled: bool, mbs: int, steps: int) -> dict:
-    cmd = [sys.executable, str(path), "--mbs", str(mbs), "--steps", str(steps)] + (["--compile"] if compiled else [])
+    cmd = [sys.executable, str(path), "--mbs", str(mbs), "--steps", str(steps)] + (
+        ["--compile"] if compiled else []
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     match = re.search(r"step=([\d.]+)ms tok/s=([\d,]+) .*MFU=([\d.]+)%", line)
     if proc.returncode or not match:
-        return {"variant": f"reference-{'compile' if compiled else 'eager'}", "error": proc.stderr[-800:]}
-    return {"variant": f"reference-{'compile' if compiled else 'eager'}", "step_ms": float(match[1]),
-            "tokens_per_s": float(match[2].replace(",", "")), "mfu": float(match[3]) / 100, "line": line}
+        return {
+            "variant": f"reference-{'compile' if compiled else 'eager'}",
+            "error": proc.stderr[-800:],
+        }
+    return {
+        "variant": f"reference-{'compile' if compiled else 'eager'}",
+        "step_ms": float(match[1]),
+        "tokens_per_s": float(match[2].replace(",", "")),
+        "mfu": float(match[3]) / 100,
+        "line": line,
+    }
 
 
 def child(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Path | None) -> dict:
-    cmd = [sys.executable, __file__, "--variant", variant, "--mbs", str(mbs), "--steps", str(steps),
-           "--peak", str(peak)] + (["--profile-dir", str(profile_dir)] if profile_dir else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--variant",
+        variant,
+        "--mbs",
+        str(mbs),
+        "--steps",
+        str(steps),
+        "--peak",
+        str(peak),
+    ] + (["--profile-dir", str(profile_dir)] if profile_dir else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -128,45 +167,76 @@ def child(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Path 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, default=None, help="reference_gpt.py to compare with")
+    parser.add_argument(
+        "--reference", type=Path, default=None, help="reference_gpt.py to compare with"
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps after 3 warm-up steps")
     parser.add_argument("--mbs", type=int, default=16, help="micro-batch size")
     parser.add_argument("--peak", type=float, default=790e12, help="peak bf16 FLOP/s for MFU")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help="(internal) run one variant of ours")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants of ours")
+    parser.add_argument(
+        "--variant", choices=sorted(VARIANTS), help="(internal) run one variant of ours"
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated variants of ours"
+    )
     parser.add_argument("--json-out", type=Path, default=None, help="also write all results here")
-    parser.add_argument("--profile-dir", type=Path, default=None,
-                        help="write a per-kernel CUDA time table of each eager variant of ours here")
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        help="write a per-kernel CUDA time table of each eager variant of ours here",
+    )
     args = parser.parse_args()
     if args.variant:
         profile_dir = args.profile_dir if args.variant.startswith("ours-eager") else None
-        result = run_ours(args.variant, mbs=args.mbs, steps=args.steps, peak=args.peak, profile_dir=profile_dir)
+        result = run_ours(
+            args.variant, mbs=args.mbs, steps=args.steps, peak=args.peak, profile_dir=profile_dir
+        )
         print(json.dumps(result), flush=True)
         return
     reference = args.reference or next((p for p in DEFAULT_REFERENCES if p.is_file()), None)
     if reference is None or not reference.is_file():
-        sys.exit(f"model_step: reference_gpt.py not found (tried {args.reference or DEFAULT_REFERENCES}); "
-                 "pass --reference PATH")
+        sys.exit(
+            f"model_step: reference_gpt.py not found (tried {args.reference or DEFAULT_REFERENCES}); "
+            "pass --reference PATH"
+        )
     results = []
     for compiled in (False, True):
         results.append(run_reference(reference, compiled=compiled, mbs=args.mbs, steps=args.steps))
         print(json.dumps(results[-1]), flush=True)
     for variant in args.variants.split(","):
-        results.append(child(variant, mbs=args.mbs, steps=args.steps, peak=args.peak,
-                             profile_dir=args.profile_dir))
+        results.append(
+            child(
+                variant,
+                mbs=args.mbs,
+                steps=args.steps,
+                peak=args.peak,
+                profile_dir=args.profile_dir,
+            )
+        )
         print(json.dumps(results[-1]), flush=True)
     by_name = {r["variant"]: r for r in results}
     eager, comp = by_name["reference-eager"], by_name["reference-compile"]
     print(f"\n345M step, micro-batch {args.mbs}, seq 1024, bf16, {args.steps} timed steps")
-    print(f"{'variant':<22}{'step ms':>9}{'tokens/s':>11}{'MFU':>7}{'vs eager':>10}{'vs compile':>11}")
+    print(
+        f"{'variant':<22}{'step ms':>9}{'tokens/s':>11}{'MFU':>7}{'vs eager':>10}{'vs compile':>11}"
+    )
     for r in results:
         if "error" in r:
-            print(f"{r['variant']:<22} failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}")
+            print(
+                f"{r['variant']:<22} failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}"
+            )
             continue
-        ratio_e = r["tokens_per_s"] / eager["tokens_per_s"] if "tokens_per_s" in eager else float("nan")
-        ratio_c = r["tokens_per_s"] / comp["tokens_per_s"] if "tokens_per_s" in comp else float("nan")
-        print(f"{r['variant']:<22}{r['step_ms']:9.1f}{r['tokens_per_s']:11,.0f}{r['mfu']:7.1%}"
-              f"{ratio_e:10.3f}{ratio_c:11.3f}")
+        ratio_e = (
+            r["tokens_per_s"] / eager["tokens_per_s"] if "tokens_per_s" in eager else float("nan")
+        )
+        ratio_c = (
+            r["tokens_per_s"] / comp["tokens_per_s"] if "tokens_per_s" in comp else float("nan")
+        )
+        print(
+            f"{r['variant']:<22}{r['step_ms']:9.1f}{r['tokens_per_s']:11,.0f}{r['mfu']:7.1%}"
+            f"{ratio_e:10.3f}{ratio_c:11.3f}"
+        )
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
 

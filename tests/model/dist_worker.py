@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from mds_model.config import GPTConfig
 from mds_model.gpt import GPT, masked_mean
 from mds_model.parallel import ParallelGroups
@@ -25,9 +24,18 @@ VOCAB, SEQ, BATCH = 250, 12, 3  # 250 pads to 256 at TP=1 and TP=2 with divisibl
 
 
 def tiny_config(tp: int, **overrides) -> GPTConfig:
-    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB, seq_length=SEQ,
-                make_vocab_size_divisible_by=64, tensor_model_parallel_size=tp, hidden_dropout=0.0,
-                attention_dropout=0.0, use_fused_kernels=False)
+    base = dict(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        make_vocab_size_divisible_by=64,
+        tensor_model_parallel_size=tp,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_fused_kernels=False,
+    )
     base.update(overrides)
     return GPTConfig(**base)
 
@@ -40,7 +48,9 @@ def batch(seed: int, batch_size: int = BATCH):
     return tokens, labels, loss_mask
 
 
-def local_slice(full: torch.Tensor, param: torch.nn.Parameter, groups: ParallelGroups) -> torch.Tensor:
+def local_slice(
+    full: torch.Tensor, param: torch.nn.Parameter, groups: ParallelGroups
+) -> torch.Tensor:
     """The part of a TP=1 tensor that this rank's (possibly split) parameter holds."""
     if not getattr(param, "tensor_model_parallel", False):
         return full
@@ -58,7 +68,10 @@ def run_tp(out: Path) -> dict:
     variants = {
         "learned": {},
         "alibi_embed_layernorm": {"position_embedding_type": "alibi", "embed_layernorm": True},
-        "rotary_selective": {"position_embedding_type": "rotary", "activation_checkpointing": "selective"},
+        "rotary_selective": {
+            "position_embedding_type": "rotary",
+            "activation_checkpointing": "selective",
+        },
         "learned_full_ckpt": {"activation_checkpointing": "full"},
     }
     for name, overrides in variants.items():
@@ -76,7 +89,9 @@ def run_tp(out: Path) -> dict:
             pname: max_diff(p.grad, local_slice(ref_params[pname].grad, p, groups))
             for pname, p in par.named_parameters()
         }
-        weight_diffs = [max_diff(p, local_slice(ref_params[n], p, groups)) for n, p in par.named_parameters()]
+        weight_diffs = [
+            max_diff(p, local_slice(ref_params[n], p, groups)) for n, p in par.named_parameters()
+        ]
         results[name] = {
             "logits": max_diff(ref_logits, par_logits),
             "loss": abs(ref_loss.item() - par_loss.item()),
@@ -90,7 +105,7 @@ def run_tp(out: Path) -> dict:
 def pipe_param_name(name: str, num_layers: int) -> str:
     """PipelineModule parameter name -> plain GPT parameter name."""
     if name.startswith("tied_modules.embed."):
-        return "embedding." + name[len("tied_modules.embed."):]
+        return "embedding." + name[len("tied_modules.embed.") :]
     index, rest = name.split(".", 1)
     index = int(index)
     if 3 <= index < 3 + num_layers:
@@ -101,15 +116,18 @@ def pipe_param_name(name: str, num_layers: int) -> str:
 
 def run_pipe(out: Path, tp: int) -> dict:
     import deepspeed
-
     from mds_model.pipeline import build_gpt_pipe
 
     groups = ParallelGroups.build(tensor_parallel_size=tp, pipeline_parallel_size=2)
     config = tiny_config(tp, num_layers=4, position_embedding_type="learned")
     pipe = build_gpt_pipe(config, groups=groups, rng_tracker=None, init_seed=5)
     optimizer = torch.optim.SGD(pipe.parameters(), lr=1.0)  # delta of one step = the gradient
-    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-                 "steps_per_print": 10**9, "gradient_clipping": 0.0}
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "steps_per_print": 10**9,
+        "gradient_clipping": 0.0,
+    }
     engine, _, _, _ = deepspeed.initialize(model=pipe, optimizer=optimizer, config=ds_config)
     micro = [batch(21 + i, batch_size=2) for i in range(2)]
     before = {n: p.detach().clone() for n, p in pipe.named_parameters()}
@@ -128,9 +146,14 @@ def run_pipe(out: Path, tp: int) -> dict:
         weight_diffs[name] = max_diff(before[name], local_slice(ref_p.detach(), p, groups))
         grad_diffs[name] = max_diff(before[name] - p.detach(), local_slice(ref_p.grad, p, groups))
     engine.save_checkpoint(str(out / "ckpt"), tag="global_step1")
-    return {"loss": abs(pipe_loss - ref_loss.item()), "pipe_loss": pipe_loss,
-            "weights": max(weight_diffs.values()), "grads": grad_diffs,
-            "stage": groups.pp_rank, "tp_rank": groups.tp_rank}
+    return {
+        "loss": abs(pipe_loss - ref_loss.item()),
+        "pipe_loss": pipe_loss,
+        "weights": max(weight_diffs.values()),
+        "grads": grad_diffs,
+        "stage": groups.pp_rank,
+        "tp_rank": groups.tp_rank,
+    }
 
 
 def main() -> None:

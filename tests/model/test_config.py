@@ -1,7 +1,6 @@
 """GPTConfig: Megatron's vocab padding table (reference 3.6) and validation errors naming the field."""
 
 import pytest
-
 from mds_model.config import GPTConfig, padded_vocab_size
 
 
@@ -28,28 +27,44 @@ def test_defaults_follow_megatron():
     assert c.output_layer_init_std == pytest.approx(0.02 / 2.0)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"hidden_size": 65}, "hidden_size (65) must be divisible by num_attention_heads (4)"),
-    ({"num_attention_heads": 4, "tensor_model_parallel_size": 3},
-     "num_attention_heads (4) must be divisible by tensor_model_parallel_size (3)"),
-    ({"num_layers": 0}, "num_layers must be a positive integer"),
-    ({"vocab_size": 5000, "pad_vocab_size_to": 5121, "tensor_model_parallel_size": 2},
-     "5121 is not divisible by 2"),
-    ({"vocab_size": 5000, "pad_vocab_size_to": 5122, "tensor_model_parallel_size": 2},
-     "5122 is not divisible by 128"),
-    ({"vocab_size": 5000, "pad_vocab_size_to": 4096}, "pad_vocab_size_to (4096) is smaller"),
-    ({"seq_length": 128, "max_position_embeddings": 64}, "max_position_embeddings (64) must be >="),
-    ({"position_embedding_type": "sinusoidal"}, "position_embedding_type must be one of"),
-    ({"attention_backend": "xformers"}, "attention_backend must be one of"),
-    ({"activation_checkpointing": "some"}, "activation_checkpointing must be one of"),
-    ({"params_dtype": "fp8"}, "params_dtype must be one of"),
-    ({"hidden_dropout": 1.0}, "hidden_dropout must be in [0, 1)"),
-    ({"ffn_hidden_size": 3, "tensor_model_parallel_size": 2, "num_attention_heads": 4},
-     "ffn_hidden_size (3) must be a positive multiple"),
-    ({"layernorm_epsilon": 0.0}, "layernorm_epsilon must be > 0"),
-    ({"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4},
-     "rotary position embeddings need an even head dim"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"hidden_size": 65}, "hidden_size (65) must be divisible by num_attention_heads (4)"),
+        (
+            {"num_attention_heads": 4, "tensor_model_parallel_size": 3},
+            "num_attention_heads (4) must be divisible by tensor_model_parallel_size (3)",
+        ),
+        ({"num_layers": 0}, "num_layers must be a positive integer"),
+        (
+            {"vocab_size": 5000, "pad_vocab_size_to": 5121, "tensor_model_parallel_size": 2},
+            "5121 is not divisible by 2",
+        ),
+        (
+            {"vocab_size": 5000, "pad_vocab_size_to": 5122, "tensor_model_parallel_size": 2},
+            "5122 is not divisible by 128",
+        ),
+        ({"vocab_size": 5000, "pad_vocab_size_to": 4096}, "pad_vocab_size_to (4096) is smaller"),
+        (
+            {"seq_length": 128, "max_position_embeddings": 64},
+            "max_position_embeddings (64) must be >=",
+        ),
+        ({"position_embedding_type": "sinusoidal"}, "position_embedding_type must be one of"),
+        ({"attention_backend": "xformers"}, "attention_backend must be one of"),
+        ({"activation_checkpointing": "some"}, "activation_checkpointing must be one of"),
+        ({"params_dtype": "fp8"}, "params_dtype must be one of"),
+        ({"hidden_dropout": 1.0}, "hidden_dropout must be in [0, 1)"),
+        (
+            {"ffn_hidden_size": 3, "tensor_model_parallel_size": 2, "num_attention_heads": 4},
+            "ffn_hidden_size (3) must be a positive multiple",
+        ),
+        ({"layernorm_epsilon": 0.0}, "layernorm_epsilon must be > 0"),
+        (
+            {"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4},
+            "rotary position embeddings need an even head dim",
+        ),
+    ],
+)
 def test_validation_names_the_field(overrides, message):
     with pytest.raises(ValueError) as error:
         config(**overrides)

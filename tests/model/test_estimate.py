@@ -5,31 +5,44 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
 from mds_model.cli import app
 from mds_model.config import GPTConfig
 from mds_model.estimate import Plan, estimate, flops_per_token, total_parameters
 from mds_model.gpt import GPT
+from typer.testing import CliRunner
 
-GPT2_345M = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=50257, seq_length=1024)
+GPT2_345M = dict(
+    num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=50257, seq_length=1024
+)
 
 
 def test_345m_parameters_match_reference_gpt():
     config = GPTConfig(**GPT2_345M)
     # reference_gpt.py's count for the same shape (vocab 50304, 1024 learned positions, tied head).
     assert total_parameters(config) == 354_871_296
-    assert total_parameters(config, exclude_embeddings=True) == 354_871_296 - 50304 * 1024 - 1024 * 1024
+    assert (
+        total_parameters(config, exclude_embeddings=True)
+        == 354_871_296 - 50304 * 1024 - 1024 * 1024
+    )
 
 
-@pytest.mark.parametrize("overrides", [{}, {"position_embedding_type": "alibi", "embed_layernorm": True},
-                                       {"ffn_hidden_size": 40}])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"position_embedding_type": "alibi", "embed_layernorm": True}, {"ffn_hidden_size": 40}],
+)
 def test_parameter_count_equals_the_built_model(overrides):
-    config = GPTConfig(num_layers=3, hidden_size=32, num_attention_heads=4, vocab_size=100,
-                       seq_length=16, **overrides)
+    config = GPTConfig(
+        num_layers=3,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=100,
+        seq_length=16,
+        **overrides,
+    )
     assert total_parameters(config) == GPT(config).num_parameters()
     assert total_parameters(config, exclude_embeddings=True) == GPT(config).num_parameters(
-        exclude_embeddings=True)
+        exclude_embeddings=True
+    )
 
 
 def test_flops_per_token_formulas():
@@ -60,38 +73,89 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
 def test_activation_memory_follows_korthikanti():
     s, b, h, a, L = 1024, 4, 1024, 16, 24
     kwargs = dict(GPT2_345M, params_dtype="bfloat16", attention_backend="softmax")
-    full = estimate(GPTConfig(**kwargs), Plan(micro_batch_size=b))["memory_bytes_per_gpu"]["activations"]
+    full = estimate(GPTConfig(**kwargs), Plan(micro_batch_size=b))["memory_bytes_per_gpu"][
+        "activations"
+    ]
     logits = s * b * 50304 * 2
     assert full - logits == pytest.approx(L * s * b * h * (34 + 5 * a * s / h))
     sel = GPTConfig(**kwargs, activation_checkpointing="selective")
-    assert estimate(sel, Plan(micro_batch_size=b))["memory_bytes_per_gpu"]["activations"] - logits == (
-        pytest.approx(L * s * b * h * 34))
+    assert estimate(sel, Plan(micro_batch_size=b))["memory_bytes_per_gpu"][
+        "activations"
+    ] - logits == (pytest.approx(L * s * b * h * 34))
     ckpt = GPTConfig(**kwargs, activation_checkpointing="full")
-    assert estimate(ckpt, Plan(micro_batch_size=b))["memory_bytes_per_gpu"]["activations"] - logits == (
-        pytest.approx(L * 2 * s * b * h))
+    assert estimate(ckpt, Plan(micro_batch_size=b))["memory_bytes_per_gpu"][
+        "activations"
+    ] - logits == (pytest.approx(L * 2 * s * b * h))
 
 
 def test_info_cli_prints_the_figures():
-    result = CliRunner().invoke(app, ["info", "--num-layers", "24", "--hidden-size", "1024",
-                                      "--num-attention-heads", "16", "--micro-batch-size", "16",
-                                      "--zero-stage", "1", "--data-parallel-size", "8"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "info",
+            "--num-layers",
+            "24",
+            "--hidden-size",
+            "1024",
+            "--num-attention-heads",
+            "16",
+            "--micro-batch-size",
+            "16",
+            "--zero-stage",
+            "1",
+            "--data-parallel-size",
+            "8",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "padded vocab size        50304" in result.output
     assert "parameters               354,871,296 (354.9M)" in result.output
     assert "ZeRO-1" in result.output and "optimizer" in result.output
-    as_json = CliRunner().invoke(app, ["info", "--num-layers", "2", "--hidden-size", "64", "--json"])
+    as_json = CliRunner().invoke(
+        app, ["info", "--num-layers", "2", "--hidden-size", "64", "--json"]
+    )
     assert json.loads(as_json.output)["padded_vocab_size"] == 50304
 
 
 def test_info_cli_bad_flag_is_one_line_naming_the_flag():
     proc = subprocess.run(
-        [sys.executable, "-m", "mds_model", "info", "--num-layers", "2", "--hidden-size", "64",
-         "--num-attention-heads", "4", "--tensor-model-parallel-size", "3"],
-        capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "mds_model",
+            "info",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--tensor-model-parallel-size",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("mds-model info: --num-attention-heads (4) must be divisible by "
-                                   "--tensor-model-parallel-size (3)")
-    proc = subprocess.run([sys.executable, "-m", "mds_model", "info", "--num-layers", "2",
-                           "--hidden-size", "64", "--zero-stage", "5"], capture_output=True, text=True)
+    assert proc.stderr.strip() == (
+        "mds-model info: --num-attention-heads (4) must be divisible by "
+        "--tensor-model-parallel-size (3)"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mds_model",
+            "info",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--zero-stage",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "mds-model info: --zero-stage must be 0, 1, 2 or 3, got 5"

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from mds_model.config import GPTConfig
 from mds_model.gpt import GPT, masked_mean
 from mds_model.parallel import ParallelGroups
@@ -12,8 +11,16 @@ VOCAB, SEQ = 100, 16
 
 
 def tiny(**overrides) -> GPTConfig:
-    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB, seq_length=SEQ,
-                hidden_dropout=0.0, attention_dropout=0.0, use_fused_kernels=False)
+    base = dict(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_fused_kernels=False,
+    )
     base.update(overrides)
     return GPTConfig(**base)
 
@@ -22,10 +29,15 @@ def tokens(seed: int = 0, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, SEQ), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"position_embedding_type": "rotary"}, {"position_embedding_type": "alibi", "embed_layernorm": True},
-    {"attention_backend": "softmax"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"position_embedding_type": "rotary"},
+        {"position_embedding_type": "alibi", "embed_layernorm": True},
+        {"attention_backend": "softmax"},
+    ],
+)
 def test_changing_token_t_never_changes_outputs_before_t(overrides):
     model = GPT(tiny(**overrides), init_seed=1).eval()
     base = tokens()
@@ -48,7 +60,9 @@ def test_kv_cache_generation_matches_full_forward(position):
         logits, cache = model(seq[:, :9], use_cache=True)
         pieces = [logits]
         for t in range(9, SEQ):  # one token at a time, as a sampler would
-            logits, cache = model(seq[:, t:t + 1], position_offset=t, past_kvs=cache, use_cache=True)
+            logits, cache = model(
+                seq[:, t : t + 1], position_offset=t, past_kvs=cache, use_cache=True
+            )
             pieces.append(logits)
     assert cache[0][0].shape == (2, 4, SEQ, 8)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
@@ -87,8 +101,11 @@ def test_activation_checkpointing_replays_dropout_exactly(checkpointing):
 
 
 def test_dropout_active_in_train_and_off_in_eval():
-    model = GPT(tiny(hidden_dropout=0.1, attention_dropout=0.1),
-                rng_tracker=model_parallel_seed(0), init_seed=0)
+    model = GPT(
+        tiny(hidden_dropout=0.1, attention_dropout=0.1),
+        rng_tracker=model_parallel_seed(0),
+        init_seed=0,
+    )
     seq = tokens()
     assert not torch.equal(model(seq), model(seq))
     model.eval()
@@ -124,12 +141,18 @@ def test_megatron_deepspeed_parameter_names_and_shapes():
     assert shapes["embedding.position_embeddings.weight"] == (SEQ, 32)
     layer = {n.split(".", 2)[2]: s for n, s in shapes.items() if n.startswith("layers.1.")}
     assert layer == {
-        "input_layernorm.weight": (32,), "input_layernorm.bias": (32,),
-        "self_attention.query_key_value.weight": (96, 32), "self_attention.query_key_value.bias": (96,),
-        "self_attention.dense.weight": (32, 32), "self_attention.dense.bias": (32,),
-        "post_attention_layernorm.weight": (32,), "post_attention_layernorm.bias": (32,),
-        "mlp.dense_h_to_4h.weight": (128, 32), "mlp.dense_h_to_4h.bias": (128,),
-        "mlp.dense_4h_to_h.weight": (32, 128), "mlp.dense_4h_to_h.bias": (32,),
+        "input_layernorm.weight": (32,),
+        "input_layernorm.bias": (32,),
+        "self_attention.query_key_value.weight": (96, 32),
+        "self_attention.query_key_value.bias": (96,),
+        "self_attention.dense.weight": (32, 32),
+        "self_attention.dense.bias": (32,),
+        "post_attention_layernorm.weight": (32,),
+        "post_attention_layernorm.bias": (32,),
+        "mlp.dense_h_to_4h.weight": (128, 32),
+        "mlp.dense_h_to_4h.bias": (128,),
+        "mlp.dense_4h_to_h.weight": (32, 128),
+        "mlp.dense_4h_to_h.bias": (32,),
     }
     assert shapes["final_layernorm.weight"] == (32,)
     assert "lm_head.weight" not in shapes  # the head is tied to the word embeddings
@@ -137,7 +160,9 @@ def test_megatron_deepspeed_parameter_names_and_shapes():
 
 def test_init_is_reproducible_and_seeded_per_layer():
     a, b, c = GPT(tiny(), init_seed=3), GPT(tiny(), init_seed=3), GPT(tiny(), init_seed=4)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, pc in zip(
+        a.named_parameters(), b.parameters(), c.parameters(), strict=True
+    ):
         assert torch.equal(pa, pb), name
         if name.endswith("query_key_value.weight"):
             assert not torch.equal(pa, pc)
@@ -157,6 +182,10 @@ def test_loss_is_masked_mean_of_per_token_cross_entropy():
     seq, labels = tokens(1), tokens(2)
     mask = (torch.arange(SEQ) % 3 != 0).float().expand(2, SEQ)
     losses = model(seq, labels)
-    expected = torch.nn.functional.cross_entropy(model(seq).flatten(0, 1), labels.flatten(), reduction="none")
+    expected = torch.nn.functional.cross_entropy(
+        model(seq).flatten(0, 1), labels.flatten(), reduction="none"
+    )
     torch.testing.assert_close(losses.flatten(), expected)
-    torch.testing.assert_close(masked_mean(losses, mask), (expected * mask.flatten()).sum() / mask.sum())
+    torch.testing.assert_close(
+        masked_mean(losses, mask), (expected * mask.flatten()).sum() / mask.sum()
+    )

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from mds_model.config import GPTConfig
 from mds_model.gpt import GPT, masked_mean
 from mds_model.rng import model_parallel_seed
@@ -11,8 +10,16 @@ pytestmark = pytest.mark.gpu
 
 
 def config(**overrides) -> GPTConfig:
-    base = dict(num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=1000, seq_length=200,
-                hidden_dropout=0.0, attention_dropout=0.0, params_dtype="bfloat16")
+    base = dict(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        vocab_size=1000,
+        seq_length=200,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype="bfloat16",
+    )
     base.update(overrides)
     return GPTConfig(**base)
 
@@ -33,7 +40,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("position", ["learned", "alibi"])
 def test_kernels_equal_references_in_the_model_bf16(position):
-    ref_loss, ref_grads = loss_and_grads(config(position_embedding_type=position, use_fused_kernels=False))
+    ref_loss, ref_grads = loss_and_grads(
+        config(position_embedding_type=position, use_fused_kernels=False)
+    )
     loss, grads = loss_and_grads(config(position_embedding_type=position, use_fused_kernels=True))
     assert loss == pytest.approx(ref_loss, rel=1e-2)
     worst = max((rel(grads[n], g), n) for n, g in ref_grads.items())

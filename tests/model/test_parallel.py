@@ -16,9 +16,21 @@ FP32_TOL = 1e-5
 def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_procs}",
-         str(WORKER), mode, str(out)],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={num_procs}",
+            str(WORKER),
+            mode,
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_procs)]
 
@@ -26,8 +38,12 @@ def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
 def test_tp2_equals_tp1_logits_loss_and_every_gradient(tmp_path):
     results = launch("tp", 2, tmp_path)
     for rank_result in results:
-        assert set(rank_result) == {"learned", "alibi_embed_layernorm", "rotary_selective",
-                                    "learned_full_ckpt"}
+        assert set(rank_result) == {
+            "learned",
+            "alibi_embed_layernorm",
+            "rotary_selective",
+            "learned_full_ckpt",
+        }
         for variant, r in rank_result.items():
             assert r["weights"] == 0.0, f"{variant}: TP init differs from the TP=1 master weights"
             assert r["logits"] < FP32_TOL, variant
@@ -63,18 +79,29 @@ def test_pipe_checkpoint_files_have_megatron_deepspeed_names(pp2_run):
     names = sorted(p.name for p in folder.iterdir())
     # N = 4 layers: embedding at 1, layers at 3..6, final norm at N+4 = 8; head (tied) has no file.
     assert names == [
-        "layer_01-model_00-model_states.pt", "layer_03-model_00-model_states.pt",
-        "layer_04-model_00-model_states.pt", "layer_05-model_00-model_states.pt",
-        "layer_06-model_00-model_states.pt", "layer_08-model_00-model_states.pt",
-        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+        "layer_01-model_00-model_states.pt",
+        "layer_03-model_00-model_states.pt",
+        "layer_04-model_00-model_states.pt",
+        "layer_05-model_00-model_states.pt",
+        "layer_06-model_00-model_states.pt",
+        "layer_08-model_00-model_states.pt",
+        "mp_rank_00_model_states.pt",
+        "mp_rank_01_model_states.pt",
     ]
     assert (out / "ckpt" / "latest").read_text() == "global_step1"
     layer = torch.load(folder / "layer_03-model_00-model_states.pt", weights_only=True)
     assert sorted(layer) == sorted(
-        f"{module}.{kind}" for module in (
-            "input_layernorm", "self_attention.query_key_value", "self_attention.dense",
-            "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
-        for kind in ("weight", "bias"))
+        f"{module}.{kind}"
+        for module in (
+            "input_layernorm",
+            "self_attention.query_key_value",
+            "self_attention.dense",
+            "post_attention_layernorm",
+            "mlp.dense_h_to_4h",
+            "mlp.dense_4h_to_h",
+        )
+        for kind in ("weight", "bias")
+    )
     assert layer["self_attention.query_key_value.weight"].shape == (96, 32)
     embedding = torch.load(folder / "layer_01-model_00-model_states.pt", weights_only=True)
     assert sorted(embedding) == ["position_embeddings.weight", "word_embeddings.weight"]
@@ -92,8 +119,13 @@ def test_tp2_pp2_equals_plain_model_and_splits_files(tmp_path):
         bad = {name: d for name, d in r["grads"].items() if d >= FP32_TOL}
         assert not bad, f"stage {r['stage']} tp {r['tp_rank']}: gradients differ {bad}"
     folder = tmp_path / "ckpt" / "global_step1"
-    qkv = [torch.load(folder / f"layer_05-model_{tp:02d}-model_states.pt", weights_only=True)
-           ["self_attention.query_key_value.weight"] for tp in (0, 1)]
+    qkv = [
+        torch.load(folder / f"layer_05-model_{tp:02d}-model_states.pt", weights_only=True)[
+            "self_attention.query_key_value.weight"
+        ]
+        for tp in (0, 1)
+    ]
     assert [t.shape for t in qkv] == [(48, 32), (48, 32)]
     assert sorted(p.name for p in folder.glob("mp_rank_*")) == [
-        f"mp_rank_{m:02d}_model_states.pt" for m in range(4)]
+        f"mp_rank_{m:02d}_model_states.pt" for m in range(4)
+    ]

@@ -32,6 +32,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (B, heads/TP
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """Per-head slopes 2^(-8i/n); for n not a power of two, Press et al.'s interleaved extension."""
+
     def power_of_2(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
@@ -57,8 +58,8 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
         # x: (B, heads, S, head_dim)
         seq = x.shape[2]
-        cos = self.cos[offset:offset + seq].to(x.dtype)
-        sin = self.sin[offset:offset + seq].to(x.dtype)
+        cos = self.cos[offset : offset + seq].to(x.dtype)
+        sin = self.sin[offset : offset + seq].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -67,36 +68,48 @@ class RotaryEmbedding(nn.Module):
 class ParallelSelfAttention(nn.Module):
     """Causal self-attention; hidden states are Megatron's (S, B, H), heads split over TP ranks."""
 
-    def __init__(self, config: GPTConfig, *, groups: ParallelGroups,
-                 rng_tracker: RNGStatesTracker | None) -> None:
+    def __init__(
+        self, config: GPTConfig, *, groups: ParallelGroups, rng_tracker: RNGStatesTracker | None
+    ) -> None:
         super().__init__()
         h, dtype = config.hidden_size, config.torch_dtype
         self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.head_dim = config.head_dim
         self.query_key_value = ColumnParallelLinear(
-            h, 3 * h, groups=groups, init_std=config.init_method_std, dtype=dtype)
+            h, 3 * h, groups=groups, init_std=config.init_method_std, dtype=dtype
+        )
         self.dense = RowParallelLinear(
-            h, h, groups=groups, init_std=config.output_layer_init_std, dtype=dtype)
+            h, h, groups=groups, init_std=config.output_layer_init_std, dtype=dtype
+        )
         self.rotary = None
         if config.position_embedding_type == "rotary":
             self.rotary = RotaryEmbedding(
-                self.head_dim, max_positions=config.max_positions, base=config.rotary_base)
+                self.head_dim, max_positions=config.max_positions, base=config.rotary_base
+            )
         self.alibi: torch.Tensor | None = None
         if config.position_embedding_type == "alibi":
             start = groups.tp_rank * self.num_local_heads
-            slopes = alibi_slopes(config.num_attention_heads)[start:start + self.num_local_heads]
+            slopes = alibi_slopes(config.num_attention_heads)[start : start + self.num_local_heads]
             del self.alibi  # a plain attribute cannot become a buffer of the same name
             self.register_buffer("alibi", slopes.view(-1, 1, 1), persistent=False)
         backend = config.attention_backend
         if backend == "auto":
             backend = "flash" if flash_attn_func is not None else "sdpa"
         if backend == "flash" and flash_attn_func is None:
-            raise ValueError("attention_backend 'flash' needs the flash-attn package; pip install flash-attn")
+            raise ValueError(
+                "attention_backend 'flash' needs the flash-attn package; pip install flash-attn"
+            )
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, *, position_offset: int = 0, past_kv: KVCache | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, KVCache | None]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        position_offset: int = 0,
+        past_kv: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, KVCache | None]:
         seq, batch, _ = x.shape  # (S, B, H)
         qkv, _ = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
@@ -130,7 +143,9 @@ class ParallelSelfAttention(nn.Module):
             backend = "sdpa"
         with self._dropout_rng():  # dropout on TP-split heads must differ per rank
             if backend == "flash":
-                out = flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), dropout_p=p, causal=True)
+                out = flash_attn_func(
+                    *(t.transpose(1, 2) for t in (q, k, v)), dropout_p=p, causal=True
+                )
                 return out.transpose(1, 2)
             if backend == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
@@ -145,8 +160,9 @@ class ParallelSelfAttention(nn.Module):
             bias = (self.alibi.to(q.device) * positions).to(scores.dtype)  # (nh, 1, Sk)
             scores = scores * scale + bias
             scale = 1.0
-        probs = kernels.scaled_masked_softmax(scores, scale=scale, causal=True,
-                                              use_kernel=self.config.use_fused_kernels)
+        probs = kernels.scaled_masked_softmax(
+            scores, scale=scale, causal=True, use_kernel=self.config.use_fused_kernels
+        )
         if p > 0.0:
             probs = F.dropout(probs, p=p)
         return torch.matmul(probs, v)

@@ -53,41 +53,60 @@ class GPTConfig:
     params_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-                     "seq_length", "make_vocab_size_divisible_by", "tensor_model_parallel_size"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "vocab_size",
+            "seq_length",
+            "make_vocab_size_divisible_by",
+            "tensor_model_parallel_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})")
+                f"({self.num_attention_heads})"
+            )
         tp = self.tensor_model_parallel_size
         if self.num_attention_heads % tp:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
-                f"tensor_model_parallel_size ({tp})")
-        if self.ffn_hidden_size is not None and (self.ffn_hidden_size < 1 or self.ffn_hidden_size % tp):
+                f"tensor_model_parallel_size ({tp})"
+            )
+        if self.ffn_hidden_size is not None and (
+            self.ffn_hidden_size < 1 or self.ffn_hidden_size % tp
+        ):
             raise ValueError(
                 f"ffn_hidden_size ({self.ffn_hidden_size}) must be a positive multiple of "
-                f"tensor_model_parallel_size ({tp})")
-        if self.max_position_embeddings is not None and self.max_position_embeddings < self.seq_length:
+                f"tensor_model_parallel_size ({tp})"
+            )
+        if (
+            self.max_position_embeddings is not None
+            and self.max_position_embeddings < self.seq_length
+        ):
             raise ValueError(
                 f"max_position_embeddings ({self.max_position_embeddings}) must be >= seq_length "
-                f"({self.seq_length})")
+                f"({self.seq_length})"
+            )
         if self.pad_vocab_size_to is not None:
             # Both checks and their wording follow BS Megatron-DeepSpeed's --pad-vocab-size-to.
             if self.pad_vocab_size_to < self.vocab_size:
                 raise ValueError(
                     f"pad_vocab_size_to ({self.pad_vocab_size_to}) is smaller than vocab_size "
-                    f"({self.vocab_size})")
+                    f"({self.vocab_size})"
+                )
             if self.pad_vocab_size_to % tp:
                 raise ValueError(
-                    f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by {tp}")
+                    f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by {tp}"
+                )
             if self.pad_vocab_size_to % self.make_vocab_size_divisible_by:
                 raise ValueError(
                     f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by "
-                    f"{self.make_vocab_size_divisible_by}")
+                    f"{self.make_vocab_size_divisible_by}"
+                )
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -95,12 +114,18 @@ class GPTConfig:
             raise ValueError(f"layernorm_epsilon must be > 0, got {self.layernorm_epsilon}")
         if self.init_method_std <= 0:
             raise ValueError(f"init_method_std must be > 0, got {self.init_method_std}")
-        _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _check_choice(
+            "position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES
+        )
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _check_choice("activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
+        _check_choice(
+            "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
+        )
         _check_choice("params_dtype", self.params_dtype, tuple(PARAMS_DTYPES))
         if self.position_embedding_type == "rotary" and self.head_dim % 2:
-            raise ValueError(f"rotary position embeddings need an even head dim, got {self.head_dim}")
+            raise ValueError(
+                f"rotary position embeddings need an even head dim, got {self.head_dim}"
+            )
 
     @property
     def ffn_size(self) -> int:
@@ -119,8 +144,10 @@ class GPTConfig:
         if self.pad_vocab_size_to is not None:
             return self.pad_vocab_size_to
         return padded_vocab_size(
-            self.vocab_size, make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
-            tensor_model_parallel_size=self.tensor_model_parallel_size)
+            self.vocab_size,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            tensor_model_parallel_size=self.tensor_model_parallel_size,
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -28,7 +28,9 @@ class Plan:
     def __post_init__(self) -> None:
         for name in ("pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
 
@@ -74,7 +76,9 @@ def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
     replicated = layer_parameters(config) - split
     layers = -(-config.num_layers // plan.pipeline_model_parallel_size)
     count = layers * (split // t + replicated)
-    count += config.padded_vocab_size * h // t + (embedding_parameters(config) - config.padded_vocab_size * h)
+    count += config.padded_vocab_size * h // t + (
+        embedding_parameters(config) - config.padded_vocab_size * h
+    )
     if plan.pipeline_model_parallel_size == 1:
         count += 2 * h
     return count
@@ -91,7 +95,9 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
     mode = config.activation_checkpointing
     if mode == "full":
         return 2 * s * b * h  # only the layer input is kept
-    explicit_scores = config.position_embedding_type == "alibi" or config.attention_backend == "softmax"
+    explicit_scores = (
+        config.position_embedding_type == "alibi" or config.attention_backend == "softmax"
+    )
     if mode == "selective" or not explicit_scores:
         return s * b * h * (10 + 24 / t)
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
@@ -120,8 +126,11 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
         "parameters_per_gpu": params,
         "flops_per_token": flops_per_token(config),
         "memory_bytes_per_gpu": {
-            "weights": weights, "gradients": grads, "optimizer": optimizer,
-            "activations": activations, "total": weights + grads + optimizer + activations,
+            "weights": weights,
+            "gradients": grads,
+            "optimizer": optimizer,
+            "activations": activations,
+            "total": weights + grads + optimizer + activations,
         },
     }
 

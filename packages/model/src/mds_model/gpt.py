@@ -24,30 +24,44 @@ from .transformer import ParallelTransformerLayer
 class Embedding(nn.Module):
     """tokens (B, S) -> hidden (B, S, H): word [+ norm] + learned position embeddings, then dropout."""
 
-    def __init__(self, config: GPTConfig, *, groups: ParallelGroups, init_seed: int | None = None) -> None:
+    def __init__(
+        self, config: GPTConfig, *, groups: ParallelGroups, init_seed: int | None = None
+    ) -> None:
         super().__init__()
         h, dtype, std = config.hidden_size, config.torch_dtype, config.init_method_std
         self.config = config
         with init_rng(init_seed):
             norm = None
             if config.embed_layernorm:
-                norm = LayerNorm(h, eps=config.layernorm_epsilon, use_kernel=config.use_fused_kernels,
-                                 dtype=dtype)
+                norm = LayerNorm(
+                    h,
+                    eps=config.layernorm_epsilon,
+                    use_kernel=config.use_fused_kernels,
+                    dtype=dtype,
+                )
             self.word_embeddings = VocabParallelEmbedding(
-                config.padded_vocab_size, h, groups=groups, init_std=std, dtype=dtype, norm=norm)
+                config.padded_vocab_size, h, groups=groups, init_std=std, dtype=dtype, norm=norm
+            )
             self.position_embeddings = None
             if config.position_embedding_type == "learned":
                 self.position_embeddings = nn.Embedding(config.max_positions, h, dtype=dtype)
-                self.position_embeddings.weight.data.copy_(_master_slice(
-                    (config.max_positions, h), std=std, partition_dim=0, groups=ParallelGroups(),
-                    dtype=dtype))
+                self.position_embeddings.weight.data.copy_(
+                    _master_slice(
+                        (config.max_positions, h),
+                        std=std,
+                        partition_dim=0,
+                        groups=ParallelGroups(),
+                        dtype=dtype,
+                    )
+                )
 
     def forward(self, tokens: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
         seq = tokens.shape[1]
         if position_offset + seq > self.config.max_positions:
             raise ValueError(
                 f"positions up to {position_offset + seq} exceed max_position_embeddings "
-                f"({self.config.max_positions})")
+                f"({self.config.max_positions})"
+            )
         x = self.word_embeddings(tokens)  # (B, S, H)
         if self.position_embeddings is not None:
             positions = torch.arange(position_offset, position_offset + seq, device=tokens.device)
@@ -56,18 +70,25 @@ class Embedding(nn.Module):
         return F.dropout(x, p=p) if p > 0.0 else x
 
 
-def lm_logits(hidden: torch.Tensor, word_embeddings: torch.Tensor, groups: ParallelGroups) -> torch.Tensor:
+def lm_logits(
+    hidden: torch.Tensor, word_embeddings: torch.Tensor, groups: ParallelGroups
+) -> torch.Tensor:
     """hidden (B, S, H) @ this rank's vocab rows^T -> vocab-parallel logits (B, S, V/TP)."""
     return F.linear(copy_to_tensor_parallel(hidden, groups.tp_group), word_embeddings)
 
 
-def lm_losses(logits: torch.Tensor, labels: torch.Tensor, *, groups: ParallelGroups,
-              use_kernel: bool) -> torch.Tensor:
+def lm_losses(
+    logits: torch.Tensor, labels: torch.Tensor, *, groups: ParallelGroups, use_kernel: bool
+) -> torch.Tensor:
     """Per-token cross-entropy in fp32, (B, S), from vocab-parallel logits (B, S, V/TP)."""
     num_local = logits.shape[-1]
     losses = kernels.vocab_parallel_cross_entropy(
-        logits.reshape(-1, num_local), labels.reshape(-1), group=groups.tp_group,
-        vocab_start_index=groups.tp_rank * num_local, use_kernel=use_kernel)
+        logits.reshape(-1, num_local),
+        labels.reshape(-1),
+        group=groups.tp_group,
+        vocab_start_index=groups.tp_rank * num_local,
+        use_kernel=use_kernel,
+    )
     return losses.view(labels.shape)
 
 
@@ -82,26 +103,49 @@ def masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.T
 class GPT(nn.Module):
     """Decoder-only GPT. forward(tokens) -> logits; forward(tokens, labels) -> per-token losses."""
 
-    def __init__(self, config: GPTConfig, *, groups: ParallelGroups | None = None,
-                 rng_tracker: RNGStatesTracker | None = None, init_seed: int | None = 1234) -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        *,
+        groups: ParallelGroups | None = None,
+        rng_tracker: RNGStatesTracker | None = None,
+        init_seed: int | None = 1234,
+    ) -> None:
         super().__init__()
         groups = groups or ParallelGroups()
         if groups.tp_size != config.tensor_model_parallel_size:
             raise ValueError(
                 f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but "
-                f"the tensor-parallel group has {groups.tp_size} ranks")
+                f"the tensor-parallel group has {groups.tp_size} ranks"
+            )
         self.config, self.groups = config, groups
         self.embedding = Embedding(config, groups=groups, init_seed=init_seed)
         self.layers = nn.ModuleList(
-            ParallelTransformerLayer(config, groups=groups, rng_tracker=rng_tracker, layer_number=i + 1,
-                                     init_seed=init_seed)
-            for i in range(config.num_layers))
-        self.final_layernorm = LayerNorm(config.hidden_size, eps=config.layernorm_epsilon,
-                                         use_kernel=config.use_fused_kernels, dtype=config.torch_dtype)
+            ParallelTransformerLayer(
+                config,
+                groups=groups,
+                rng_tracker=rng_tracker,
+                layer_number=i + 1,
+                init_seed=init_seed,
+            )
+            for i in range(config.num_layers)
+        )
+        self.final_layernorm = LayerNorm(
+            config.hidden_size,
+            eps=config.layernorm_epsilon,
+            use_kernel=config.use_fused_kernels,
+            dtype=config.torch_dtype,
+        )
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, *,
-                position_offset: int = 0, past_kvs: list[KVCache] | None = None,
-                use_cache: bool = False):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        *,
+        position_offset: int = 0,
+        past_kvs: list[KVCache] | None = None,
+        use_cache: bool = False,
+    ):
         """tokens (B, S) int64. Returns losses (B, S) given labels, else vocab-parallel logits
         (B, S, V/TP); with use_cache also the list of per-layer (keys, values) for generation,
         whose positions continue at position_offset + S."""
@@ -116,8 +160,13 @@ class GPT(nn.Module):
                 x = layer(x, position_offset=position_offset, past_kv=past)
         x, _ = self.final_layernorm(x.transpose(0, 1))  # (B, S, H)
         logits = lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
-        out = logits if labels is None else lm_losses(
-            logits, labels, groups=self.groups, use_kernel=self.config.use_fused_kernels)
+        out = (
+            logits
+            if labels is None
+            else lm_losses(
+                logits, labels, groups=self.groups, use_kernel=self.config.use_fused_kernels
+            )
+        )
         return (out, presents) if use_cache else out
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:

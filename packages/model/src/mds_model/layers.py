@@ -22,8 +22,14 @@ from .parallel import (
 )
 
 
-def _master_slice(shape: tuple[int, ...], *, std: float, partition_dim: int, groups: ParallelGroups,
-                  dtype: torch.dtype) -> torch.Tensor:
+def _master_slice(
+    shape: tuple[int, ...],
+    *,
+    std: float,
+    partition_dim: int,
+    groups: ParallelGroups,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     master = torch.empty(shape, dtype=torch.float32)
     nn.init.normal_(master, mean=0.0, std=std)
     part = master.chunk(groups.tp_size, dim=partition_dim)[groups.tp_rank]
@@ -40,17 +46,20 @@ def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
 class LayerNorm(nn.Module):
     """LayerNorm with an optional fused residual add; returns (normed, summed) like the kernel API."""
 
-    def __init__(self, hidden_size: int, *, eps: float, use_kernel: bool,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, hidden_size: int, *, eps: float, use_kernel: bool, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         self.eps, self.use_kernel = eps, use_kernel
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.add_layer_norm(x, self.weight, self.bias, eps=self.eps, residual=residual,
-                                      use_kernel=self.use_kernel)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return kernels.add_layer_norm(
+            x, self.weight, self.bias, eps=self.eps, residual=residual, use_kernel=self.use_kernel
+        )
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -60,18 +69,37 @@ class VocabParallelEmbedding(nn.Module):
     `word_embeddings.norm`, the name BS Megatron-DeepSpeed checkpoints use.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, groups: ParallelGroups,
-                 init_std: float, dtype: torch.dtype = torch.float32,
-                 norm: LayerNorm | None = None) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        groups: ParallelGroups,
+        init_std: float,
+        dtype: torch.dtype = torch.float32,
+        norm: LayerNorm | None = None,
+    ) -> None:
         super().__init__()
         if num_embeddings % groups.tp_size:
-            raise ValueError(f"vocabulary size {num_embeddings} is not divisible by {groups.tp_size}")
+            raise ValueError(
+                f"vocabulary size {num_embeddings} is not divisible by {groups.tp_size}"
+            )
         self.groups = groups
         self.num_embeddings = num_embeddings
         self.num_local = num_embeddings // groups.tp_size
         self.vocab_start_index = groups.tp_rank * self.num_local
-        self.weight = _mark_parallel(nn.Parameter(_master_slice(
-            (num_embeddings, embedding_dim), std=init_std, partition_dim=0, groups=groups, dtype=dtype)), 0)
+        self.weight = _mark_parallel(
+            nn.Parameter(
+                _master_slice(
+                    (num_embeddings, embedding_dim),
+                    std=init_std,
+                    partition_dim=0,
+                    groups=groups,
+                    dtype=dtype,
+                )
+            ),
+            0,
+        )
         self.norm = norm
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -92,19 +120,39 @@ class VocabParallelEmbedding(nn.Module):
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T + b with A split by rows (output features): each rank computes Y's own columns."""
 
-    def __init__(self, in_features: int, out_features: int, *, groups: ParallelGroups, init_std: float,
-                 bias: bool = True, gather_output: bool = False, skip_bias_add: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        groups: ParallelGroups,
+        init_std: float,
+        bias: bool = True,
+        gather_output: bool = False,
+        skip_bias_add: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         if out_features % groups.tp_size:
             raise ValueError(f"output size {out_features} is not divisible by {groups.tp_size}")
         self.groups, self.gather_output, self.skip_bias_add = groups, gather_output, skip_bias_add
-        self.weight = _mark_parallel(nn.Parameter(_master_slice(
-            (out_features, in_features), std=init_std, partition_dim=0, groups=groups, dtype=dtype)), 0)
+        self.weight = _mark_parallel(
+            nn.Parameter(
+                _master_slice(
+                    (out_features, in_features),
+                    std=init_std,
+                    partition_dim=0,
+                    groups=groups,
+                    dtype=dtype,
+                )
+            ),
+            0,
+        )
         self.bias = None
         if bias:
             self.bias = _mark_parallel(
-                nn.Parameter(torch.zeros(out_features // groups.tp_size, dtype=dtype)), 0)
+                nn.Parameter(torch.zeros(out_features // groups.tp_size, dtype=dtype)), 0
+            )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = copy_to_tensor_parallel(x, self.groups.tp_group)
@@ -122,15 +170,38 @@ class RowParallelLinear(nn.Module):
     caller can fuse it with dropout and the residual add as Megatron does).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, groups: ParallelGroups, init_std: float,
-                 bias: bool = True, input_is_parallel: bool = True, skip_bias_add: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        groups: ParallelGroups,
+        init_std: float,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        skip_bias_add: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         if in_features % groups.tp_size:
             raise ValueError(f"input size {in_features} is not divisible by {groups.tp_size}")
-        self.groups, self.input_is_parallel, self.skip_bias_add = groups, input_is_parallel, skip_bias_add
-        self.weight = _mark_parallel(nn.Parameter(_master_slice(
-            (out_features, in_features), std=init_std, partition_dim=1, groups=groups, dtype=dtype)), 1)
+        self.groups, self.input_is_parallel, self.skip_bias_add = (
+            groups,
+            input_is_parallel,
+            skip_bias_add,
+        )
+        self.weight = _mark_parallel(
+            nn.Parameter(
+                _master_slice(
+                    (out_features, in_features),
+                    std=init_std,
+                    partition_dim=1,
+                    groups=groups,
+                    dtype=dtype,
+                )
+            ),
+            1,
+        )
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

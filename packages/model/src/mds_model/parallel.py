@@ -38,12 +38,15 @@ class ParallelGroups:
     def build(cls, *, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> ParallelGroups:
         """Creates every group of the grid (collectively: all ranks must call this in the same order)."""
         if not dist.is_initialized():
-            raise ValueError("torch.distributed must be initialised before building parallel groups")
+            raise ValueError(
+                "torch.distributed must be initialised before building parallel groups"
+            )
         world, rank = dist.get_world_size(), dist.get_rank()
         tp, pp = tensor_parallel_size, pipeline_parallel_size
         if world % (tp * pp):
             raise ValueError(
-                f"world size {world} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size")
+                f"world size {world} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size"
+            )
         dp = world // (tp * pp)
 
         def coords(r: int) -> tuple[int, int, int]:
@@ -61,9 +64,17 @@ class ParallelGroups:
                 group = dist.new_group(members)
                 if rank in members:
                     found[kind] = group
-        return cls(tp_group=found["tp"] if tp > 1 else None, tp_rank=mine[2], tp_size=tp,
-                   dp_group=found["dp"] if dp > 1 else None, dp_rank=mine[1], dp_size=dp,
-                   pp_group=found["pp"] if pp > 1 else None, pp_rank=mine[0], pp_size=pp)
+        return cls(
+            tp_group=found["tp"] if tp > 1 else None,
+            tp_rank=mine[2],
+            tp_size=tp,
+            dp_group=found["dp"] if dp > 1 else None,
+            dp_rank=mine[1],
+            dp_size=dp,
+            pp_group=found["pp"] if pp > 1 else None,
+            pp_rank=mine[0],
+            pp_size=pp,
+        )
 
 
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

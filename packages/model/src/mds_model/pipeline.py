@@ -85,45 +85,85 @@ class PipeLoss:
         return masked_mean(losses, loss_mask)
 
 
-def gpt_layer_specs(config: GPTConfig, *, groups: ParallelGroups, rng_tracker: RNGStatesTracker | None,
-                    init_seed: int | None = 1234) -> list:
+def gpt_layer_specs(
+    config: GPTConfig,
+    *,
+    groups: ParallelGroups,
+    rng_tracker: RNGStatesTracker | None,
+    init_seed: int | None = 1234,
+) -> list:
     """The N+7 entries of GPTModelPipe, in Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
     specs: list[LayerSpec | Callable] = [
         _CastInputs(config.torch_dtype),
-        TiedLayerSpec(EMBED_TIE_KEY, EmbeddingPipe, config, **embed_kwargs,
-                      tied_weight_attr="word_embeddings.weight"),
+        TiedLayerSpec(
+            EMBED_TIE_KEY,
+            EmbeddingPipe,
+            config,
+            **embed_kwargs,
+            tied_weight_attr="word_embeddings.weight",
+        ),
         _to_sequence_first,
     ]
     for i in range(config.num_layers):
-        specs.append(LayerSpec(ParallelTransformerLayerPipe, config, groups=groups,
-                               rng_tracker=rng_tracker, layer_number=i + 1, init_seed=init_seed))
+        specs.append(
+            LayerSpec(
+                ParallelTransformerLayerPipe,
+                config,
+                groups=groups,
+                rng_tracker=rng_tracker,
+                layer_number=i + 1,
+                init_seed=init_seed,
+            )
+        )
     specs += [
         _to_sequence_first,
-        LayerSpec(FinalLayerNormPipe, config.hidden_size, eps=config.layernorm_epsilon,
-                  use_kernel=config.use_fused_kernels, dtype=config.torch_dtype),
-        TiedLayerSpec(EMBED_TIE_KEY, EmbeddingPipe, config, **embed_kwargs, forward_fn=_lm_head,
-                      tied_weight_attr="word_embeddings.weight"),
+        LayerSpec(
+            FinalLayerNormPipe,
+            config.hidden_size,
+            eps=config.layernorm_epsilon,
+            use_kernel=config.use_fused_kernels,
+            dtype=config.torch_dtype,
+        ),
+        TiedLayerSpec(
+            EMBED_TIE_KEY,
+            EmbeddingPipe,
+            config,
+            **embed_kwargs,
+            forward_fn=_lm_head,
+            tied_weight_attr="word_embeddings.weight",
+        ),
         _logits_pass_through,
     ]
     return specs
 
 
-def build_gpt_pipe(config: GPTConfig, *, groups: ParallelGroups, rng_tracker: RNGStatesTracker | None,
-                   init_seed: int | None = 1234, partition_method: str = "type:transformer"
-                   ) -> PipelineModule:
+def build_gpt_pipe(
+    config: GPTConfig,
+    *,
+    groups: ParallelGroups,
+    rng_tracker: RNGStatesTracker | None,
+    init_seed: int | None = 1234,
+    partition_method: str = "type:transformer",
+) -> PipelineModule:
     """A PipelineModule over groups' (pp, dp, tp) grid; transformer layers spread evenly by default."""
     if groups.tp_size != config.tensor_model_parallel_size:
         raise ValueError(
             f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but the "
-            f"tensor-parallel group has {groups.tp_size} ranks")
+            f"tensor-parallel group has {groups.tp_size} ranks"
+        )
     if config.num_layers < groups.pp_size:
         raise ValueError(
-            f"num_layers ({config.num_layers}) must be at least the pipeline size ({groups.pp_size})")
+            f"num_layers ({config.num_layers}) must be at least the pipeline size ({groups.pp_size})"
+        )
     # Same rank order as ParallelGroups.build: pipe outermost, then data, tensor ("model") fastest.
     topology = PipeModelDataParallelTopology(
-        num_pp=groups.pp_size, num_mp=groups.tp_size, num_dp=groups.dp_size)
+        num_pp=groups.pp_size, num_mp=groups.tp_size, num_dp=groups.dp_size
+    )
     return PipelineModule(
         layers=gpt_layer_specs(config, groups=groups, rng_tracker=rng_tracker, init_seed=init_seed),
         loss_fn=PipeLoss(groups=groups, use_kernel=config.use_fused_kernels),
-        topology=topology, partition_method=partition_method, activation_checkpoint_interval=0)
+        topology=topology,
+        partition_method=partition_method,
+        activation_checkpoint_interval=0,
+    )

@@ -128,4 +128,6 @@ def checkpoint(function, *args: torch.Tensor, rng_tracker: RNGStatesTracker | No
         finally:
             rng_tracker.set_states(current)
 
-    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True)
+    return torch.utils.checkpoint.checkpoint(
+        run, *args, use_reentrant=False, preserve_rng_state=True
+    )

@@ -27,11 +27,20 @@ class ParallelMLP(nn.Module):
         super().__init__()
         self.use_kernel = config.use_fused_kernels
         self.dense_h_to_4h = ColumnParallelLinear(
-            config.hidden_size, config.ffn_size, groups=groups, init_std=config.init_method_std,
-            skip_bias_add=True, dtype=config.torch_dtype)
+            config.hidden_size,
+            config.ffn_size,
+            groups=groups,
+            init_std=config.init_method_std,
+            skip_bias_add=True,
+            dtype=config.torch_dtype,
+        )
         self.dense_4h_to_h = RowParallelLinear(
-            config.ffn_size, config.hidden_size, groups=groups,
-            init_std=config.output_layer_init_std, dtype=config.torch_dtype)
+            config.ffn_size,
+            config.hidden_size,
+            groups=groups,
+            init_std=config.output_layer_init_std,
+            dtype=config.torch_dtype,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, bias = self.dense_h_to_4h(x)  # (S, B, ffn/TP)
@@ -43,36 +52,62 @@ class ParallelMLP(nn.Module):
 class ParallelTransformerLayer(nn.Module):
     """x + attn(LN(x)), then + mlp(LN(.)); hidden states (S, B, H) as in Megatron."""
 
-    def __init__(self, config: GPTConfig, *, groups: ParallelGroups,
-                 rng_tracker: RNGStatesTracker | None, layer_number: int,
-                 init_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        *,
+        groups: ParallelGroups,
+        rng_tracker: RNGStatesTracker | None,
+        layer_number: int,
+        init_seed: int | None = None,
+    ) -> None:
         """layer_number counts from 1 as in Megatron; init_seed + layer_number seeds the weights."""
         super().__init__()
-        eps, use_kernel, dtype = config.layernorm_epsilon, config.use_fused_kernels, config.torch_dtype
+        eps, use_kernel, dtype = (
+            config.layernorm_epsilon,
+            config.use_fused_kernels,
+            config.torch_dtype,
+        )
         self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
         with init_rng(None if init_seed is None else init_seed + layer_number):
             self.input_layernorm = LayerNorm(
-                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype)
-            self.self_attention = ParallelSelfAttention(config, groups=groups, rng_tracker=rng_tracker)
+                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype
+            )
+            self.self_attention = ParallelSelfAttention(
+                config, groups=groups, rng_tracker=rng_tracker
+            )
             self.post_attention_layernorm = LayerNorm(
-                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype)
+                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype
+            )
             self.mlp = ParallelMLP(config, groups=groups)
 
-    def forward(self, x: torch.Tensor, *, position_offset: int = 0, past_kv: KVCache | None = None,
-                use_cache: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        position_offset: int = 0,
+        past_kv: KVCache | None = None,
+        use_cache: bool = False,
+    ):
         """Returns the new hidden states, or (hidden, present_kv) when use_cache."""
         if self.config.activation_checkpointing == "full" and self.training and not use_cache:
-            out = checkpoint(lambda t: self._block(t, position_offset, None, False)[0], x,
-                             rng_tracker=self.rng_tracker)
+            out = checkpoint(
+                lambda t: self._block(t, position_offset, None, False)[0],
+                x,
+                rng_tracker=self.rng_tracker,
+            )
             return out
         out, present = self._block(x, position_offset, past_kv, use_cache)
         return (out, present) if use_cache else out
 
-    def _block(self, x: torch.Tensor, position_offset: int, past_kv: KVCache | None, use_cache: bool):
+    def _block(
+        self, x: torch.Tensor, position_offset: int, past_kv: KVCache | None, use_cache: bool
+    ):
         p = self.config.hidden_dropout if self.training else 0.0
         normed, _ = self.input_layernorm(x)
         attn, present = self.self_attention(
-            normed, position_offset=position_offset, past_kv=past_kv, use_cache=use_cache)
+            normed, position_offset=position_offset, past_kv=past_kv, use_cache=use_cache
+        )
         # Dropout on replicated activations uses the default generator: identical on TP ranks.
         attn = F.dropout(attn, p=p) if p > 0.0 else attn
         normed, summed = self.post_attention_layernorm(attn, residual=x)  # summed = x + attn
