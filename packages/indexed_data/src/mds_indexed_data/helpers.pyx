@@ -75,9 +75,11 @@ def build_sample_idx(sizes, doc_idx, int64_t seq_length, int64_t num_samples, ou
     return out
 
 
-cdef void _fill_blending(const double[::1] weights, int64_t size, int64_t[::1] counts,
+cdef void _fill_blending(const double[::1] weights, int64_t size, double* counts,
                          dataset_out_t[::1] dataset_index,
                          int64_t[::1] dataset_sample_index) noexcept nogil:
+    # Counts are kept as doubles (exact below 2**53) so the inner loop has no int->float step;
+    # the arithmetic is upstream's `w * x - (double)count` either way.
     cdef int64_t num_datasets = weights.shape[0]
     cdef int64_t sample, dataset, best
     cdef double position, error, best_error
@@ -86,15 +88,15 @@ cdef void _fill_blending(const double[::1] weights, int64_t size, int64_t[::1] c
         # Pick the dataset that lags its target share the most; ties go to the lowest index
         # because only a strictly larger error replaces the current best (as upstream).
         best = 0
-        best_error = weights[0] * position - <double>counts[0]
+        best_error = weights[0] * position - counts[0]
         for dataset in range(1, num_datasets):
-            error = weights[dataset] * position - <double>counts[dataset]
+            error = weights[dataset] * position - counts[dataset]
             if error > best_error:
                 best_error = error
                 best = dataset
         dataset_index[sample] = <dataset_out_t>best
-        dataset_sample_index[sample] = counts[best]
-        counts[best] += 1
+        dataset_sample_index[sample] = <int64_t>counts[best]
+        counts[best] += 1.0
 
 
 def build_blending_indices(weights, int64_t size, index_dtype):
@@ -106,15 +108,22 @@ def build_blending_indices(weights, int64_t size, index_dtype):
     cdef const double[::1] weights_view = np.ascontiguousarray(weights, dtype=np.float64)
     if weights_view.shape[0] == 0:
         raise ValueError("blending needs at least one dataset")
-    counts = np.zeros(weights_view.shape[0], dtype=np.int64)
+    counts = np.zeros(weights_view.shape[0], dtype=np.float64)
+    cdef double[::1] counts_view = counts
     dataset_index = np.empty(size, dtype=index_dtype)
     dataset_sample_index = np.empty(size, dtype=np.int64)
     if dataset_index.dtype == np.uint8:
-        _fill_blending[uint8_t](weights_view, size, counts, dataset_index, dataset_sample_index)
+        _fill_blending[uint8_t](
+            weights_view, size, &counts_view[0], dataset_index, dataset_sample_index
+        )
     elif dataset_index.dtype == np.uint16:
-        _fill_blending[uint16_t](weights_view, size, counts, dataset_index, dataset_sample_index)
+        _fill_blending[uint16_t](
+            weights_view, size, &counts_view[0], dataset_index, dataset_sample_index
+        )
     elif dataset_index.dtype == np.int32:
-        _fill_blending[int32_t](weights_view, size, counts, dataset_index, dataset_sample_index)
+        _fill_blending[int32_t](
+            weights_view, size, &counts_view[0], dataset_index, dataset_sample_index
+        )
     else:
         raise TypeError(f"index_dtype must be uint8, uint16 or int32, not {dataset_index.dtype}")
-    return dataset_index, dataset_sample_index, counts
+    return dataset_index, dataset_sample_index, counts.astype(np.int64)
