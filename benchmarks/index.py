@@ -13,7 +13,6 @@ import argparse
 import time
 
 import numpy as np
-
 from mds_indexed_data import helpers
 from mds_indexed_data.blending import build_blending_indices
 

@@ -100,7 +100,7 @@ cdef void _fill_blending(const double[::1] weights, int64_t size, double* counts
 
 
 def build_blending_indices(weights, int64_t size, index_dtype):
-    """(dataset_index, dataset_sample_index, counts) of the error-greedy interleave of `size` samples.
+    """(dataset_index, dataset_sample_index, counts) of the error-greedy interleave of `size`.
 
     `weights` must already be normalised the way the caller wants (upstream divides by their sum);
     `index_dtype` is uint8, uint16 or int32 and must hold len(weights) - 1.
