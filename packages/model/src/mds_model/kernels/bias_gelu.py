@@ -58,7 +58,8 @@ if triton is not None:
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         col_ok = cols < hidden
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        # A 2-D accumulator: the cross-row (cross-warp) reduction happens once, after the loop.
+        acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
         row_start = pid_m * rows_per_program
         for offset in range(0, rows_per_program, BLOCK_M):
             rows = (row_start + offset + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -71,13 +72,13 @@ if triton is not None:
             dgelu = s + z * s * (1.0 - s) * 2.0 * du_dz
             dx = dy.to(tl.float32) * dgelu
             tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            acc += tl.sum(tl.where(mask, dx, 0.0), axis=0)
-        tl.store(dbias_partial_ptr + pid_m * hidden + cols, acc, mask=col_ok)
+            acc += tl.where(mask, dx, 0.0)
+        tl.store(dbias_partial_ptr + pid_m * hidden + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
 _FWD_BLOCK_M, _FWD_BLOCK_H = 16, 256
-_BWD_BLOCK_M, _BWD_BLOCK_H = 16, 256
-_BWD_ROWS_PER_PROGRAM = 256
+_BWD_BLOCK_M, _BWD_BLOCK_H = 8, 256
+_BWD_ROWS_PER_PROGRAM = 64
 
 
 def _bias_gelu_forward(x2d: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

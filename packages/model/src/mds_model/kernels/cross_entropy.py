@@ -66,18 +66,17 @@ if triton is not None:
                            vocab_local, vocab_start, stride_row, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * stride_row
-        # Per-lane running max and sum (online softmax), reduced once after the sweep.
-        lane_max = tl.full((BLOCK_V,), float("-inf"), tl.float32)
-        lane_sum = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        # Online softmax with a per-block (scalar) running max: one exp per element. A per-lane max
+        # needs two, and at bf16 rates the exp unit, not memory, then bounds the kernel.
+        row_max = float("-inf")
+        row_sum = 0.0
         for start in range(0, vocab_local, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             x = tl.load(row_ptr + cols, mask=cols < vocab_local, other=float("-inf")).to(tl.float32)
-            new_max = tl.maximum(lane_max, x)
-            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            lane_sum = lane_sum * tl.exp(lane_max - safe_max) + tl.exp(x - safe_max)
-            lane_max = new_max
-        row_max = tl.max(lane_max, axis=0)
-        row_sum = tl.sum(lane_sum * tl.exp(lane_max - row_max), axis=0)
+            # Every block holds at least one real logit, so new_max is finite.
+            new_max = tl.maximum(row_max, tl.max(x, axis=0))
+            row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+            row_max = new_max
         local = tl.load(target_ptr + row) - vocab_start
         in_shard = (local >= 0) & (local < vocab_local)
         target_logit = tl.load(row_ptr + tl.where(in_shard, local, 0), mask=in_shard, other=0.0)
