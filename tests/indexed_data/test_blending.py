@@ -1,5 +1,7 @@
 """Blends of 2 and 300 datasets equal the twin's per-component indices and greedy interleave."""
 
+import pickle
+
 import numpy as np
 import pytest
 from mds_indexed_data import (
@@ -68,6 +70,11 @@ def test_two_component_blend_matches_twin(twin, golden_prefix, tmp_path):
     for split_index, n in enumerate(config.num_samples):
         blend = _check_blend_against_twin(twin, built, config, readers, split_index, n)
         assert blend.dataset_index.dtype == np.uint8
+    payload = pickle.dumps(built.train)
+    assert len(payload) < 5000  # components as paths, blend indices recomputed
+    clone = pickle.loads(payload)
+    np.testing.assert_array_equal(clone.dataset_index, built.train.dataset_index)
+    assert clone[len(clone) // 2].tolist() == built.train[len(clone) // 2].tolist()
     assert component_num_samples([0.35, 0.65], [3000, 120, 40]) == [[1056, 43, 15], [1960, 79, 27]]
     train = [b for b in built.blends if b.split_name == "train"][0]
     assert train.input_weights == pytest.approx([0.35, 0.65])
