@@ -124,3 +124,24 @@ def test_bad_data_path(values, message):
 
 def test_single_prefix_data_path():
     assert parse_data_path([" data/x_text_document "]) == ((1.0,), ("data/x_text_document",))
+
+
+def test_single_weighted_pair_is_a_blend_of_one_as_upstream(twin, golden_prefix, tmp_path):
+    config = GPTDataConfig.from_data_path(
+        ["1.0", str(golden_prefix)],
+        seq_length=256,
+        num_samples=(1000, 10, 0),
+        split="949,50,1",
+        cache_dir=str(tmp_path),
+    )
+    assert config.blend and len(config.prefixes) == 1
+    built = build_train_valid_test_datasets(config)
+    assert isinstance(built.train, BlendedDataset)
+    reader = IndexedDatasetReader(golden_prefix)
+    _check_blend_against_twin(twin, built, config, [reader], 0, 1000)
+    # n = ceil(1000 * 1.0 * 1.005): the head-room applies to a single weighted dataset too.
+    assert built.train.datasets[0].num_samples_requested == 1005
+    plain = GPTDataConfig.from_data_path(
+        [str(golden_prefix)], seq_length=256, num_samples=(1, 0, 0)
+    )
+    assert not plain.blend

@@ -65,7 +65,7 @@ def build_train_valid_test_datasets(
 ) -> DatasetsBuild:
     """Opens every dataset, loads or builds each split's index cache, and blends components."""
     weights = normalized_weights(config.weights)
-    blended = len(config.prefixes) > 1
+    blended = config.blend
     counts = (
         component_num_samples(weights, config.num_samples)
         if blended

@@ -77,6 +77,8 @@ class GPTDataConfig:
 
     `weights[i]` goes with `prefixes[i]` (one dataset: weights == (1.0,)); `num_samples` is the
     requested (train, valid, test) count; `cache_dir` None means next to each dataset's files.
+    `blend` None means "blend when there are several prefixes"; Megatron also blends a single
+    `weight prefix` pair (with the 0.5% head-room), which `from_data_path` reproduces.
     """
 
     prefixes: tuple[str, ...]
@@ -86,8 +88,11 @@ class GPTDataConfig:
     split: str = "969, 30, 1"
     seed: int = 1234
     cache_dir: str | None = None
+    blend: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.blend is None:
+            object.__setattr__(self, "blend", len(self.prefixes) > 1)
         object.__setattr__(self, "prefixes", tuple(str(prefix) for prefix in self.prefixes))
         object.__setattr__(self, "weights", tuple(float(weight) for weight in self.weights))
         object.__setattr__(self, "num_samples", tuple(int(count) for count in self.num_samples))
@@ -95,6 +100,8 @@ class GPTDataConfig:
             object.__setattr__(self, "cache_dir", str(self.cache_dir))
         if not self.prefixes:
             raise ValueError("--data-path: give at least one dataset prefix")
+        if not self.blend and len(self.prefixes) > 1:
+            raise ValueError("--data-path: several datasets are always blended; give their weights")
         if len(self.weights) != len(self.prefixes):
             raise ValueError(
                 f"--data-path: {len(self.weights)} weights for {len(self.prefixes)} datasets"
@@ -119,7 +126,8 @@ class GPTDataConfig:
     def from_data_path(cls, data_path: Sequence[str], **fields) -> "GPTDataConfig":
         """Builds the config from Megatron-style `--data-path` values (see `parse_data_path`)."""
         weights, prefixes = parse_data_path(data_path)
-        return cls(prefixes=prefixes, weights=weights, **fields)
+        blend = sum(1 for item in data_path if item.strip()) > 1
+        return cls(prefixes=prefixes, weights=weights, blend=blend, **fields)
 
     def cache_dir_for(self, prefix: str) -> Path:
         return Path(self.cache_dir) if self.cache_dir else Path(prefix).resolve().parent
