@@ -176,3 +176,12 @@ def test_config_validation_names_flags(dataset):
     with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*32\)"):
         _config(dataset, seed=-1)
     assert IndexedDatasetReader(dataset).num_documents == 200
+
+
+def test_unwritable_cache_dir_is_one_clear_error(dataset, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(
+        ValueError, match=r"not-a-dir: cannot write the sample-index cache .* --cache-dir"
+    ):
+        build_train_valid_test_datasets(_config(dataset, cache_dir=str(blocker)))

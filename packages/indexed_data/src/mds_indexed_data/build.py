@@ -155,9 +155,17 @@ def _split_dataset(
             cutoff=SEPARATE_LAST_EPOCH_CUTOFF,
         )
         extra = {"written_by": _tool_version(), "num_tokens_per_epoch": num_tokens}
-        save_cache(key, cache_dir, built, extra)
-        # Reload through the cache: callers always see the same read-only mapped arrays.
-        mappings, _ = load_cache(key, cache_dir)
+        try:
+            save_cache(key, cache_dir, built, extra)
+        except OSError as error:
+            raise ValueError(
+                f"{cache_dir}: cannot write the sample-index cache ({error.strerror or error}); "
+                "pass --cache-dir to a writable folder"
+            ) from None
+        # Reload through the cache so callers always see read-only mapped arrays; if another
+        # process removed the files meanwhile, the arrays just built are as good.
+        reloaded = load_cache(key, cache_dir)
+        mappings = reloaded[0] if reloaded is not None else built
     files = cache_paths(key, cache_dir)
     dataset = GPTDataset(
         name=split_name,
