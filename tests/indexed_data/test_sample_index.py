@@ -166,3 +166,17 @@ def test_bad_split_strings(text, message):
 def test_overshooting_rounding_is_clamped_instead_of_negative():
     # Upstream yields [0, -1, 1, 3] here and crashes on a negative document id.
     assert split_document_ranges("0,1,1", 3) == ((0, 0), (0, 1), (1, 3))
+
+
+def test_random_configurations_match_twin(twin):
+    """Many small random (sizes, L, n, seed) cases, epochs from 1 to ~6, zero-size documents."""
+    rng = np.random.default_rng(2026)
+    for _ in range(150):
+        num_documents = int(rng.integers(1, 60))
+        sizes = rng.integers(0, int(rng.choice([3, 20, 500])), num_documents).astype(np.int32)
+        sizes[int(rng.integers(num_documents))] += 1  # at least one token
+        seq_length = int(rng.integers(2, 100))
+        per_epoch = max(1, (int(sizes.sum()) - 1) // seq_length)
+        num_samples = int(rng.integers(0, per_epoch * int(rng.integers(1, 6)) + 3))
+        seed = int(rng.integers(0, 2**32))
+        _assert_matches_twin(twin, sizes, (0, num_documents), num_samples, seq_length, seed)
