@@ -92,6 +92,11 @@ def test_show_sample_needs_build_then_matches_dataset(capsys, tmp_path, make_dat
     assert run(capsys, "build", "--data-path", prefix, *common)[0] == 0
     code, out, _ = run(capsys, "show", prefix, "--sample", 4, *common)
     assert code == 0 and len(out.split()) == 17
+    # Only the shown split's cache is needed: other splits' sample counts do not matter.
+    other = ["--seq-length", 16, "--train-samples", 50, "--split", "90,10,0"]
+    assert run(capsys, "build", "--data-path", prefix, *other, "--valid-samples", 9)[0] == 0
+    code, out, err = run(capsys, "show", prefix, "--sample", 4, *other)
+    assert code == 0 and len(out.split()) == 17, err
 
 
 def test_show_decodes_with_tokenizer_or_says_to_install(capsys, golden_prefix, shared_data):

@@ -7,6 +7,7 @@ the cache when a complete matching one exists (no build at all), else are built 
 """
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,9 +62,18 @@ class DatasetsBuild:
 
 
 def build_train_valid_test_datasets(
-    config: GPTDataConfig, *, build_missing: bool = True
+    config: GPTDataConfig,
+    *,
+    build_missing: bool = True,
+    split_names: Sequence[str] = SPLIT_NAMES,
 ) -> DatasetsBuild:
-    """Opens every dataset, loads or builds each split's index cache, and blends components."""
+    """Opens every dataset, loads or builds each split's index cache, and blends components.
+
+    Splits not in `split_names` are left None and untouched (e.g. a trainer that never tests).
+    """
+    unknown = set(split_names) - set(SPLIT_NAMES)
+    if unknown:
+        raise ValueError(f"unknown split names {sorted(unknown)}; use {', '.join(SPLIT_NAMES)}")
     weights = normalized_weights(config.weights)
     blended = config.blend
     counts = (
@@ -77,6 +87,8 @@ def build_train_valid_test_datasets(
         reader = IndexedDatasetReader(prefix)
         ranges = split_document_ranges(config.split, len(reader))
         for k, (split_name, document_range) in enumerate(zip(SPLIT_NAMES, ranges, strict=True)):
+            if split_name not in split_names:
+                continue
             if document_range[0] == document_range[1]:
                 if config.num_samples[k] > 0:
                     raise ValueError(

@@ -162,7 +162,10 @@ def show(
             seed=seed,
             cache_dir=cache_dir,
         )
-        dataset = getattr(build_train_valid_test_datasets(config, build_missing=False), split_name)
+        dataset = getattr(
+            build_train_valid_test_datasets(config, build_missing=False, split_names=[split_name]),
+            split_name,
+        )
         if dataset is None:
             raise ValueError(f"--split-name {split_name}: --split {split!r} gives it no documents")
         if not 0 <= sample < len(dataset):
