@@ -1,5 +1,6 @@
 """`mds-index build|merge|info|show`: outputs, and one clear stderr line per user mistake."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +111,10 @@ def test_show_decodes_with_tokenizer_or_says_to_install(capsys, golden_prefix, s
     except ImportError:
         assert_one_line_error(code, err, "decoding needs mds-tokenize: pip install mds-tokenize")
         return
-    expected = (shared_data / "openwebtext-1000.jsonl").read_text(encoding="utf-8").splitlines()[0]
-    assert code == 0 and out.rstrip("\n").removesuffix("<|endoftext|>")[:200] in expected
+    with open(shared_data / "openwebtext-1000.jsonl", encoding="utf-8") as lines:
+        expected = json.loads(next(lines))["text"]
+    assert code == 0, err
+    assert out == expected + "<|endoftext|>\n"  # the golden item is the text plus EOD
 
 
 @pytest.mark.parametrize(
