@@ -33,14 +33,17 @@ def best_seconds(function, repeats: int) -> float:
 
 def tiktoken_gpt2(shared_data: Path):
     import tiktoken
-
     from mds_tokenize.byte_level import END_OF_TEXT, GPT2_SPLIT_PATTERN, unicode_to_bytes
 
     vocab = json.loads((shared_data / "gpt2-vocab.json").read_text(encoding="utf-8"))
     byte_of = unicode_to_bytes()
-    ranks = {bytes(byte_of[c] for c in token): i for token, i in vocab.items() if token != END_OF_TEXT}
+    ranks = {
+        bytes(byte_of[c] for c in token): i for token, i in vocab.items() if token != END_OF_TEXT
+    }
     return tiktoken.Encoding(
-        "gpt2-from-shared-files", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+        "gpt2-from-shared-files",
+        pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=ranks,
         special_tokens={END_OF_TEXT: vocab[END_OF_TEXT]},
     )
 
@@ -49,7 +52,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--shared-data", type=Path,
+        "--shared-data",
+        type=Path,
         default=Path(os.environ.get("MDS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")),
     )
     args = parser.parse_args()
@@ -60,21 +64,29 @@ def main() -> None:
 
     shared = args.shared_data
     texts = [
-        json.loads(line)["text"] for name in CORPORA for line in (shared / name).read_text(encoding="utf-8").splitlines()
+        json.loads(line)["text"]
+        for name in CORPORA
+        for line in (shared / name).read_text(encoding="utf-8").splitlines()
     ]
     text_mb = sum(len(text.encode("utf-8")) for text in texts) / 1e6
     tokenizer = GPT2BPETokenizer.from_files(shared / "gpt2-vocab.json", shared / "gpt2-merges.txt")
     reference = tiktoken_gpt2(shared)
     ours_ids = tokenizer.encode_batch(texts)[0].tolist()
-    assert ours_ids == [i for doc in reference.encode_ordinary_batch(texts) for i in doc], "ids differ"
+    assert ours_ids == [i for doc in reference.encode_ordinary_batch(texts) for i in doc], (
+        "ids differ"
+    )
 
     def ours_encode():
         tokenizer._core.clear_cache()
         tokenizer.encode_batch(texts)
 
     ours = text_mb / best_seconds(ours_encode, args.repeats)
-    tiktoken_1 = text_mb / best_seconds(lambda: [reference.encode_ordinary(t) for t in texts], args.repeats)
-    tiktoken_2 = text_mb / best_seconds(lambda: reference.encode_ordinary_batch(texts, num_threads=2), args.repeats)
+    tiktoken_1 = text_mb / best_seconds(
+        lambda: [reference.encode_ordinary(t) for t in texts], args.repeats
+    )
+    tiktoken_2 = text_mb / best_seconds(
+        lambda: reference.encode_ordinary_batch(texts, num_threads=2), args.repeats
+    )
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -86,8 +98,12 @@ def main() -> None:
 
         def whole_run(path: Path, workers: int):
             config = TokenizeConfig(
-                input=path, output_prefix=str(scratch / "out"), vocab_file=shared / "gpt2-vocab.json",
-                merge_file=shared / "gpt2-merges.txt", append_eod=True, workers=workers,
+                input=path,
+                output_prefix=str(scratch / "out"),
+                vocab_file=shared / "gpt2-vocab.json",
+                merge_file=shared / "gpt2-merges.txt",
+                append_eod=True,
+                workers=workers,
             )
             return lambda: run(config)  # builds its own tokenizer: the command's real fixed costs
 
@@ -98,23 +114,48 @@ def main() -> None:
         run_2 = corpus_mb / best_seconds(whole_run(corpus, 2), args.repeats)
         run_2_big = 8 * corpus_mb / best_seconds(whole_run(big, 2), max(1, args.repeats // 2))
         command = [
-            sys.executable, "-m", "mds_tokenize", "--input", str(corpus), "--output-prefix", str(scratch / "cmd"),
-            "--vocab-file", str(shared / "gpt2-vocab.json"), "--merge-file", str(shared / "gpt2-merges.txt"),
-            "--append-eod", "--workers", "2",
+            sys.executable,
+            "-m",
+            "mds_tokenize",
+            "--input",
+            str(corpus),
+            "--output-prefix",
+            str(scratch / "cmd"),
+            "--vocab-file",
+            str(shared / "gpt2-vocab.json"),
+            "--merge-file",
+            str(shared / "gpt2-merges.txt"),
+            "--append-eod",
+            "--workers",
+            "2",
         ]
-        process = corpus_mb / best_seconds(lambda: subprocess.run(command, check=True, capture_output=True), args.repeats)
+        process = corpus_mb / best_seconds(
+            lambda: subprocess.run(command, check=True, capture_output=True), args.repeats
+        )
 
-    print(f"input: {' + '.join(CORPORA)}: {text_mb:.2f} MB of text, {corpus_mb:.2f} MB of jsonl, {len(texts)} docs")
-    print(f"encode, 1 core        mds-tokenize {ours:6.1f} MB/s   tiktoken 1 thread {tiktoken_1:5.1f} MB/s   "
-          f"ratio {ours / tiktoken_1:.2f}x")
-    print(f"                                           tiktoken 2 threads {tiktoken_2:5.1f} MB/s   "
-          f"ratio {ours / tiktoken_2:.2f}x")
-    print(f"jsonl -> .bin/.idx    run(), 1 worker   {run_1:6.1f} MB/s   (tokenizer build and cold caches included)")
-    print(f"                      run(), 2 workers  {run_2:6.1f} MB/s   ratio to tiktoken 2 threads {run_2 / tiktoken_2:.2f}x, "
-          f"to Megatron preprocess_data.py ({MEGATRON_PREPROCESS_MBS} MB/s) {run_2 / MEGATRON_PREPROCESS_MBS:.1f}x")
+    print(
+        f"input: {' + '.join(CORPORA)}: {text_mb:.2f} MB of text, {corpus_mb:.2f} MB of jsonl, {len(texts)} docs"
+    )
+    print(
+        f"encode, 1 core        mds-tokenize {ours:6.1f} MB/s   tiktoken 1 thread {tiktoken_1:5.1f} MB/s   "
+        f"ratio {ours / tiktoken_1:.2f}x"
+    )
+    print(
+        f"                                           tiktoken 2 threads {tiktoken_2:5.1f} MB/s   "
+        f"ratio {ours / tiktoken_2:.2f}x"
+    )
+    print(
+        f"jsonl -> .bin/.idx    run(), 1 worker   {run_1:6.1f} MB/s   (tokenizer build and cold caches included)"
+    )
+    print(
+        f"                      run(), 2 workers  {run_2:6.1f} MB/s   ratio to tiktoken 2 threads {run_2 / tiktoken_2:.2f}x, "
+        f"to Megatron preprocess_data.py ({MEGATRON_PREPROCESS_MBS} MB/s) {run_2 / MEGATRON_PREPROCESS_MBS:.1f}x"
+    )
     print(f"                      run(), 2 workers, 8 copies (44 MB) {run_2_big:6.1f} MB/s")
-    print(f"                      `python -m mds_tokenize --workers 2` process {process:6.1f} MB/s "
-          "(interpreter start and imports included)")
+    print(
+        f"                      `python -m mds_tokenize --workers 2` process {process:6.1f} MB/s "
+        "(interpreter start and imports included)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,21 +5,88 @@ import json
 import random
 
 import pytest
-
 from mds_tokenize import GPT2BPETokenizer
 from mds_tokenize.byte_level import END_OF_TEXT, GPT2_SPLIT_PATTERN, unicode_to_bytes
 
 WHITESPACE = [
-    " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u0085",
-    "\x0b", "\x0c", " \t ", "\u200b",
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    " \n ",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\u0085",
+    "\x0b",
+    "\x0c",
+    " \t ",
+    "\u200b",
 ]
-CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "''", "'", "' s", "n't", "\u2019s"]
+CONTRACTIONS = [
+    "'s",
+    "'t",
+    "'re",
+    "'ve",
+    "'m",
+    "'ll",
+    "'d",
+    "'S",
+    "'LL",
+    "''",
+    "'",
+    "' s",
+    "n't",
+    "\u2019s",
+]
 PIECES = [
-    "Hello", "world", "naïve", "İstanbul", "Ελληνικά", "русский", "עברית", "العربية", "हिन्दी", "ไทย",
-    "中文字符", "日本語のテキスト", "한국어", "ᏣᎳᎩ", "𐌰𐌱𐌲", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "123", "٣٤٥", "１２３", "½", "Ⅻ", "²",
-    "3.14", "1,000,000", "😀", "👩\u200d👩\u200d👧", "🏳\ufe0f\u200d🌈", "e\u0301", "a\u0308\u0323",
-    "\u0300\u0301", "...", "!!!", END_OF_TEXT, "http://x.y/z?q=1&r=2", "a_b", "--", "\u200d", "\ufeff",
-    "\x00", "\x7f", " " * 40, "\n" * 9, "a" * 300, "🙂" * 50,
+    "Hello",
+    "world",
+    "naïve",
+    "İstanbul",
+    "Ελληνικά",
+    "русский",
+    "עברית",
+    "العربية",
+    "हिन्दी",
+    "ไทย",
+    "中文字符",
+    "日本語のテキスト",
+    "한국어",
+    "ᏣᎳᎩ",
+    "𐌰𐌱𐌲",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "123",
+    "٣٤٥",
+    "１２３",
+    "½",
+    "Ⅻ",
+    "²",
+    "3.14",
+    "1,000,000",
+    "😀",
+    "👩\u200d👩\u200d👧",
+    "🏳\ufe0f\u200d🌈",
+    "e\u0301",
+    "a\u0308\u0323",
+    "\u0300\u0301",
+    "...",
+    "!!!",
+    END_OF_TEXT,
+    "http://x.y/z?q=1&r=2",
+    "a_b",
+    "--",
+    "\u200d",
+    "\ufeff",
+    "\x00",
+    "\x7f",
+    " " * 40,
+    "\n" * 9,
+    "a" * 300,
+    "🙂" * 50,
 ]
 
 
@@ -56,13 +123,17 @@ def adversarial_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def gpt2_tokenizer(shared_data) -> GPT2BPETokenizer:
-    return GPT2BPETokenizer.from_files(shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt")
+    return GPT2BPETokenizer.from_files(
+        shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt"
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(shared_data) -> GPT2BPETokenizer:
     golden = shared_data / "megatron-golden"
-    return GPT2BPETokenizer.from_files(golden / "gpt2-tiny-vocab.json", golden / "gpt2-tiny-merges.txt")
+    return GPT2BPETokenizer.from_files(
+        golden / "gpt2-tiny-vocab.json", golden / "gpt2-tiny-merges.txt"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -72,9 +143,15 @@ def tiktoken_gpt2(shared_data):
 
     vocab = json.loads((shared_data / "gpt2-vocab.json").read_text(encoding="utf-8"))
     byte_of = unicode_to_bytes()
-    ranks = {bytes(byte_of[char] for char in token): token_id for token, token_id in vocab.items() if token != END_OF_TEXT}
+    ranks = {
+        bytes(byte_of[char] for char in token): token_id
+        for token, token_id in vocab.items()
+        if token != END_OF_TEXT
+    }
     return tiktoken.Encoding(
-        "gpt2-from-shared-files", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+        "gpt2-from-shared-files",
+        pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=ranks,
         special_tokens={END_OF_TEXT: vocab[END_OF_TEXT]},
     )
 

@@ -9,7 +9,10 @@ from mds_tokenize.cli import _expand_multi_value
 
 def run_command(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mds_tokenize", *map(str, args)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mds_tokenize", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -17,8 +20,16 @@ def test_bad_line_is_one_line_without_traceback(shared_data, tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "good"}\n{"text": "bad"\n')
     result = run_command(
-        "--input", path, "--output-prefix", tmp_path / "out", "--vocab-file", shared_data / "gpt2-vocab.json",
-        "--merge-file", shared_data / "gpt2-merges.txt", "--workers", 2,
+        "--input",
+        path,
+        "--output-prefix",
+        tmp_path / "out",
+        "--vocab-file",
+        shared_data / "gpt2-vocab.json",
+        "--merge-file",
+        shared_data / "gpt2-merges.txt",
+        "--workers",
+        2,
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
@@ -34,8 +45,14 @@ def test_bad_merges_file_is_one_line(shared_data, tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "x"}\n')
     result = run_command(
-        "--input", path, "--output-prefix", tmp_path / "out", "--vocab", shared_data / "gpt2-vocab.json",
-        "--merge-file", merges,
+        "--input",
+        path,
+        "--output-prefix",
+        tmp_path / "out",
+        "--vocab",
+        shared_data / "gpt2-vocab.json",
+        "--merge-file",
+        merges,
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
@@ -54,5 +71,12 @@ def test_help_lists_subcommands():
 def test_json_keys_nargs_expansion():
     argv = ["encode", "--json-keys", "text", "title", "--append-eod", "--json-keys", "x"]
     assert _expand_multi_value(argv, "--json-keys") == [
-        "encode", "--json-keys", "text", "--json-keys", "title", "--append-eod", "--json-keys", "x",
+        "encode",
+        "--json-keys",
+        "text",
+        "--json-keys",
+        "title",
+        "--append-eod",
+        "--json-keys",
+        "x",
     ]

@@ -2,7 +2,6 @@
 tiktoken, built from the same GPT-2 files, for the ids (both corpora and adversarial text)."""
 
 import regex
-
 from mds_tokenize.byte_level import GPT2_SPLIT_PATTERN
 
 PATTERN = regex.compile(GPT2_SPLIT_PATTERN)
@@ -15,7 +14,10 @@ def test_ids_equal_tiktoken_on_both_corpora(gpt2_tokenizer, tiktoken_gpt2, corpu
         assert lengths.tolist() == [len(doc) for doc in expected], name
         assert ids.tolist() == [token for doc in expected for token in doc], name
     # SOURCES.md: 1,215,181 tokens over the two corpora.
-    assert sum(len(gpt2_tokenizer.encode(text)) for texts in corpus_texts.values() for text in texts) == 1215181
+    assert (
+        sum(len(gpt2_tokenizer.encode(text)) for texts in corpus_texts.values() for text in texts)
+        == 1215181
+    )
 
 
 def test_ids_equal_tiktoken_on_adversarial_text(gpt2_tokenizer, tiktoken_gpt2, adversarial_texts):

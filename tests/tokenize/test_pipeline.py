@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import zstandard
 from mds_indexed_data import IndexedDatasetReader
-
 from mds_tokenize.cli import main
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.pipeline import run
@@ -28,7 +27,9 @@ def dataset_bytes(prefix: str | Path) -> tuple[bytes, bytes]:
 
 
 def write_jsonl(path: Path, records: list, *, raw_lines: list[bytes] = ()) -> Path:
-    lines = [json.dumps(record, ensure_ascii=False).encode() for record in records] + list(raw_lines)
+    lines = [json.dumps(record, ensure_ascii=False).encode() for record in records] + list(
+        raw_lines
+    )
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 
@@ -36,18 +37,29 @@ def write_jsonl(path: Path, records: list, *, raw_lines: list[bytes] = ()) -> Pa
 @pytest.fixture(scope="module")
 def both_corpora(shared_data, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "both.jsonl"
-    path.write_bytes((shared_data / "openwebtext-1000.jsonl").read_bytes() + (shared_data / "c4_demo.jsonl").read_bytes())
+    path.write_bytes(
+        (shared_data / "openwebtext-1000.jsonl").read_bytes()
+        + (shared_data / "c4_demo.jsonl").read_bytes()
+    )
     return path
 
 
 def gpt2_args(shared_data) -> list:
-    return ["--vocab-file", shared_data / "gpt2-vocab.json", "--merge-file", shared_data / "gpt2-merges.txt"]
+    return [
+        "--vocab-file",
+        shared_data / "gpt2-vocab.json",
+        "--merge-file",
+        shared_data / "gpt2-merges.txt",
+    ]
 
 
 def config(shared_data, input_path, prefix, **overrides) -> TokenizeConfig:
     settings = dict(
-        input=Path(input_path), output_prefix=str(prefix), vocab_file=shared_data / "gpt2-vocab.json",
-        merge_file=shared_data / "gpt2-merges.txt", append_eod=True,
+        input=Path(input_path),
+        output_prefix=str(prefix),
+        vocab_file=shared_data / "gpt2-vocab.json",
+        merge_file=shared_data / "gpt2-merges.txt",
+        append_eod=True,
     )
     settings.update(overrides)
     return TokenizeConfig(**settings)
@@ -58,20 +70,36 @@ def test_reproduces_megatron_golden_files(shared_data, tmp_path, workers):
     golden = shared_data / "megatron-golden"
     # The command line of the bigscience test, in preprocess_data.py spellings.
     code = cli(
-        "--input", shared_data / "openwebtext-1000.jsonl", "--output-prefix", tmp_path / "meg-gpt2-openwebtext",
-        "--dataset-impl", "mmap", "--tokenizer-type", "GPT2BPETokenizer",
-        "--merge-file", golden / "gpt2-tiny-merges.txt", "--vocab", golden / "gpt2-tiny-vocab.json",
-        "--append-eod", "--workers", workers, "--log-interval", 100,
+        "--input",
+        shared_data / "openwebtext-1000.jsonl",
+        "--output-prefix",
+        tmp_path / "meg-gpt2-openwebtext",
+        "--dataset-impl",
+        "mmap",
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--merge-file",
+        golden / "gpt2-tiny-merges.txt",
+        "--vocab",
+        golden / "gpt2-tiny-vocab.json",
+        "--append-eod",
+        "--workers",
+        workers,
+        "--log-interval",
+        100,
     )
     assert code == 0
     assert dataset_bytes(tmp_path / "meg-gpt2-openwebtext_text_document") == dataset_bytes(
         golden / "meg-gpt2-openwebtext_text_document"
     )
-    metadata = json.loads((tmp_path / "meg-gpt2-openwebtext_text_document.tokenize.json").read_text())
+    metadata = json.loads(
+        (tmp_path / "meg-gpt2-openwebtext_text_document.tokenize.json").read_text()
+    )
     assert metadata["num_docs"] == 1000 and metadata["num_tokens"] == 1361845
     assert metadata["tool"] == "mds-tokenize" and metadata["config"]["workers"] == workers
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "meg-gpt2-openwebtext_text_document.bin", "meg-gpt2-openwebtext_text_document.idx",
+        "meg-gpt2-openwebtext_text_document.bin",
+        "meg-gpt2-openwebtext_text_document.idx",
         "meg-gpt2-openwebtext_text_document.tokenize.json",
     ]
 
@@ -79,7 +107,15 @@ def test_reproduces_megatron_golden_files(shared_data, tmp_path, workers):
 def test_worker_counts_and_block_sizes_give_identical_files(shared_data, tmp_path, both_corpora):
     outputs = []
     for workers, block_bytes in ((1, 1 << 20), (2, 1 << 16), (3, 200_000)):
-        summary = run(config(shared_data, both_corpora, tmp_path / f"w{workers}", workers=workers, block_bytes=block_bytes))
+        summary = run(
+            config(
+                shared_data,
+                both_corpora,
+                tmp_path / f"w{workers}",
+                workers=workers,
+                block_bytes=block_bytes,
+            )
+        )
         assert summary.num_docs == 1300 and summary.num_tokens == {"text": 1216481}
         outputs.append(dataset_bytes(tmp_path / f"w{workers}_text_document"))
     assert outputs[0] == outputs[1] == outputs[2]
@@ -93,7 +129,10 @@ def test_compressed_inputs_give_identical_files(shared_data, tmp_path):
     data = plain.read_bytes()
     (tmp_path / "c4.jsonl.gz").write_bytes(gzip.compress(data))
     (tmp_path / "c4.jsonl.xz").write_bytes(lzma.compress(data))
-    (tmp_path / "c4.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data[:300_000]) + zstandard.ZstdCompressor().compress(data[300_000:]))
+    (tmp_path / "c4.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(data[:300_000])
+        + zstandard.ZstdCompressor().compress(data[300_000:])
+    )
     expected = None
     for name in ("c4.jsonl", "c4.jsonl.gz", "c4.jsonl.xz", "c4.jsonl.zst"):
         prefix = tmp_path / name.replace(".", "-")
@@ -112,33 +151,51 @@ def test_corrupt_compressed_input(shared_data, tmp_path):
 
 
 @pytest.mark.parametrize("num_partitions", [1, 3])
-def test_partitions_then_merge_equal_single_run(shared_data, tmp_path, both_corpora, num_partitions):
+def test_partitions_then_merge_equal_single_run(
+    shared_data, tmp_path, both_corpora, num_partitions
+):
     run(config(shared_data, both_corpora, tmp_path / "single"))
     for index in range(num_partitions):
         code = cli(
-            "--input", both_corpora, "--output-prefix", tmp_path / "sharded", *gpt2_args(shared_data),
-            "--append-eod", "--partition", f"{index}/{num_partitions}",
+            "--input",
+            both_corpora,
+            "--output-prefix",
+            tmp_path / "sharded",
+            *gpt2_args(shared_data),
+            "--append-eod",
+            "--partition",
+            f"{index}/{num_partitions}",
         )
         assert code == 0
     assert sorted(path.name for path in tmp_path.glob("sharded*.idx")) == [
-        f"sharded_text_document.part-{index:05d}-of-{num_partitions:05d}.idx" for index in range(num_partitions)
+        f"sharded_text_document.part-{index:05d}-of-{num_partitions:05d}.idx"
+        for index in range(num_partitions)
     ]
     assert cli("merge", "--output-prefix", tmp_path / "sharded") == 0
-    assert dataset_bytes(tmp_path / "sharded_text_document") == dataset_bytes(tmp_path / "single_text_document")
+    assert dataset_bytes(tmp_path / "sharded_text_document") == dataset_bytes(
+        tmp_path / "single_text_document"
+    )
     assert not list(tmp_path.glob("*.part-*"))  # shards are removed after a merge
 
 
 def test_more_partitions_than_lines(shared_data, tmp_path, gpt2_tokenizer):
     # 40 byte ranges over 7 lines: most shards are empty, the merge still equals one run.
-    path = write_jsonl(tmp_path / "in.jsonl", [{"text": f"line {index} " * index} for index in range(7)])
+    path = write_jsonl(
+        tmp_path / "in.jsonl", [{"text": f"line {index} " * index} for index in range(7)]
+    )
     run(config(shared_data, path, tmp_path / "single"), tokenizer=gpt2_tokenizer)
     num_docs = 0
     for index in range(40):
-        summary = run(config(shared_data, path, tmp_path / "sharded", partition=(index, 40)), tokenizer=gpt2_tokenizer)
+        summary = run(
+            config(shared_data, path, tmp_path / "sharded", partition=(index, 40)),
+            tokenizer=gpt2_tokenizer,
+        )
         num_docs += summary.num_docs
     assert num_docs == 7
     assert cli("merge", "--output-prefix", tmp_path / "sharded", "--keep-parts") == 0
-    assert dataset_bytes(tmp_path / "sharded_text_document") == dataset_bytes(tmp_path / "single_text_document")
+    assert dataset_bytes(tmp_path / "sharded_text_document") == dataset_bytes(
+        tmp_path / "single_text_document"
+    )
     assert len(list(tmp_path.glob("sharded_text_document.part-*-of-00040.idx"))) == 40
 
 
@@ -154,7 +211,15 @@ def test_merge_reports_missing_shards(shared_data, tmp_path, both_corpora, capsy
 
 def test_partition_flag_errors(shared_data, tmp_path, both_corpora, capsys):
     for value, message in (("3/3", "K must be in 0..N-1 (0-based)"), ("1-of-3", "expected K/N")):
-        code = cli("--input", both_corpora, "--output-prefix", tmp_path / "x", *gpt2_args(shared_data), "--partition", value)
+        code = cli(
+            "--input",
+            both_corpora,
+            "--output-prefix",
+            tmp_path / "x",
+            *gpt2_args(shared_data),
+            "--partition",
+            value,
+        )
         assert code == 1
         assert message in capsys.readouterr().err
     gz = tmp_path / "in.jsonl.gz"
@@ -170,25 +235,49 @@ BAD_LINES = [
     (b'{"text": 3}', "value of 'text' is a number, expected a string"),
     (b'{"text": null}', "value of 'text' is null, expected a string"),
     (b'{"text": "caf\xe9"}', "invalid UTF-8 at byte 14 of the line"),
-    (b'{"text": "lone \\ud800 surrogate"}', "value of 'text' holds a lone surrogate escape (\\ud800), which is not valid Unicode"),
+    (
+        b'{"text": "lone \\ud800 surrogate"}',
+        "value of 'text' holds a lone surrogate escape (\\ud800), which is not valid Unicode",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("bad_line", "reason"), BAD_LINES)
 def test_bad_line_stops_with_file_and_line(shared_data, tmp_path, capsys, bad_line, reason):
-    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "one"}, {"text": "two"}], raw_lines=[bad_line, b'{"text": "four"}'])
-    code = cli("--input", path, "--output-prefix", tmp_path / "out", *gpt2_args(shared_data), "--workers", 2)
+    path = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"text": "one"}, {"text": "two"}],
+        raw_lines=[bad_line, b'{"text": "four"}'],
+    )
+    code = cli(
+        "--input",
+        path,
+        "--output-prefix",
+        tmp_path / "out",
+        *gpt2_args(shared_data),
+        "--workers",
+        2,
+    )
     assert code == 1
     error = capsys.readouterr().err.strip()
-    assert error == f"mds-tokenize: error: {path}:3: {reason} (fix the line, or pass --skip-bad-lines to skip such lines)"
+    assert (
+        error
+        == f"mds-tokenize: error: {path}:3: {reason} (fix the line, or pass --skip-bad-lines to skip such lines)"
+    )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]  # nothing half-written
 
 
 def test_skip_bad_lines_counts_and_keeps_good_lines(shared_data, tmp_path, caplog):
     records = [{"text": f"document {index}"} for index in range(4)]
-    path = write_jsonl(tmp_path / "in.jsonl", records, raw_lines=[line for line, _ in BAD_LINES] + [b'{"text": "last"}'])
+    path = write_jsonl(
+        tmp_path / "in.jsonl",
+        records,
+        raw_lines=[line for line, _ in BAD_LINES] + [b'{"text": "last"}'],
+    )
     with caplog.at_level(logging.INFO):
-        summary = run(config(shared_data, path, tmp_path / "out", skip_bad_lines=True, append_eod=False))
+        summary = run(
+            config(shared_data, path, tmp_path / "out", skip_bad_lines=True, append_eod=False)
+        )
     assert summary.num_bad_lines == len(BAD_LINES) and summary.num_docs == 5
     assert f"skipped {path}:5: not valid JSON" in caplog.text
     reader = IndexedDatasetReader(tmp_path / "out_text_document")
@@ -196,24 +285,49 @@ def test_skip_bad_lines_counts_and_keeps_good_lines(shared_data, tmp_path, caplo
     assert reader.get(4).tolist() == [12957]  # "last"
 
 
-def test_empty_documents_blank_lines_bom_and_no_final_newline(shared_data, tmp_path, gpt2_tokenizer):
+def test_empty_documents_blank_lines_bom_and_no_final_newline(
+    shared_data, tmp_path, gpt2_tokenizer
+):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"text": "Hello"}\n\n{"text": ""}\n   \n{"text": "world!"}')
     summary = run(config(shared_data, path, tmp_path / "out"))
     assert summary.num_docs == 3 and summary.num_empty == {"text": 1}
     reader = IndexedDatasetReader(tmp_path / "out_text_document")
     # The empty document gets no item and no EOD, as in Megatron.
-    assert [reader.get(i).tolist() for i in range(len(reader))] == [[15496, 50256], [6894, 0, 50256]]
+    assert [reader.get(i).tolist() for i in range(len(reader))] == [
+        [15496, 50256],
+        [6894, 0, 50256],
+    ]
     assert reader.doc_idx.tolist() == [0, 1, 2]
 
 
 def test_several_json_keys_preprocess_data_style(shared_data, tmp_path, gpt2_tokenizer):
-    records = [{"title": "T1", "text": "Body one"}, {"title": "", "text": "Body two"}, {"title": "T3", "text": "x"}]
+    records = [
+        {"title": "T1", "text": "Body one"},
+        {"title": "", "text": "Body two"},
+        {"title": "T3", "text": "x"},
+    ]
     path = write_jsonl(tmp_path / "in.jsonl", records)
-    assert cli("--input", path, "--output-prefix", tmp_path / "out", *gpt2_args(shared_data), "--json-keys", "text", "title") == 0
+    assert (
+        cli(
+            "--input",
+            path,
+            "--output-prefix",
+            tmp_path / "out",
+            *gpt2_args(shared_data),
+            "--json-keys",
+            "text",
+            "title",
+        )
+        == 0
+    )
     text = IndexedDatasetReader(tmp_path / "out_text_document")
     title = IndexedDatasetReader(tmp_path / "out_title_document")
-    assert [gpt2_tokenizer.decode(text.get(i)) for i in range(len(text))] == ["Body one", "Body two", "x"]
+    assert [gpt2_tokenizer.decode(text.get(i)) for i in range(len(text))] == [
+        "Body one",
+        "Body two",
+        "x",
+    ]
     assert [gpt2_tokenizer.decode(title.get(i)) for i in range(len(title))] == ["T1", "T3"]
 
 
@@ -222,19 +336,36 @@ def test_append_eod_needs_an_eod_token(shared_data, tmp_path, capsys):
     del vocab["<|endoftext|>"]
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     path = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
-    code = cli("--input", path, "--output-prefix", tmp_path / "out", "--vocab-file", tmp_path / "vocab.json",
-               "--merge-file", shared_data / "gpt2-merges.txt", "--append-eod")
+    code = cli(
+        "--input",
+        path,
+        "--output-prefix",
+        tmp_path / "out",
+        "--vocab-file",
+        tmp_path / "vocab.json",
+        "--merge-file",
+        shared_data / "gpt2-merges.txt",
+        "--append-eod",
+    )
     assert code == 1
     assert "--append-eod: " in capsys.readouterr().err
 
 
 def test_periodic_progress_lines(shared_data, tmp_path, both_corpora, caplog):
     with caplog.at_level(logging.INFO):
-        run(config(shared_data, both_corpora, tmp_path / "out", log_interval=500, block_bytes=1 << 18))
-    progress = [record.getMessage() for record in caplog.records if record.getMessage().startswith("processed")]
+        run(
+            config(
+                shared_data, both_corpora, tmp_path / "out", log_interval=500, block_bytes=1 << 18
+            )
+        )
+    progress = [
+        record.getMessage()
+        for record in caplog.records
+        if record.getMessage().startswith("processed")
+    ]
     assert len(progress) >= 2
     assert all("docs/s" in line and "MB/s" in line and "ETA" in line for line in progress)
-    summary = [record.getMessage() for record in caplog.records if record.getMessage().startswith("done")]
-    assert summary == [
-        summary[0]
-    ] and "1,300 docs, 1,216,481 tokens, 5,467,425 bytes" in summary[0]
+    summary = [
+        record.getMessage() for record in caplog.records if record.getMessage().startswith("done")
+    ]
+    assert summary == [summary[0]] and "1,300 docs, 1,216,481 tokens, 5,467,425 bytes" in summary[0]

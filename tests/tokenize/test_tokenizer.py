@@ -7,14 +7,13 @@ import random
 import numpy as np
 import pytest
 import regex
-
 from mds_tokenize import GPT2BPETokenizer
 from mds_tokenize.byte_level import GPT2_SPLIT_PATTERN, bytes_to_unicode
 
 
 def megatron_encode(text: str, vocab: dict[str, int], merges: list[tuple[str, str]]) -> list[int]:
     """Reference: gpt2_tokenization.py's encode (megatron-reference.md 3.2-3.4), no cache."""
-    ranks = dict(zip(merges, range(len(merges))))
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
     byte_encoder = bytes_to_unicode()
     ids = []
     for piece in regex.findall(GPT2_SPLIT_PATTERN, text):
@@ -42,7 +41,20 @@ def test_known_vectors(gpt2_tokenizer):
     assert gpt2_tokenizer.encode("Hello world!") == [15496, 995, 0]
     # The literal "<|endoftext|>" in text is ordinary characters (megatron-reference.md 3.5).
     assert gpt2_tokenizer.encode("Hello world! <|endoftext|> It's 2024.") == [
-        15496, 995, 0, 1279, 91, 437, 1659, 5239, 91, 29, 632, 338, 48609, 13,
+        15496,
+        995,
+        0,
+        1279,
+        91,
+        437,
+        1659,
+        5239,
+        91,
+        29,
+        632,
+        338,
+        48609,
+        13,
     ]
     assert gpt2_tokenizer.eod == 50256
     assert gpt2_tokenizer.vocab_size == 50257
@@ -64,7 +76,10 @@ def test_decode_partial_utf8_replaced(gpt2_tokenizer):
     ids = gpt2_tokenizer.encode("😀")
     assert len(ids) > 1
     assert gpt2_tokenizer.decode(ids[:1]) == "\ufffd"
-    assert gpt2_tokenizer.token_bytes(ids[0]) == "😀".encode()[: len(gpt2_tokenizer.token_bytes(ids[0]))]
+    assert (
+        gpt2_tokenizer.token_bytes(ids[0])
+        == "😀".encode()[: len(gpt2_tokenizer.token_bytes(ids[0]))]
+    )
 
 
 def test_decode_unknown_id_is_an_error(gpt2_tokenizer):
@@ -109,7 +124,15 @@ def test_merge_loop_matches_megatron_on_tricky_merges():
     vocab = _byte_vocab()
     # Repeated pairs, a later duplicate rank, a merge whose result is not in the vocab (-> id 0),
     # and a low-ranked merge that only becomes possible after a higher-ranked one.
-    merges = [("b", "c"), ("a", "a"), ("aa", "a"), ("a", "bc"), ("x", "y"), ("aa", "aa"), ("a", "a")]
+    merges = [
+        ("b", "c"),
+        ("a", "a"),
+        ("aa", "a"),
+        ("a", "bc"),
+        ("x", "y"),
+        ("aa", "aa"),
+        ("a", "a"),
+    ]
     for token in ("bc", "aa", "aaa", "abc", "aaaa"):
         vocab[token] = len(vocab)
     tokenizer = GPT2BPETokenizer(vocab=vocab, merges=merges)
@@ -133,7 +156,9 @@ def test_merge_loop_matches_megatron_on_random_merges():
                 vocab[left + right] = len(vocab)
     tokenizer = GPT2BPETokenizer(vocab=vocab, merges=merges)
     for _ in range(300):
-        text = " ".join("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 25))) for _ in range(3))
+        text = " ".join(
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 25))) for _ in range(3)
+        )
         assert tokenizer.encode(text) == megatron_encode(text, vocab, merges), text
 
 

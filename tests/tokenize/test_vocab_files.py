@@ -3,7 +3,6 @@
 import logging
 
 import pytest
-
 from mds_tokenize import GPT2BPETokenizer, TokenizerFileError
 from mds_tokenize.vocab_files import load_merges, load_vocab
 
@@ -36,9 +35,13 @@ def test_malformed_vocab(tmp_path, content, message):
 
 
 def test_missing_files(tmp_path, shared_data):
-    with pytest.raises(TokenizerFileError, match="vocab file not found; pass an existing file with --vocab-file"):
+    with pytest.raises(
+        TokenizerFileError, match="vocab file not found; pass an existing file with --vocab-file"
+    ):
         GPT2BPETokenizer.from_files(tmp_path / "nope.json", shared_data / "gpt2-merges.txt")
-    with pytest.raises(TokenizerFileError, match="merges file not found; pass an existing file with --merge-file"):
+    with pytest.raises(
+        TokenizerFileError, match="merges file not found; pass an existing file with --merge-file"
+    ):
         GPT2BPETokenizer.from_files(shared_data / "gpt2-vocab.json", tmp_path / "nope.txt")
 
 
@@ -53,7 +56,10 @@ def test_not_utf8(tmp_path):
     ("content", "message"),
     [
         ("", "merges file is empty"),
-        ("#version: 0.2\na b\nabc\n", r"merges.txt:3: expected two space-separated symbols, got 'abc'"),
+        (
+            "#version: 0.2\na b\nabc\n",
+            r"merges.txt:3: expected two space-separated symbols, got 'abc'",
+        ),
         ("#version: 0.2\na b c\n", r"merges.txt:2: expected two space-separated symbols"),
     ],
 )

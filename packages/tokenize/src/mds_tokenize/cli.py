@@ -30,18 +30,76 @@ def _fail(command: str, error: Exception) -> None:
 
 @app.command("encode")
 def encode(
-    input: Annotated[Path, typer.Option("--input", help="jsonl file, one JSON object per line; .gz/.xz/.zst are decompressed by extension.")],  # noqa: A002, E501
-    output_prefix: Annotated[str, typer.Option("--output-prefix", help="Writes {prefix}_{key}_document.bin/.idx per JSON key.")],  # noqa: E501
-    vocab_file: Annotated[Path, typer.Option("--vocab-file", "--vocab", help="GPT-2 vocab.json (token -> id).")],
-    merge_file: Annotated[Path, typer.Option("--merge-file", help="GPT-2 merges.txt ('#version' header, one pair per line).")],  # noqa: E501
-    json_keys: Annotated[list[str], typer.Option("--json-keys", help="Keys to tokenize, one dataset each: --json-keys text title.")] = ["text"],  # noqa: B006, E501
-    append_eod: Annotated[bool, typer.Option("--append-eod", help="Append <|endoftext|> to every non-empty document.")] = False,  # noqa: E501
-    workers: Annotated[int, typer.Option("--workers", help="Encoding processes; output is identical for any number.")] = 1,  # noqa: E501
-    partition: Annotated[str | None, typer.Option("--partition", help="K/N, K 0-based: tokenize only the K-th of N byte ranges (e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); join with `mds-tokenize merge`.")] = None,  # noqa: E501
-    skip_bad_lines: Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed lines instead of stopping at the first.")] = False,  # noqa: E501
-    log_interval: Annotated[int | None, typer.Option("--log-interval", help="Without a terminal, log progress every N documents [default: every 10 s].")] = None,  # noqa: E501
-    tokenizer_type: Annotated[str, typer.Option("--tokenizer-type", help="Only GPT2BPETokenizer (accepted for preprocess_data.py command lines).")] = "GPT2BPETokenizer",  # noqa: E501
-    dataset_impl: Annotated[str, typer.Option("--dataset-impl", help="Only mmap (accepted for preprocess_data.py command lines).")] = "mmap",  # noqa: E501
+    input: Annotated[
+        Path,
+        typer.Option(
+            "--input",
+            help="jsonl file, one JSON object per line; .gz/.xz/.zst are decompressed by extension.",
+        ),
+    ],  # noqa: A002
+    output_prefix: Annotated[
+        str,
+        typer.Option(
+            "--output-prefix", help="Writes {prefix}_{key}_document.bin/.idx per JSON key."
+        ),
+    ],
+    vocab_file: Annotated[
+        Path, typer.Option("--vocab-file", "--vocab", help="GPT-2 vocab.json (token -> id).")
+    ],
+    merge_file: Annotated[
+        Path,
+        typer.Option(
+            "--merge-file", help="GPT-2 merges.txt ('#version' header, one pair per line)."
+        ),
+    ],
+    json_keys: Annotated[
+        list[str],
+        typer.Option(
+            "--json-keys", help="Keys to tokenize, one dataset each: --json-keys text title."
+        ),
+    ] = ["text"],  # noqa: B006
+    append_eod: Annotated[
+        bool, typer.Option("--append-eod", help="Append <|endoftext|> to every non-empty document.")
+    ] = False,
+    workers: Annotated[
+        int,
+        typer.Option("--workers", help="Encoding processes; output is identical for any number."),
+    ] = 1,
+    partition: Annotated[
+        str | None,
+        typer.Option(
+            "--partition",
+            help="K/N, K 0-based: tokenize only the K-th of N byte ranges "
+            "(e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); join with `mds-tokenize merge`.",
+        ),
+    ] = None,
+    skip_bad_lines: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad-lines",
+            help="Skip and count malformed lines instead of stopping at the first.",
+        ),
+    ] = False,
+    log_interval: Annotated[
+        int | None,
+        typer.Option(
+            "--log-interval",
+            help="Without a terminal, log progress every N documents [default: every 10 s].",
+        ),
+    ] = None,
+    tokenizer_type: Annotated[
+        str,
+        typer.Option(
+            "--tokenizer-type",
+            help="Only GPT2BPETokenizer (accepted for preprocess_data.py command lines).",
+        ),
+    ] = "GPT2BPETokenizer",
+    dataset_impl: Annotated[
+        str,
+        typer.Option(
+            "--dataset-impl", help="Only mmap (accepted for preprocess_data.py command lines)."
+        ),
+    ] = "mmap",
 ) -> None:
     """Tokenize a jsonl corpus into Megatron-compatible .bin/.idx datasets (preprocess_data.py)."""
     from mds_tokenize.config import TokenizeConfig, parse_partition
@@ -49,14 +107,24 @@ def encode(
 
     try:
         if tokenizer_type != "GPT2BPETokenizer":
-            raise ValueError(f"--tokenizer-type {tokenizer_type}: only GPT2BPETokenizer is supported")
+            raise ValueError(
+                f"--tokenizer-type {tokenizer_type}: only GPT2BPETokenizer is supported"
+            )
         if dataset_impl != "mmap":
-            raise ValueError(f"--dataset-impl {dataset_impl}: only mmap is supported (Megatron's default)")
+            raise ValueError(
+                f"--dataset-impl {dataset_impl}: only mmap is supported (Megatron's default)"
+            )
         config = TokenizeConfig(
-            input=input, output_prefix=output_prefix, vocab_file=vocab_file, merge_file=merge_file,
-            json_keys=tuple(json_keys), append_eod=append_eod, workers=workers,
+            input=input,
+            output_prefix=output_prefix,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
+            json_keys=tuple(json_keys),
+            append_eod=append_eod,
+            workers=workers,
             partition=None if partition is None else parse_partition(partition),
-            skip_bad_lines=skip_bad_lines, log_interval=log_interval,
+            skip_bad_lines=skip_bad_lines,
+            log_interval=log_interval,
         )
         run(config)
     except (ValueError, IndexedDatasetError, OSError) as error:
@@ -65,16 +133,30 @@ def encode(
 
 @app.command("merge")
 def merge(
-    output_prefix: Annotated[str, typer.Option("--output-prefix", help="The --output-prefix the partitioned runs used; writes {prefix}_{key}_document.bin/.idx.")],  # noqa: E501
-    json_keys: Annotated[list[str], typer.Option("--json-keys", help="Keys whose shards to merge.")] = ["text"],  # noqa: B006
-    keep_parts: Annotated[bool, typer.Option("--keep-parts", help="Keep the shard files after merging.")] = False,
+    output_prefix: Annotated[
+        str,
+        typer.Option(
+            "--output-prefix",
+            help="The --output-prefix the partitioned runs used; writes {prefix}_{key}_document.bin/.idx.",
+        ),
+    ],
+    json_keys: Annotated[
+        list[str], typer.Option("--json-keys", help="Keys whose shards to merge.")
+    ] = ["text"],  # noqa: B006
+    keep_parts: Annotated[
+        bool, typer.Option("--keep-parts", help="Keep the shard files after merging.")
+    ] = False,
 ) -> None:
     """Join the shards of `--partition K/N` runs, in K order, into one dataset per key."""
     from mds_tokenize.config import MergeConfig
     from mds_tokenize.partitions import merge as merge_shards
 
     try:
-        merge_shards(MergeConfig(output_prefix=output_prefix, json_keys=tuple(json_keys), keep_parts=keep_parts))
+        merge_shards(
+            MergeConfig(
+                output_prefix=output_prefix, json_keys=tuple(json_keys), keep_parts=keep_parts
+            )
+        )
     except (ValueError, IndexedDatasetError, OSError) as error:
         _fail("mds-tokenize merge", error)
 
@@ -83,7 +165,8 @@ app.command("learn")(learn)
 
 
 def _expand_multi_value(argv: list[str], flag: str) -> list[str]:
-    """argparse's nargs='+' (`--json-keys a b`) as typer's repeated option (`--json-keys a --json-keys b`)."""
+    """argparse's nargs='+' (`--json-keys a b`) as typer's repeated option
+    (`--json-keys a --json-keys b`)."""
     expanded, index = [], 0
     while index < len(argv):
         expanded.append(argv[index])

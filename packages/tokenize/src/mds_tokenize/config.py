@@ -35,7 +35,7 @@ def partition_suffix(index: int, count: int) -> str:
 
 
 def dataset_prefix(output_prefix: str, key: str) -> str:
-    """Megatron's `{output_prefix}_{key}_document` (document level; sentence splitting is not offered)."""
+    """Megatron's `{output_prefix}_{key}_document` (document level; no sentence splitting)."""
     return f"{output_prefix}_{key}_document"
 
 
@@ -43,10 +43,14 @@ def _check_json_keys(json_keys: tuple[str, ...]) -> None:
     if not json_keys:
         raise ValueError("--json-keys: give at least one key, e.g. --json-keys text")
     if len(set(json_keys)) != len(json_keys):
-        raise ValueError(f"--json-keys {' '.join(json_keys)}: a key is repeated; list each key once")
+        raise ValueError(
+            f"--json-keys {' '.join(json_keys)}: a key is repeated; list each key once"
+        )
     for key in json_keys:
         if not key or "/" in key:
-            raise ValueError(f"--json-keys: {key!r} cannot be part of a file name; pick another key")
+            raise ValueError(
+                f"--json-keys: {key!r} cannot be part of a file name; pick another key"
+            )
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,9 @@ class TokenizeConfig:
                     "decompress it first or pass one compressed file per task"
                 )
         if self.log_interval is not None and self.log_interval < 1:
-            raise ValueError(f"--log-interval {self.log_interval}: use a positive number of documents")
+            raise ValueError(
+                f"--log-interval {self.log_interval}: use a positive number of documents"
+            )
         if self.block_bytes < 1:
             raise ValueError("block_bytes must be positive")
 

@@ -70,7 +70,7 @@ def _check_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | Non
         texts.append(value)
     # Only a \ud800-\udfff escape can put a surrogate into a decoded str; a lone one has no UTF-8.
     if b"\\ud" in raw or b"\\uD" in raw:
-        for key, value in zip(json_keys, texts):
+        for key, value in zip(json_keys, texts, strict=True):
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as error:
@@ -81,7 +81,9 @@ def _check_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | Non
     return texts, ""
 
 
-def encode_block(tokenizer: GPT2BPETokenizer, block: Block, settings: EncodeSettings) -> BlockResult:
+def encode_block(
+    tokenizer: GPT2BPETokenizer, block: Block, settings: EncodeSettings
+) -> BlockResult:
     json_keys = settings.json_keys
     texts: list[list[str]] = [[] for _ in json_keys]
     bad_lines: list[BadLine] = []
@@ -93,22 +95,26 @@ def encode_block(tokenizer: GPT2BPETokenizer, block: Block, settings: EncodeSett
         start = line_offset
         line_offset += len(raw) + 1
         if not raw.strip():
-            continue  # blank lines carry no document (Megatron would stop on them with a JSON error)
+            continue  # blank lines hold no document (Megatron stops on them with a JSON error)
         record_texts, reason = _check_line(raw, json_keys)
         if record_texts is None:
             bad_lines.append(BadLine(block.first_line + index, start, reason))
             if settings.stop_at_bad_line:
                 break
             continue
-        for key_texts, text in zip(texts, record_texts):
+        for key_texts, text in zip(texts, record_texts, strict=True):
             key_texts.append(text)
     result = BlockResult(
-        ids={}, lengths={}, num_docs=len(texts[0]), num_empty={}, num_bytes=len(block.data),
+        ids={},
+        lengths={},
+        num_docs=len(texts[0]),
+        num_empty={},
+        num_bytes=len(block.data),
         bad_lines=bad_lines,
     )
     if bad_lines and settings.stop_at_bad_line:
         return result  # the run stops here; encoding the rest would be wasted work
-    for key, key_texts in zip(json_keys, texts):
+    for key, key_texts in zip(json_keys, texts, strict=True):
         ids, lengths = tokenizer.encode_batch(key_texts, append_eod=settings.append_eod)
         assert not (lengths < 0).any(), "surrogates are rejected by _check_line"
         non_empty = lengths > 0

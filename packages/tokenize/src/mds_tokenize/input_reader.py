@@ -59,7 +59,9 @@ def partition_range(path: Path, index: int, count: int) -> tuple[int, int]:
 class InputReader:
     """Iterate to get Blocks; `position` and `total` give progress in on-disk bytes."""
 
-    def __init__(self, path: str | Path, *, block_bytes: int, partition: tuple[int, int] | None = None):
+    def __init__(
+        self, path: str | Path, *, block_bytes: int, partition: tuple[int, int] | None = None
+    ):
         self.path = Path(path)
         self.block_bytes = block_bytes
         self._raw = open(self.path, "rb")  # noqa: SIM115 - closed by close()
@@ -73,7 +75,9 @@ class InputReader:
         elif suffix == ".xz":
             self._stream = lzma.LZMAFile(self._raw, mode="rb")
         elif suffix == ".zst":
-            self._stream = zstandard.ZstdDecompressor().stream_reader(self._raw, read_across_frames=True)
+            self._stream = zstandard.ZstdDecompressor().stream_reader(
+                self._raw, read_across_frames=True
+            )
         else:
             self._stream = self._raw
         self.total = self.end - self.start
@@ -94,7 +98,9 @@ class InputReader:
         try:
             chunk = self._stream.read(size)
         except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as error:
-            raise InputError(f"{self.path}: cannot decompress ({error}); the file is corrupt or truncated") from None
+            raise InputError(
+                f"{self.path}: cannot decompress ({error}); the file is corrupt or truncated"
+            ) from None
         self.num_bytes_read += len(chunk)
         return chunk
 
@@ -109,7 +115,7 @@ class InputReader:
                 at_start = False
                 if chunk.startswith(UTF8_BOM):
                     # Editors on Windows add it; json.loads would reject the first line for it.
-                    chunk = chunk[len(UTF8_BOM):]
+                    chunk = chunk[len(UTF8_BOM) :]
                     offset += len(UTF8_BOM)
             if not chunk:
                 if carry:

@@ -42,7 +42,7 @@ def find_shards(dataset: str) -> list[str]:
             f"{base}: shards of different partition counts N ({counts}) are present; delete the "
             "stale ones so that a single N remains"
         )
-    (count, shards), = found.items()
+    ((count, shards),) = found.items()
     missing = [index for index in range(count) if index not in shards]
     if missing:
         listed = ", ".join(f"{index}/{count}" for index in missing[:10])
@@ -52,32 +52,45 @@ def find_shards(dataset: str) -> list[str]:
         )
     for prefix in shards.values():
         if not data_file_path(prefix).is_file():
-            raise ValueError(f"{data_file_path(prefix)}: missing (the .idx exists); rerun that shard")
+            raise ValueError(
+                f"{data_file_path(prefix)}: missing (the .idx exists); rerun that shard"
+            )
     return [shards[index] for index in range(count)]
 
 
 def merge(config: MergeConfig) -> dict[str, str]:
     """Merges every key's shards; returns key -> merged dataset prefix."""
-    plans = {key: find_shards(dataset_prefix(config.output_prefix, key)) for key in config.json_keys}
+    plans = {
+        key: find_shards(dataset_prefix(config.output_prefix, key)) for key in config.json_keys
+    }
     outputs = {}
     for key, shards in plans.items():
         output = dataset_prefix(config.output_prefix, key)
         merged = merge_datasets(shards, output)
         shard_metadata = [_read_metadata(shard) for shard in shards]
-        write_metadata(metadata_path(output), {
-            "tool": "mds-tokenize merge",
-            "version": __version__,
-            "config": {"output_prefix": config.output_prefix, "json_keys": list(config.json_keys)},
-            "json_key": key,
-            "num_partitions": len(shards),
-            "shards": shards,
-            "num_docs": len(merged),
-            "num_tokens": merged.num_tokens,
-            "shard_metadata": shard_metadata,
-        })
+        write_metadata(
+            metadata_path(output),
+            {
+                "tool": "mds-tokenize merge",
+                "version": __version__,
+                "config": {
+                    "output_prefix": config.output_prefix,
+                    "json_keys": list(config.json_keys),
+                },
+                "json_key": key,
+                "num_partitions": len(shards),
+                "shards": shards,
+                "num_docs": len(merged),
+                "num_tokens": merged.num_tokens,
+                "shard_metadata": shard_metadata,
+            },
+        )
         logger.info(
             "merged %d shards -> %s.{bin,idx}: %s docs, %s tokens",
-            len(shards), output, f"{len(merged):,}", f"{merged.num_tokens:,}",
+            len(shards),
+            output,
+            f"{len(merged):,}",
+            f"{merged.num_tokens:,}",
         )
         if not config.keep_parts:
             for shard in shards:

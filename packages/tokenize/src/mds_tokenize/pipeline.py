@@ -52,7 +52,9 @@ def describe_line(config: TokenizeConfig, bad: BadLine) -> str:
     if config.partition is None:
         return f"{config.input}:{bad.line}"
     index, count = config.partition
-    return f"{config.input}: line {bad.line} of partition {index}/{count} (byte offset {bad.offset})"
+    return (
+        f"{config.input}: line {bad.line} of partition {index}/{count} (byte offset {bad.offset})"
+    )
 
 
 # One tokenizer per pool worker process: set by the initializer, read by the task function. With
@@ -70,7 +72,9 @@ def _encode_in_worker(block: Block) -> BlockResult:
     return encode_block(tokenizer, block, settings)
 
 
-def _ordered_pool_results(pool, blocks: Iterable[Block], max_in_flight: int) -> Iterator[BlockResult]:
+def _ordered_pool_results(
+    pool, blocks: Iterable[Block], max_in_flight: int
+) -> Iterator[BlockResult]:
     """Pool.imap would read the whole input ahead of the workers; this keeps at most
     `max_in_flight` blocks queued or in progress and yields results in input order."""
     pending = deque()
@@ -111,11 +115,14 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
             f"{tokenizer.max_token_id}, which do not fit {dtype}; renumber the vocab 0..N-1"
         )
     settings = EncodeSettings(
-        json_keys=config.json_keys, append_eod=config.append_eod, dtype=dtype,
+        json_keys=config.json_keys,
+        append_eod=config.append_eod,
+        dtype=dtype,
         stop_at_bad_line=not config.skip_bad_lines,
     )
     summary = TokenizeSummary(
-        num_tokens=dict.fromkeys(config.json_keys, 0), num_empty=dict.fromkeys(config.json_keys, 0),
+        num_tokens=dict.fromkeys(config.json_keys, 0),
+        num_empty=dict.fromkeys(config.json_keys, 0),
         outputs={key: config.output_dataset(key) for key in config.json_keys},
     )
     with ExitStack() as stack:
@@ -131,11 +138,15 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
             results = (encode_block(tokenizer, block, settings) for block in reader)
         else:
             pool = stack.enter_context(
-                _pool_context().Pool(config.workers, initializer=_init_worker, initargs=(tokenizer, settings))
+                _pool_context().Pool(
+                    config.workers, initializer=_init_worker, initargs=(tokenizer, settings)
+                )
             )
             results = _ordered_pool_results(pool, reader, max_in_flight=2 * config.workers + 1)
         progress = Progress(
-            total=reader.total, interactive=sys.stderr.isatty(), log_interval_docs=config.log_interval
+            total=reader.total,
+            interactive=sys.stderr.isatty(),
+            log_interval_docs=config.log_interval,
         )
         stack.callback(progress.close)
         for result in results:
@@ -146,7 +157,9 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
                 summary.num_empty[key] += result.num_empty[key]
             summary.num_docs += result.num_docs
             summary.num_bytes += result.num_bytes
-            progress.update(num_docs=summary.num_docs, num_bytes=summary.num_bytes, position=reader.position)
+            progress.update(
+                num_docs=summary.num_docs, num_bytes=summary.num_bytes, position=reader.position
+            )
     summary.seconds = time.monotonic() - started
     for key in config.json_keys:
         write_metadata(metadata_path(summary.outputs[key]), _metadata(config, summary, key, dtype))
@@ -154,7 +167,9 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
     return summary
 
 
-def _account_bad_lines(config: TokenizeConfig, summary: TokenizeSummary, bad_lines: list[BadLine]) -> None:
+def _account_bad_lines(
+    config: TokenizeConfig, summary: TokenizeSummary, bad_lines: list[BadLine]
+) -> None:
     for bad in bad_lines:
         if not config.skip_bad_lines:
             raise BadLineError(
@@ -192,7 +207,14 @@ def _log_summary(summary: TokenizeSummary) -> None:
         logger.info(
             "done %r: %s docs, %s tokens, %s bytes in %.2f s (%.1f MB/s, %s docs/s); skipped %d empty "
             "docs and %d bad lines -> %s.{bin,idx}",
-            key, f"{summary.num_docs - summary.num_empty[key]:,}", f"{summary.num_tokens[key]:,}",
-            f"{summary.num_bytes:,}", summary.seconds, summary.num_bytes / seconds / 1e6,
-            f"{summary.num_docs / seconds:,.0f}", summary.num_empty[key], summary.num_bad_lines, dataset,
+            key,
+            f"{summary.num_docs - summary.num_empty[key]:,}",
+            f"{summary.num_tokens[key]:,}",
+            f"{summary.num_bytes:,}",
+            summary.seconds,
+            summary.num_bytes / seconds / 1e6,
+            f"{summary.num_docs / seconds:,.0f}",
+            summary.num_empty[key],
+            summary.num_bad_lines,
+            dataset,
         )

@@ -63,7 +63,9 @@ class Progress:
             fraction = min(position / self.total, 1.0) if self.total > 0 else 0.0
             filled = int(fraction * 30)
             bar = "#" * filled + "." * (30 - filled)
-            line = f"\r[{bar}] " + self.rates(num_docs=num_docs, num_bytes=num_bytes, position=position)
+            line = f"\r[{bar}] " + self.rates(
+                num_docs=num_docs, num_bytes=num_bytes, position=position
+            )
             self.stream.write(line.ljust(110))
             self.stream.flush()
             self._drawn = True
@@ -76,7 +78,9 @@ class Progress:
         elif now - self._last_draw < self.log_interval_seconds:
             return
         self._last_draw = now
-        logger.info("processed %s", self.rates(num_docs=num_docs, num_bytes=num_bytes, position=position))
+        logger.info(
+            "processed %s", self.rates(num_docs=num_docs, num_bytes=num_bytes, position=position)
+        )
 
     def close(self) -> None:
         if self._drawn:

@@ -57,14 +57,16 @@ class GPT2BPETokenizer:
             classes=pattern_classes(),
             byte_symbols=byte_symbols,
             symbol_ids=symbol_ids,
-            merges=list(zip(lefts, rights, products)),
+            merges=list(zip(lefts, rights, products, strict=True)),
             cache_words=cache_words,
         )
         self.max_token_id = max(self.vocab.values())
         self._token_bytes: list[bytes | None] | None = None  # built by the first decode
 
     @classmethod
-    def from_files(cls, vocab_file: str | Path, merge_file: str | Path, **kwargs) -> "GPT2BPETokenizer":
+    def from_files(
+        cls, vocab_file: str | Path, merge_file: str | Path, **kwargs
+    ) -> "GPT2BPETokenizer":
         """Raises TokenizerFileError (a ValueError naming the file) for a missing or bad file."""
         return cls(vocab=load_vocab(vocab_file), merges=load_merges(merge_file), **kwargs)
 
@@ -81,7 +83,9 @@ class GPT2BPETokenizer:
     def has_eod(self) -> bool:
         return END_OF_TEXT in self.vocab
 
-    def encode_batch(self, texts: list[str], *, append_eod: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def encode_batch(
+        self, texts: list[str], *, append_eod: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(ids as uint32 back to back, lengths as int64). A text with a lone surrogate gets length
         -1 and contributes nothing; an empty result gets length 0 and no EOD (Megatron skips it)."""
         eod = self.eod if append_eod else 0
@@ -104,7 +108,9 @@ class GPT2BPETokenizer:
 
     def _decode_table(self) -> list[bytes | None]:
         if self._token_bytes is None:
-            to_latin1 = str.maketrans({char: chr(byte) for byte, char in bytes_to_unicode().items()})
+            to_latin1 = str.maketrans(
+                {char: chr(byte) for byte, char in bytes_to_unicode().items()}
+            )
             table: list[bytes | None] = [None] * (self.max_token_id + 1)
             for token, token_id in self.vocab.items():
                 try:
@@ -113,7 +119,9 @@ class GPT2BPETokenizer:
                     # Characters outside the byte alphabet (non-GPT-2 vocabs only) decode as UTF-8.
                     byte_of = unicode_to_bytes()
                     table[token_id] = b"".join(
-                        bytes([byte_of[char]]) if char in byte_of else char.encode("utf-8", "surrogatepass")
+                        bytes([byte_of[char]])
+                        if char in byte_of
+                        else char.encode("utf-8", "surrogatepass")
                         for char in token
                     )
             self._token_bytes = table
@@ -122,7 +130,9 @@ class GPT2BPETokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         table = self._decode_table()
         if not 0 <= token_id <= self.max_token_id or table[token_id] is None:
-            raise ValueError(f"token id {token_id} is not in the vocabulary (ids 0..{self.max_token_id})")
+            raise ValueError(
+                f"token id {token_id} is not in the vocabulary (ids 0..{self.max_token_id})"
+            )
         return table[token_id]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -143,5 +153,7 @@ class GPT2BPETokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
-def _rebuild(vocab: dict[str, int], merges: list[tuple[str, str]], cache_words: int) -> GPT2BPETokenizer:
+def _rebuild(
+    vocab: dict[str, int], merges: list[tuple[str, str]], cache_words: int
+) -> GPT2BPETokenizer:
     return GPT2BPETokenizer(vocab=vocab, merges=merges, cache_words=cache_words)

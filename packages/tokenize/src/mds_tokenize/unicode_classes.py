@@ -23,7 +23,9 @@ def pattern_classes() -> bytes:
     """One class byte per code point (0x110000 bytes). About 0.1 s, once per process."""
     table = bytearray(NUM_CODE_POINTS)
     # 20x faster than "".join(map(chr, ...)); surrogatepass keeps U+D800..U+DFFF (class "other").
-    every_code_point = np.arange(NUM_CODE_POINTS, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    every_code_point = (
+        np.arange(NUM_CODE_POINTS, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    )
     for class_code, pattern in (
         (CLASS_LETTER, r"\p{L}+"),
         (CLASS_NUMBER, r"\p{N}+"),
