@@ -369,3 +369,32 @@ def test_periodic_progress_lines(shared_data, tmp_path, both_corpora, caplog):
         record.getMessage() for record in caplog.records if record.getMessage().startswith("done")
     ]
     assert summary == [summary[0]] and "1,300 docs, 1,216,481 tokens, 5,467,425 bytes" in summary[0]
+
+
+def test_pool_keeps_a_bounded_number_of_blocks_in_flight():
+    from mds_tokenize.pipeline import _ordered_pool_results
+
+    class FakeResult:
+        def __init__(self, value):
+            self.value = value
+
+        def get(self):
+            return self.value
+
+    class FakePool:
+        def apply_async(self, function, args):
+            return FakeResult(args[0] * 10)
+
+    consumed = []
+
+    def blocks():
+        for index in range(100):
+            consumed.append(index)
+            yield index
+
+    results = []
+    for result in _ordered_pool_results(FakePool(), blocks(), max_in_flight=5):
+        # Never more than 5 blocks read ahead of the results handed back.
+        assert len(consumed) - len(results) <= 5
+        results.append(result)
+    assert results == [index * 10 for index in range(100)]
