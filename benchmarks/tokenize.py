@@ -134,10 +134,12 @@ def main() -> None:
         )
 
     print(
-        f"input: {' + '.join(CORPORA)}: {text_mb:.2f} MB of text, {corpus_mb:.2f} MB of jsonl, {len(texts)} docs"
+        f"input: {' + '.join(CORPORA)}: {text_mb:.2f} MB of text, {corpus_mb:.2f} MB of "
+        f"jsonl, {len(texts)} docs"
     )
     print(
-        f"encode, 1 core        mds-tokenize {ours:6.1f} MB/s   tiktoken 1 thread {tiktoken_1:5.1f} MB/s   "
+        f"encode, 1 core        mds-tokenize {ours:6.1f} MB/s   tiktoken 1 thread "
+        f"{tiktoken_1:5.1f} MB/s   "
         f"ratio {ours / tiktoken_1:.2f}x"
     )
     print(
@@ -145,11 +147,14 @@ def main() -> None:
         f"ratio {ours / tiktoken_2:.2f}x"
     )
     print(
-        f"jsonl -> .bin/.idx    run(), 1 worker   {run_1:6.1f} MB/s   (tokenizer build and cold caches included)"
+        f"jsonl -> .bin/.idx    run(), 1 worker   {run_1:6.1f} MB/s   (tokenizer build "
+        "and cold caches included)"
     )
     print(
-        f"                      run(), 2 workers  {run_2:6.1f} MB/s   ratio to tiktoken 2 threads {run_2 / tiktoken_2:.2f}x, "
-        f"to Megatron preprocess_data.py ({MEGATRON_PREPROCESS_MBS} MB/s) {run_2 / MEGATRON_PREPROCESS_MBS:.1f}x"
+        f"                      run(), 2 workers  {run_2:6.1f} MB/s   ratio to tiktoken 2 "
+        f"threads {run_2 / tiktoken_2:.2f}x, "
+        f"to Megatron preprocess_data.py ({MEGATRON_PREPROCESS_MBS} MB/s) "
+        f"{run_2 / MEGATRON_PREPROCESS_MBS:.1f}x"
     )
     print(f"                      run(), 2 workers, 8 copies (44 MB) {run_2_big:6.1f} MB/s")
     print(

@@ -56,7 +56,8 @@ def test_bad_merges_file_is_one_line(shared_data, tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"mds-tokenize: error: {merges}:3: expected two space-separated symbols, got 'broken-line'; "
+        f"mds-tokenize: error: {merges}:3: expected two space-separated symbols, got "
+        "'broken-line'; "
         "is this a GPT-2 merges.txt?"
     ]
 

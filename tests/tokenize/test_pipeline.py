@@ -260,10 +260,8 @@ def test_bad_line_stops_with_file_and_line(shared_data, tmp_path, capsys, bad_li
     )
     assert code == 1
     error = capsys.readouterr().err.strip()
-    assert (
-        error
-        == f"mds-tokenize: error: {path}:3: {reason} (fix the line, or pass --skip-bad-lines to skip such lines)"
-    )
+    hint = "(fix the line, or pass --skip-bad-lines to skip such lines)"
+    assert error == f"mds-tokenize: error: {path}:3: {reason} {hint}"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]  # nothing half-written
 
 

@@ -18,7 +18,8 @@ from mds_tokenize.learn_cli import learn
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="GPT-2 byte-level BPE: jsonl -> Megatron .bin/.idx (encode, the default), merge shards, learn.",
+    help="GPT-2 byte-level BPE: jsonl -> Megatron .bin/.idx (encode, the default), merge "
+    "shards, learn.",
 )
 SUBCOMMANDS = ("encode", "merge", "learn")
 
@@ -34,7 +35,8 @@ def encode(
         Path,
         typer.Option(
             "--input",
-            help="jsonl file, one JSON object per line; .gz/.xz/.zst are decompressed by extension.",
+            help="jsonl file, one JSON object per line; .gz/.xz/.zst are decompressed by "
+            "extension.",
         ),
     ],  # noqa: A002
     output_prefix: Annotated[
@@ -137,7 +139,8 @@ def merge(
         str,
         typer.Option(
             "--output-prefix",
-            help="The --output-prefix the partitioned runs used; writes {prefix}_{key}_document.bin/.idx.",
+            help="The --output-prefix the partitioned runs used; writes "
+            "{prefix}_{key}_document.bin/.idx.",
         ),
     ],
     json_keys: Annotated[

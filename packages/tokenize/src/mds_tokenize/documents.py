@@ -75,7 +75,8 @@ def _check_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | Non
                 value.encode("utf-8")
             except UnicodeEncodeError as error:
                 return None, (
-                    f"value of {key!r} holds a lone surrogate escape (\\u{ord(value[error.start]):04x}), "
+                    f"value of {key!r} holds a lone surrogate escape "
+                    f"(\\u{ord(value[error.start]):04x}), "
                     "which is not valid Unicode"
                 )
     return texts, ""

@@ -1,7 +1,7 @@
 """Streams a jsonl file (plain, .gz, .xz or .zst by extension) as blocks of whole lines.
 
 Memory stays bounded whatever the file size (one block plus one partial line). `--partition K/N`
-takes the lines that start in the K-th of N equal byte ranges, so the N shards tile the file exactly.
+takes the lines that start in the K-th of N equal byte ranges, so N shards tile the file exactly.
 """
 
 import gzip

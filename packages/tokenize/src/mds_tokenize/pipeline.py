@@ -1,8 +1,8 @@
 """`mds-tokenize` end to end: jsonl -> `{prefix}_{key}_document.bin/.idx`, in input order.
 
 Megatron's `tools/preprocess_data.py` (megatron-reference.md 2.2) with the work cut into byte blocks
-of whole lines: an ordered pool with a bounded number of blocks in flight (so memory stays flat), one
-numpy array per block and key back from each worker, and the writer's bulk `add_documents`.
+of whole lines: an ordered pool with a bounded number of blocks in flight (so memory stays flat),
+one numpy array per block and key back from each worker, and the writer's bulk `add_documents`.
 """
 
 import json
@@ -173,7 +173,8 @@ def _account_bad_lines(
     for bad in bad_lines:
         if not config.skip_bad_lines:
             raise BadLineError(
-                f"{describe_line(config, bad)}: {bad.reason} (fix the line, or pass --skip-bad-lines "
+                f"{describe_line(config, bad)}: {bad.reason} (fix the line, or pass "
+                "--skip-bad-lines "
                 "to skip such lines)"
             )
         summary.num_bad_lines += 1
@@ -205,7 +206,8 @@ def _log_summary(summary: TokenizeSummary) -> None:
     seconds = max(summary.seconds, 1e-9)
     for key, dataset in summary.outputs.items():
         logger.info(
-            "done %r: %s docs, %s tokens, %s bytes in %.2f s (%.1f MB/s, %s docs/s); skipped %d empty "
+            "done %r: %s docs, %s tokens, %s bytes in %.2f s (%.1f MB/s, %s docs/s); "
+            "skipped %d empty "
             "docs and %d bad lines -> %s.{bin,idx}",
             key,
             f"{summary.num_docs - summary.num_empty[key]:,}",

@@ -1,7 +1,7 @@
 """Class of every code point under the GPT-2 pretokenizer pattern: letter (\\p{L}), number (\\p{N}),
 whitespace (\\s) or other, read from the installed `regex` module.
 
-Deriving the table from `regex` itself (not from `unicodedata`, whose Unicode version can differ) keeps
+Deriving the table from `regex` itself (not `unicodedata`, whose Unicode version can differ) keeps
 the Cython scan in `_bpe.pyx` identical to `regex.findall(GPT2_SPLIT_PATTERN, text)`.
 """
 

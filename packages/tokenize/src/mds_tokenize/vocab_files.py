@@ -1,8 +1,8 @@
-"""Readers of the GPT-2 tokenizer files: `vocab.json` (token -> id) and `merges.txt` (ranked pairs).
+"""Readers of the GPT-2 tokenizer files: `vocab.json` (token -> id), `merges.txt` (ranked pairs).
 
-Follows Megatron's `gpt2_tokenization.py` (megatron-reference.md 3.1) with two deliberate fixes, each
-logged as a warning: a merges file without a `#` header keeps its first merge, and a merges file without
-a trailing newline keeps its last merge (Megatron silently drops both).
+Follows Megatron's `gpt2_tokenization.py` (megatron-reference.md 3.1) with two deliberate fixes,
+each logged as a warning: a merges file without a `#` header keeps its first merge, and one
+without a trailing newline keeps its last merge (Megatron silently drops both).
 """
 
 import json
