@@ -62,6 +62,19 @@ def test_bad_merges_file_is_one_line(shared_data, tmp_path):
     ]
 
 
+def test_usage_errors_are_one_line(tmp_path):
+    result = run_command("--output-prefix", tmp_path / "x")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "mds-tokenize encode: error: Missing option '--input'. (see mds-tokenize encode --help)"
+    ]
+    result = run_command("merge", "--output-prefix", tmp_path / "x", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "mds-tokenize merge: error: No such option: --bogus (see mds-tokenize merge --help)"
+    ]
+
+
 def test_help_lists_subcommands():
     result = run_command("--help")
     assert result.returncode == 0

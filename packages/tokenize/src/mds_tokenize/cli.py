@@ -22,6 +22,9 @@ app = typer.Typer(
     "shards, learn.",
 )
 SUBCOMMANDS = ("encode", "merge", "learn")
+# typer vendors its own click; its UsageError (missing flag, bad value, unknown option) is the
+# base class of the public typer.BadParameter.
+_USAGE_ERROR = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
 
 
 def _fail(command: str, error: Exception) -> None:
@@ -194,7 +197,17 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in ("encode", "merge"):
         argv = _expand_multi_value(argv, "--json-keys")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    app(args=argv, prog_name="mds-tokenize")
+    try:
+        code = app(args=argv, prog_name="mds-tokenize", standalone_mode=False)
+    except _USAGE_ERROR as error:
+        # One line instead of typer's framed box: a missing flag or a bad value is a user mistake.
+        command = "mds-tokenize" + (f" {argv[0]}" if argv and argv[0] in SUBCOMMANDS else "")
+        typer.echo(f"{command}: error: {error.format_message()} (see {command} --help)", err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo("mds-tokenize: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
