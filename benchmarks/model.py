@@ -1,7 +1,9 @@
-"""mds-model benchmarks on one GPU: the kernels (model_kernels.py) then the 345M training step (model_step.py).
+"""mds-model benchmarks on one GPU: the kernels (model_kernels.py), then the 345M training step
+(model_step.py).
 
 Each part prints its own table with ratios against its reference measured in the same call.
-Usage: python benchmarks/model.py [--reference ../shared/bench/reference_gpt.py] [--skip-kernels] [--skip-step]
+Usage: python benchmarks/model.py [--reference ../shared/bench/reference_gpt.py]
+       [--skip-kernels] [--skip-step]
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ VARIANTS = {  # name: (use_fused_kernels, torch.compile)
 
 
 class MasterWeightAdamW:
-    """bf16 model weights, fp32 master weights and moments: fused AdamW on the masters, copy back."""
+    """bf16 model weights, fp32 master weights and moments: fused AdamW on masters, copy back."""
 
     def __init__(self, params, *, lr: float) -> None:
         import torch
@@ -197,8 +197,8 @@ def main() -> None:
     reference = args.reference or next((p for p in DEFAULT_REFERENCES if p.is_file()), None)
     if reference is None or not reference.is_file():
         sys.exit(
-            f"model_step: reference_gpt.py not found (tried {args.reference or DEFAULT_REFERENCES}); "
-            "pass --reference PATH"
+            f"model_step: reference_gpt.py not found (tried {args.reference or DEFAULT_REFERENCES})"
+            "; pass --reference PATH"
         )
     results = []
     for compiled in (False, True):
@@ -223,9 +223,8 @@ def main() -> None:
     )
     for r in results:
         if "error" in r:
-            print(
-                f"{r['variant']:<22} failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}"
-            )
+            last_line = r["error"].strip().splitlines()[-1] if r["error"].strip() else "?"
+            print(f"{r['variant']:<22} failed: {last_line}")
             continue
         ratio_e = (
             r["tokens_per_s"] / eager["tokens_per_s"] if "tokens_per_s" in eager else float("nan")

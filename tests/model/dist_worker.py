@@ -141,7 +141,7 @@ def run_pipe(out: Path, tp: int) -> dict:
     weight_diffs, grad_diffs = {}, {}
     for name, p in pipe.named_parameters():
         if groups.pp_rank > 0 and name.startswith("tied_modules.embed.position_embeddings"):
-            continue  # the last stage's embedding copy only lends its tied word embeddings to the head
+            continue  # the last stage's embedding copy only lends its word embeddings to the head
         ref_p = ref_params[pipe_param_name(name, config.num_layers)]
         weight_diffs[name] = max_diff(before[name], local_slice(ref_p.detach(), p, groups))
         grad_diffs[name] = max_diff(before[name] - p.detach(), local_slice(ref_p.grad, p, groups))

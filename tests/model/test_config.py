@@ -1,4 +1,4 @@
-"""GPTConfig: Megatron's vocab padding table (reference 3.6) and validation errors naming the field."""
+"""GPTConfig: Megatron's vocab padding table (reference 3.6), validation errors naming the field."""
 
 import pytest
 from mds_model.config import GPTConfig, padded_vocab_size

@@ -1,4 +1,4 @@
-"""Single-process behaviour of the GPT: causality, KV cache, backends, checkpointing, names, init."""
+"""Single-process GPT behaviour: causality, KV cache, backends, checkpointing, names, init."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""On the GPU (device machine): the model with Triton kernels equals the references; backends agree."""
+"""On the GPU (device machine): the model with Triton kernels equals the references."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""TP=2 and PP=2 (DeepSpeed pipeline engine) equal the single-process model: 2-4 gloo processes on CPU."""
+"""TP=2 and PP=2 (DeepSpeed pipeline engine) equal the single-process model; gloo on CPU."""
 
 import json
 import os

@@ -133,7 +133,10 @@ class ParallelSelfAttention(nn.Module):
         return self.rng_tracker.fork() if self.rng_tracker is not None else contextlib.nullcontext()
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + causal mask [+ ALiBi]) v; q (B, nh, Sq, hd), k/v (B, nh, Sk, hd)."""
+        """softmax(q k^T / sqrt(d) + causal mask [+ ALiBi]) v.
+
+        q (B, nh, Sq, hd), k and v (B, nh, Sk, hd) -> (B, nh, Sq, hd).
+        """
         p = self.config.attention_dropout if self.training else 0.0
         sq, sk = q.shape[2], k.shape[2]
         backend = self.backend

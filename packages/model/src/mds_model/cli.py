@@ -1,4 +1,4 @@
-"""`mds-model` command line: `info` prints parameters, FLOPs per token and per-GPU memory for a shape."""
+"""`mds-model` command line: `info` prints parameters, FLOPs per token and per-GPU memory."""
 
 from __future__ import annotations
 

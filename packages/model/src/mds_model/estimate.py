@@ -4,7 +4,8 @@ FLOPs: the PaLM convention `6N + 12 L h s` (as `reference_gpt.py`) and Megatron'
 formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute).
 Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
 parameter in mixed precision), activations per Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", Table 2) for tensor parallelism without sequence parallelism.
+Recomputation in Large Transformer Models", Table 2) for tensor parallelism without sequence
+parallelism.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
     """Korthikanti et al. Table 2 with tensor parallelism t, half-precision activations.
 
     Flash-attn and SDPA never store the (s x s) scores, probabilities and dropout mask, so the
-    `5as/ht` term only counts when attention runs through explicit softmax (ALiBi or backend softmax).
+    `5as/ht` term only counts when attention runs through explicit softmax (ALiBi, or the
+    softmax backend).
     """
     s, b, h, a = config.seq_length, micro_batch_size, config.hidden_size, config.num_attention_heads
     t = config.tensor_model_parallel_size
@@ -149,9 +151,11 @@ def format_estimate(result: dict) -> str:
         f"FLOPs per token (6N+12Lhs)          {flops['palm_6n_plus_attention'] / 1e9:.3f} GFLOP",
         f"FLOPs per token (Megatron, f=3)     {flops['megatron_no_recompute'] / 1e9:.3f} GFLOP",
         f"FLOPs per token (Megatron, f=4)     {flops['megatron_with_recompute'] / 1e9:.3f} GFLOP",
-        f"memory per GPU (TP={cfg['tensor_model_parallel_size']} PP={plan['pipeline_model_parallel_size']} "
+        f"memory per GPU (TP={cfg['tensor_model_parallel_size']} "
+        f"PP={plan['pipeline_model_parallel_size']} "
         f"DP={plan['data_parallel_size']} micro-batch={plan['micro_batch_size']} "
-        f"ZeRO-{plan['zero_stage']}, {cfg['params_dtype']}, checkpointing {cfg['activation_checkpointing']}):",
+        f"ZeRO-{plan['zero_stage']}, {cfg['params_dtype']}, "
+        f"checkpointing {cfg['activation_checkpointing']}):",
     ]
     for key in ("weights", "gradients", "optimizer", "activations", "total"):
         lines.append(f"  {key:<12} {mem[key] / GIB:8.2f} GiB")

@@ -1,9 +1,10 @@
-"""The plain GPT `nn.Module` (single process, or tensor-parallel with explicit groups), nanoGPT-sized.
+"""The plain GPT `nn.Module` (single process, or tensor-parallel with explicit groups).
 
 Same layers as the pipeline (`pipeline.py`): Megatron's embedding (vocab-parallel words + learned
 positions [+ BLOOM's embed LayerNorm]), N transformer layers on (S, B, H), a final LayerNorm and the
 LM head tied to the word embeddings. Logits stay vocab-parallel (B, S, V/TP) and go straight into
-the vocab-parallel cross-entropy, as Megatron's `parallel_lm_logits` + `vocab_parallel_cross_entropy`.
+the vocab-parallel cross-entropy, as Megatron's `parallel_lm_logits` and
+`vocab_parallel_cross_entropy`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .transformer import ParallelTransformerLayer
 
 
 class Embedding(nn.Module):
-    """tokens (B, S) -> hidden (B, S, H): word [+ norm] + learned position embeddings, then dropout."""
+    """tokens (B, S) -> hidden (B, S, H): word [+ norm] + learned positions, then dropout."""
 
     def __init__(
         self, config: GPTConfig, *, groups: ParallelGroups, init_seed: int | None = None
@@ -115,7 +116,8 @@ class GPT(nn.Module):
         groups = groups or ParallelGroups()
         if groups.tp_size != config.tensor_model_parallel_size:
             raise ValueError(
-                f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but "
+                f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config "
+                f"but "
                 f"the tensor-parallel group has {groups.tp_size} ranks"
             )
         self.config, self.groups = config, groups
@@ -170,7 +172,7 @@ class GPT(nn.Module):
         return (out, presents) if use_cache else out
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel logits (B, S, V/TP) -> full padded-vocab logits (B, S, V) on every rank."""
+        """Vocab-parallel logits (B, S, V/TP) -> full padded logits (B, S, V) on every rank."""
         return gather_from_tensor_parallel(logits, self.groups.tp_group)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:

@@ -1,9 +1,10 @@
-"""Tensor-parallel layers: vocab-parallel embedding, column- and row-parallel linears (Megatron `mpu/layers.py`).
+"""Tensor-parallel layers: vocab-parallel embedding, column- and row-parallel linears (Megatron
+`mpu/layers.py`).
 
-Weights are initialised as Megatron's `_initialize_affine_weight_cpu`: the full master weight is drawn
-on CPU in fp32 from the default generator (seeded alike on every TP rank) and this rank keeps its slice,
-so a model built with the same seed is the same model at any TP size. Split parameters carry
-Megatron's attributes `tensor_model_parallel`, `partition_dim` and `partition_stride` for the tools.
+Weights are initialised as Megatron's `_initialize_affine_weight_cpu`: the full master weight is
+drawn on CPU in fp32 from the default generator (seeded alike on every TP rank) and this rank
+keeps its slice, so a model built with the same seed is the same model at any TP size. Split
+parameters carry Megatron's `tensor_model_parallel`, `partition_dim` and `partition_stride`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with an optional fused residual add; returns (normed, summed) like the kernel API."""
+    """LayerNorm with an optional fused residual add; returns (normed, summed) as the kernel API."""
 
     def __init__(
         self, hidden_size: int, *, eps: float, use_kernel: bool, dtype: torch.dtype = torch.float32

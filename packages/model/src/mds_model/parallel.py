@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class ParallelGroups:
-    """This rank's place in the (pp, dp, tp) grid; a group of None means size 1, no communication."""
+    """This rank's place in the (pp, dp, tp) grid; a None group means size 1, no communication."""
 
     tp_group: dist.ProcessGroup | None = None
     tp_rank: int = 0
@@ -36,7 +36,7 @@ class ParallelGroups:
 
     @classmethod
     def build(cls, *, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> ParallelGroups:
-        """Creates every group of the grid (collectively: all ranks must call this in the same order)."""
+        """Creates every group of the grid; collective: every rank calls it, in the same order."""
         if not dist.is_initialized():
             raise ValueError(
                 "torch.distributed must be initialised before building parallel groups"
@@ -45,7 +45,8 @@ class ParallelGroups:
         tp, pp = tensor_parallel_size, pipeline_parallel_size
         if world % (tp * pp):
             raise ValueError(
-                f"world size {world} is not divisible by tensor ({tp}) x pipeline ({pp}) parallel size"
+                f"world size {world} is not divisible by tensor ({tp}) x pipeline ({pp}) "
+                "parallel size"
             )
         dp = world // (tp * pp)
 

@@ -1,4 +1,4 @@
-"""The GPT as a DeepSpeed `PipelineModule`, with the spec list of Megatron-DeepSpeed's `GPTModelPipe`.
+"""The GPT as a DeepSpeed `PipelineModule` with the spec list of Megatron-DeepSpeed's GPTModelPipe.
 
 Indices match BS/MS GPTModelPipe so checkpoints are named alike (`layer_01-model_00-model_states.pt`
 for the embedding, `layer_03..layer_{N+2}` for the transformer layers, `layer_{N+4}` for the final
@@ -146,15 +146,17 @@ def build_gpt_pipe(
     init_seed: int | None = 1234,
     partition_method: str = "type:transformer",
 ) -> PipelineModule:
-    """A PipelineModule over groups' (pp, dp, tp) grid; transformer layers spread evenly by default."""
+    """A PipelineModule over the groups' (pp, dp, tp) grid; layers spread evenly by default."""
     if groups.tp_size != config.tensor_model_parallel_size:
         raise ValueError(
-            f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but the "
+            f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config "
+            f"but the "
             f"tensor-parallel group has {groups.tp_size} ranks"
         )
     if config.num_layers < groups.pp_size:
         raise ValueError(
-            f"num_layers ({config.num_layers}) must be at least the pipeline size ({groups.pp_size})"
+            f"num_layers ({config.num_layers}) must be at least the pipeline size "
+            f"({groups.pp_size})"
         )
     # Same rank order as ParallelGroups.build: pipe outermost, then data, tensor ("model") fastest.
     topology = PipeModelDataParallelTopology(

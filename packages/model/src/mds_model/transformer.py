@@ -1,4 +1,4 @@
-"""One pre-LayerNorm GPT block with Megatron-DeepSpeed's parameter names (`ParallelTransformerLayer`).
+"""One pre-LayerNorm GPT block with Megatron-DeepSpeed's names (`ParallelTransformerLayer`).
 
 Names inside a layer are those of Megatron-DeepSpeed's `layer_XX-model_YY-model_states.pt` files:
 input_layernorm, self_attention.{query_key_value,dense}, post_attention_layernorm,
