@@ -19,6 +19,7 @@ import torch.distributed as dist
 from mds_model.config import GPTConfig
 from mds_model.gpt import GPT, masked_mean
 from mds_model.parallel import ParallelGroups
+from mds_model.rng import model_parallel_seed
 
 VOCAB, SEQ, BATCH = 250, 12, 3  # 250 pads to 256 at TP=1 and TP=2 with divisible_by 64
 
@@ -99,7 +100,44 @@ def run_tp(out: Path) -> dict:
             "weights": max(weight_diffs),
             "num_params": len(grad_diffs),
         }
+    results["dropout"] = run_tp_dropout(groups)
     return results
+
+
+def _across_ranks(x: torch.Tensor, group) -> float:
+    """Max abs difference of x between the ranks of group."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return max(max_diff(parts[0], p) for p in parts[1:])
+
+
+def run_tp_dropout(groups: ParallelGroups) -> dict:
+    """With dropout on, replicated activations and gradients stay identical on TP ranks while the
+    attention dropout (inside the TP region) draws per-rank masks."""
+    config = tiny_config(2, hidden_dropout=0.2, attention_dropout=0.2)
+    tracker = model_parallel_seed(99, tp_rank=groups.tp_rank)
+    model = GPT(config, groups=groups, rng_tracker=tracker, init_seed=7).train()
+    tokens, labels, loss_mask = batch(13)
+    logits = model.gather_logits(model(tokens))
+    loss = masked_mean(model(tokens, labels), loss_mask)
+    loss.backward()
+    replicated = [
+        p.grad.flatten()
+        for p in model.parameters()
+        if not getattr(p, "tensor_model_parallel", False)
+    ]
+    with tracker.fork():
+        tracked_draw = torch.rand(16)
+    # The same model with every rank on tp_rank 0's tracked seed: its output must differ, or the
+    # per-rank attention dropout masks were not in use.
+    same_seed = GPT(config, groups=groups, rng_tracker=model_parallel_seed(99), init_seed=7).train()
+    return {
+        "logits_across_ranks": _across_ranks(logits, groups.tp_group),
+        "loss_across_ranks": _across_ranks(loss.detach().reshape(1), groups.tp_group),
+        "replicated_grads_across_ranks": _across_ranks(torch.cat(replicated), groups.tp_group),
+        "tracked_draws_across_ranks": _across_ranks(tracked_draw, groups.tp_group),
+        "vs_shared_tracker_seed": max_diff(logits, same_seed.gather_logits(same_seed(tokens))),
+    }
 
 
 def pipe_param_name(name: str, num_layers: int) -> str:

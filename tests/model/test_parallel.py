@@ -38,6 +38,14 @@ def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
 def test_tp2_equals_tp1_logits_loss_and_every_gradient(tmp_path):
     results = launch("tp", 2, tmp_path)
     for rank_result in results:
+        dropout = rank_result.pop("dropout")
+        # Hidden dropout (replicated activations) uses the shared default state: ranks agree ...
+        assert dropout["logits_across_ranks"] == 0.0
+        assert dropout["loss_across_ranks"] == 0.0
+        assert dropout["replicated_grads_across_ranks"] == 0.0
+        # ... while attention dropout on each rank's heads draws from its own tracked state.
+        assert dropout["tracked_draws_across_ranks"] > 0.0
+        assert dropout["vs_shared_tracker_seed"] > 1e-3
         assert set(rank_result) == {
             "learned",
             "alibi_embed_layernorm",
