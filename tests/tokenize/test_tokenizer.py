@@ -155,6 +155,10 @@ def test_merge_loop_matches_megatron_on_random_merges():
             if rng.random() < 0.8:
                 vocab[left + right] = len(vocab)
     tokenizer = GPT2BPETokenizer(vocab=vocab, merges=merges)
+    # Words of 128+ bytes take the heap merge loop, shorter ones the rescanning loop.
+    for length in (130, 200, 1000):
+        text = "".join(rng.choice(alphabet[: rng.randrange(1, 6)]) for _ in range(length))
+        assert tokenizer.encode(text) == megatron_encode(text, vocab, merges), text
     for _ in range(300):
         text = " ".join(
             "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 25))) for _ in range(3)
@@ -163,5 +167,9 @@ def test_merge_loop_matches_megatron_on_random_merges():
 
 
 def test_long_words(gpt2_tokenizer, tiktoken_gpt2):
-    for text in ("a" * 5000, " " * 3000 + "x", "\U0001f600" * 700, "ab" * 2000, "1" * 999):
-        assert gpt2_tokenizer.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+    rng = random.Random(3)
+    letters = "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGH") for _ in range(20000))
+    texts = ["a" * 5000, " " * 3000 + "x", "\U0001f600" * 700, "ab" * 2000, "1" * 999, letters]
+    texts += [letters[:length] for length in (126, 127, 128, 129, 300)]
+    for text in texts:
+        assert gpt2_tokenizer.encode(text) == tiktoken_gpt2.encode_ordinary(text), len(text)

@@ -21,6 +21,9 @@ cdef enum:
     CLS_SPACE = 3
     # Longer words are rare and seldom repeat; caching them would only churn the arenas.
     MAX_CACHED_WORD_BYTES = 256
+    # From this length the merge loop uses a heap (n log n) instead of rescanning every round (n^2):
+    # a 1 MB base64 blob or run of one letter must not stall a worker for minutes.
+    HEAP_MERGE_MIN_BYTES = 128
 
 cdef uint32_t NO_RANK = 0xFFFFFFFFu
 cdef uint64_t EMPTY_KEY = 0xFFFFFFFFFFFFFFFFull
@@ -31,6 +34,48 @@ ctypedef fused char_t:
     uint8_t
     uint16_t
     uint32_t
+
+
+cdef struct PairEntry:
+    uint32_t rank
+    Py_ssize_t position  # node index of the left symbol
+    uint32_t left
+    uint32_t right
+
+
+cdef inline bint _before(PairEntry* a, PairEntry* b) noexcept nogil:
+    return a.rank < b.rank or (a.rank == b.rank and a.position < b.position)
+
+
+cdef void _heap_push(PairEntry* heap, Py_ssize_t* size, PairEntry entry) noexcept nogil:
+    cdef Py_ssize_t child = size[0], parent
+    size[0] += 1
+    while child > 0:
+        parent = (child - 1) >> 1
+        if not _before(&entry, &heap[parent]):
+            break
+        heap[child] = heap[parent]
+        child = parent
+    heap[child] = entry
+
+
+cdef PairEntry _heap_pop(PairEntry* heap, Py_ssize_t* size) noexcept nogil:
+    cdef PairEntry top = heap[0], last
+    cdef Py_ssize_t parent = 0, child
+    size[0] -= 1
+    last = heap[size[0]]
+    while True:
+        child = 2 * parent + 1
+        if child >= size[0]:
+            break
+        if child + 1 < size[0] and _before(&heap[child + 1], &heap[child]):
+            child += 1
+        if not _before(&heap[child], &last):
+            break
+        heap[parent] = heap[child]
+        parent = child
+    heap[parent] = last
+    return top
 
 
 cdef struct CacheEntry:
@@ -215,8 +260,99 @@ cdef class BPECore:
                 return NO_RANK
             slot = (slot + 1) & self.merge_mask
 
+    cdef Py_ssize_t _bpe_heap(self, Py_ssize_t num_bytes) except -1:
+        """Same result as _bpe for long words: a linked list of symbols and a heap of pairs keyed
+        (rank, position). A round pops every entry of the lowest rank (one pair: ranks are unique)
+        and merges them left to right; entries that went stale are recognised because a node's
+        symbol only ever grows, so an entry whose two symbols still match is current."""
+        cdef Py_ssize_t n = num_bytes, i, size = 0, num_round, num_merged, p, q
+        cdef uint32_t* syms = <uint32_t*> malloc(n * sizeof(uint32_t))
+        cdef Py_ssize_t* next_node = <Py_ssize_t*> malloc(n * sizeof(Py_ssize_t))
+        cdef Py_ssize_t* prev_node = <Py_ssize_t*> malloc(n * sizeof(Py_ssize_t))
+        cdef Py_ssize_t* merged_nodes = <Py_ssize_t*> malloc(n * sizeof(Py_ssize_t))
+        # n - 1 initial pairs plus at most two new pairs per merge (fewer than n merges).
+        cdef PairEntry* heap = <PairEntry*> malloc(3 * n * sizeof(PairEntry))
+        cdef PairEntry* round_entries = <PairEntry*> malloc(3 * n * sizeof(PairEntry))
+        cdef PairEntry entry
+        cdef uint32_t rank, product
+        try:
+            if (syms == NULL or next_node == NULL or prev_node == NULL or merged_nodes == NULL
+                    or heap == NULL or round_entries == NULL):
+                raise MemoryError()
+            for i in range(n):
+                syms[i] = self.byte_symbol[self.word[i]]
+                next_node[i] = i + 1 if i + 1 < n else -1
+                prev_node[i] = i - 1
+            for i in range(n - 1):
+                entry.rank = self._rank(syms[i], syms[i + 1], &product)
+                if entry.rank != NO_RANK:
+                    entry.position = i
+                    entry.left = syms[i]
+                    entry.right = syms[i + 1]
+                    _heap_push(heap, &size, entry)
+            while size > 0:
+                rank = heap[0].rank
+                num_round = 0
+                while size > 0 and heap[0].rank == rank:
+                    round_entries[num_round] = _heap_pop(heap, &size)
+                    num_round += 1
+                num_merged = 0
+                for i in range(num_round):  # ascending positions: left to right, non-overlapping
+                    p = round_entries[i].position
+                    q = next_node[p]
+                    if syms[p] != round_entries[i].left or q < 0 or syms[q] != round_entries[i].right:
+                        continue
+                    if prev_node[p] == -2:
+                        continue  # p was merged into its left neighbour
+                    self._rank(syms[p], syms[q], &product)
+                    syms[p] = product
+                    next_node[p] = next_node[q]
+                    if next_node[q] >= 0:
+                        prev_node[next_node[q]] = p
+                    prev_node[q] = -2  # dead
+                    merged_nodes[num_merged] = p
+                    num_merged += 1
+                for i in range(num_merged):
+                    p = merged_nodes[i]
+                    if prev_node[p] == -2:
+                        continue
+                    q = prev_node[p]
+                    if q >= 0:
+                        entry.rank = self._rank(syms[q], syms[p], &product)
+                        if entry.rank != NO_RANK:
+                            entry.position = q
+                            entry.left = syms[q]
+                            entry.right = syms[p]
+                            _heap_push(heap, &size, entry)
+                    q = next_node[p]
+                    if q >= 0:
+                        entry.rank = self._rank(syms[p], syms[q], &product)
+                        if entry.rank != NO_RANK:
+                            entry.position = p
+                            entry.left = syms[p]
+                            entry.right = syms[q]
+                            _heap_push(heap, &size, entry)
+            self._reserve_out(n)
+            num_merged = 0  # reused as the output count
+            p = 0  # node 0 never dies: merges keep the left node
+            while p >= 0:
+                self.out[self.out_len + num_merged] = self.symbol_id[syms[p]]
+                num_merged += 1
+                p = next_node[p]
+            self.out_len += num_merged
+            return num_merged
+        finally:
+            free(syms)
+            free(next_node)
+            free(prev_node)
+            free(merged_nodes)
+            free(heap)
+            free(round_entries)
+
     cdef Py_ssize_t _bpe(self, Py_ssize_t num_bytes) except -1:
         """Merges self.word[:num_bytes]; appends the ids to out and returns how many."""
+        if num_bytes >= HEAP_MERGE_MIN_BYTES:
+            return self._bpe_heap(num_bytes)
         cdef uint32_t* syms = self.syms
         cdef uint32_t* ranks = self.ranks
         cdef uint32_t* results = self.results
