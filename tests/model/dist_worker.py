@@ -157,7 +157,8 @@ def run_pipe(out: Path, tp: int) -> dict:
     from mds_model.pipeline import build_gpt_pipe
 
     groups = ParallelGroups.build(tensor_parallel_size=tp, pipeline_parallel_size=2)
-    config = tiny_config(tp, num_layers=4, position_embedding_type="learned")
+    # Full activation checkpointing inside the pipeline engine; the plain reference runs without.
+    config = tiny_config(tp, num_layers=4, activation_checkpointing="full")
     pipe = build_gpt_pipe(config, groups=groups, rng_tracker=None, init_seed=5)
     optimizer = torch.optim.SGD(pipe.parameters(), lr=1.0)  # delta of one step = the gradient
     ds_config = {
