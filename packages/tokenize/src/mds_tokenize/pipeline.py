@@ -29,6 +29,7 @@ from mds_tokenize.tokenizer import GPT2BPETokenizer
 
 logger = logging.getLogger(__name__)
 
+MIN_BLOCK_BYTES = 64 << 10
 # Shown for the first few skipped lines; the rest are only counted.
 NUM_BAD_LINES_SHOWN = 10
 
@@ -134,6 +135,11 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
             key: stack.enter_context(IndexedDatasetWriter(summary.outputs[key], dtype=dtype))
             for key in config.json_keys
         }
+        if config.workers > 1:
+            # Small inputs: smaller blocks so that every worker gets work from the start.
+            reader.block_bytes = max(
+                MIN_BLOCK_BYTES, min(config.block_bytes, reader.total // (4 * config.workers))
+            )
         if config.workers == 1:
             results = (encode_block(tokenizer, block, settings) for block in reader)
         else:
