@@ -53,7 +53,7 @@ def _check_json_keys(json_keys: tuple[str, ...]) -> None:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenizeConfig:
     input: Path
     output_prefix: str
@@ -112,7 +112,7 @@ class TokenizeConfig:
         return prefix + partition_suffix(*self.partition)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MergeConfig:
     output_prefix: str
     json_keys: tuple[str, ...] = ("text",)
