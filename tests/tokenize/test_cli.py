@@ -1,6 +1,7 @@
 """The installed command: user mistakes end with one stderr line and a non-zero exit, no traceback;
 the subcommands are registered; preprocess_data.py's `--json-keys a b` form is accepted."""
 
+import json
 import subprocess
 import sys
 
@@ -94,3 +95,29 @@ def test_json_keys_nargs_expansion():
         "--json-keys",
         "x",
     ]
+
+
+def test_learn_takes_several_inputs_and_specials_argparse_style(tmp_path):
+    texts = ["hello world, hello there", "lower lowest newer newest"]
+    inputs = []
+    for index, text in enumerate(texts):
+        inputs.append(tmp_path / f"part{index}.jsonl")
+        inputs[-1].write_text(f'{{"text": "{text}"}}\n', encoding="utf-8")
+    out = tmp_path / "vocab"
+    result = run_command(
+        "learn",
+        "--input",
+        *inputs,
+        "--vocab-size",
+        300,
+        "--output-dir",
+        out,
+        "--special-tokens",
+        "<|endoftext|>",
+        "<|pad|>",
+    )
+    assert result.returncode == 0, result.stderr
+    vocab = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
+    assert {"<|endoftext|>", "<|pad|>"} <= vocab.keys()
+    config = json.loads((out / "learn-config.json").read_text(encoding="utf-8"))
+    assert len(config["config"]["inputs"]) == 2

@@ -22,6 +22,12 @@ app = typer.Typer(
     "shards, learn.",
 )
 SUBCOMMANDS = ("encode", "merge", "learn")
+# Flags that take several values argparse-style (`--input a b`), as the Megatron tools spell them.
+MULTI_VALUE_FLAGS = {
+    "encode": ("--json-keys",),
+    "merge": ("--json-keys",),
+    "learn": ("--input", "--json-keys", "--special-tokens"),
+}
 # typer vendors its own click; its UsageError (missing flag, bad value, unknown option) is the
 # base class of the public typer.BadParameter.
 _USAGE_ERROR = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
@@ -194,8 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("--help", "-h"):
         argv = ["encode", *argv]
-    if argv and argv[0] in ("encode", "merge"):
-        argv = _expand_multi_value(argv, "--json-keys")
+    for flag in MULTI_VALUE_FLAGS.get(argv[0] if argv else "", ()):
+        argv = _expand_multi_value(argv, flag)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         code = app(args=argv, prog_name="mds-tokenize", standalone_mode=False)
