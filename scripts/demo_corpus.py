@@ -5,7 +5,6 @@ with the same Python."""
 import argparse
 import json
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 

@@ -23,35 +23,100 @@ def test_corpus_to_training_samples(tmp_path: Path):
     run(sys.executable, str(REPO_ROOT / "scripts" / "demo_corpus.py"), "--output", str(corpus))
     texts = [json.loads(line)["text"] for line in corpus.read_text(encoding="utf-8").splitlines()]
 
-    run("mds-tokenize", "learn", "--input", str(corpus), "--vocab-size", "1024",
-        "--output-dir", str(tmp_path / "vocab"))
+    run(
+        "mds-tokenize",
+        "learn",
+        "--input",
+        str(corpus),
+        "--vocab-size",
+        "1024",
+        "--output-dir",
+        str(tmp_path / "vocab"),
+    )
     vocab_file, merge_file = tmp_path / "vocab" / "vocab.json", tmp_path / "vocab" / "merges.txt"
     vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
     assert len(vocab) == 1024
 
     # The Megatron spellings, as in the seeds' preprocessing scripts.
-    run("mds-tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "demo"),
-        "--vocab", str(vocab_file), "--merge-file", str(merge_file), "--tokenizer-type",
-        "GPT2BPETokenizer", "--dataset-impl", "mmap", "--append-eod", "--workers", "2")
+    run(
+        "mds-tokenize",
+        "--input",
+        str(corpus),
+        "--output-prefix",
+        str(tmp_path / "demo"),
+        "--vocab",
+        str(vocab_file),
+        "--merge-file",
+        str(merge_file),
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--dataset-impl",
+        "mmap",
+        "--append-eod",
+        "--workers",
+        "2",
+    )
     prefix = tmp_path / "demo_text_document"
     dataset = IndexedDatasetReader(prefix)
     eod = vocab["<|endoftext|>"]
     assert len(dataset) == len(texts)
     assert dataset.dtype == np.uint16
-    assert all(dataset[i][-1] == eod and (dataset[i][:-1] != eod).all() for i in range(len(dataset)))
+    assert all(
+        dataset[i][-1] == eod and (dataset[i][:-1] != eod).all() for i in range(len(dataset))
+    )
     assert max(int(dataset[i].max()) for i in range(len(dataset))) < len(vocab)
 
-    doc = run("mds-index", "show", str(prefix), "--doc", "3", "--vocab-file", str(vocab_file),
-              "--merge-file", str(merge_file))
+    doc = run(
+        "mds-index",
+        "show",
+        str(prefix),
+        "--doc",
+        "3",
+        "--vocab-file",
+        str(vocab_file),
+        "--merge-file",
+        str(merge_file),
+    )
     assert texts[3] in doc
 
-    summary = run("mds-index", "build", "--data-path", str(prefix), "--split", "90,10,0",
-                  "--seq-length", "128", "--train-samples", "500", "--valid-samples", "20",
-                  "--test-samples", "0", "--seed", "7")
+    summary = run(
+        "mds-index",
+        "build",
+        "--data-path",
+        str(prefix),
+        "--split",
+        "90,10,0",
+        "--seq-length",
+        "128",
+        "--train-samples",
+        "500",
+        "--valid-samples",
+        "20",
+        "--test-samples",
+        "0",
+        "--seed",
+        "7",
+    )
     assert "train" in summary and "valid" in summary
     assert list(tmp_path.glob("demo_text_document_train_*doc_idx.npy"))
-    sample = run("mds-index", "show", str(prefix), "--sample", "5", "--seq-length", "128",
-                 "--split", "90,10,0", "--seed", "7", "--train-samples", "500", "--valid-samples",
-                 "20", "--test-samples", "0")
+    sample = run(
+        "mds-index",
+        "show",
+        str(prefix),
+        "--sample",
+        "5",
+        "--seq-length",
+        "128",
+        "--split",
+        "90,10,0",
+        "--seed",
+        "7",
+        "--train-samples",
+        "500",
+        "--valid-samples",
+        "20",
+        "--test-samples",
+        "0",
+    )
     ids = [int(token) for token in sample.replace(",", " ").split() if token.isdigit()]
     assert len(ids) == 129
