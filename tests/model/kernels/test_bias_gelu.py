@@ -5,7 +5,6 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-
 from mds_model.kernels import bias_gelu
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -21,7 +20,7 @@ def _check(shape, dtype, device, assert_close, *, scale=1.0):
         y = bias_gelu(x, bias, use_kernel=use_kernel)
         dx, dbias = torch.autograd.grad(y, (x, bias), dy)
         results.append((y, dx, dbias))
-    for name, got, want in zip(("y", "dx", "dbias"), *results):
+    for name, got, want in zip(("y", "dx", "dbias"), *results, strict=False):
         assert_close(got, want, dtype, f"bias_gelu {name} {shape}")
 
 
@@ -31,7 +30,9 @@ def test_bias_gelu_matches_reference(shape, dtype, device, assert_close):
     _check(shape, dtype, device, assert_close)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings(
+    "ignore:overflow encountered in exp:RuntimeWarning"
+)  # the interpreter's numpy
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_gelu_saturates_without_overflow(dtype, device, assert_close):
     # |z| up to ~40: the sigmoid form must give z and 0, never inf/NaN, in the forward and backward.
@@ -43,7 +44,9 @@ def test_reference_is_megatron_formula():
     z = x + bias
     megatron = z * 0.5 * (1.0 + torch.tanh(0.79788456 * z * (1 + 0.044715 * z * z)))
     assert torch.allclose(bias_gelu(x, bias, use_kernel=False), megatron, rtol=1e-7, atol=1e-8)
-    assert torch.allclose(bias_gelu(x, bias, use_kernel=False), F.gelu(z, approximate="tanh"), atol=1e-7)
+    assert torch.allclose(
+        bias_gelu(x, bias, use_kernel=False), F.gelu(z, approximate="tanh"), atol=1e-7
+    )
 
 
 def test_bias_shape_is_checked():

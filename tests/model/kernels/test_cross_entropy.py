@@ -1,11 +1,11 @@
-"""vocab_parallel_cross_entropy on one rank: Triton kernel against the reference and F.cross_entropy."""
+"""vocab_parallel_cross_entropy on one rank: Triton kernel against the reference and
+F.cross_entropy."""
 
 import zlib
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from mds_model.kernels import vocab_parallel_cross_entropy
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -21,8 +21,15 @@ def _check(num_rows, vocab, dtype, device, assert_close):
         loss = vocab_parallel_cross_entropy(logits, target, use_kernel=use_kernel)
         assert loss.dtype == torch.float32
         results.append((loss, *torch.autograd.grad(loss, logits, dloss)))
-    assert_close(results[0][0], results[1][0], torch.float32, f"cross_entropy loss ({num_rows}, {vocab}) {dtype}")
-    assert_close(results[0][1], results[1][1], dtype, f"cross_entropy dlogits ({num_rows}, {vocab})")
+    assert_close(
+        results[0][0],
+        results[1][0],
+        torch.float32,
+        f"cross_entropy loss ({num_rows}, {vocab}) {dtype}",
+    )
+    assert_close(
+        results[0][1], results[1][1], dtype, f"cross_entropy dlogits ({num_rows}, {vocab})"
+    )
     expected = F.cross_entropy(logits.detach().double(), target, reduction="none").float()
     assert torch.allclose(results[0][0], expected, rtol=1e-5, atol=1e-5)
 
@@ -38,7 +45,9 @@ def test_target_outside_shard_contributes_no_gradient_spike(device):
     logits = torch.randn(4, 10, device=device, requires_grad=True)
     target = torch.tensor([10, 11, 25, 3], device=device)
     for use_kernel in (True, False):
-        loss = vocab_parallel_cross_entropy(logits, target, vocab_start_index=10, use_kernel=use_kernel)
+        loss = vocab_parallel_cross_entropy(
+            logits, target, vocab_start_index=10, use_kernel=use_kernel
+        )
         (grad,) = torch.autograd.grad(loss.sum(), logits)
         softmax = torch.softmax(logits.detach(), dim=-1)
         expected = softmax.clone()
@@ -46,15 +55,22 @@ def test_target_outside_shard_contributes_no_gradient_spike(device):
         expected[1, 1] -= 1
         assert torch.allclose(grad, expected, atol=1e-6)
         lse = torch.logsumexp(logits.detach(), dim=-1)
-        assert torch.allclose(loss, lse - torch.stack([logits[0, 0], logits[1, 1], lse[2] * 0, lse[3] * 0]).detach()
-                              , atol=1e-5)
+        assert torch.allclose(
+            loss,
+            lse - torch.stack([logits[0, 0], logits[1, 1], lse[2] * 0, lse[3] * 0]).detach(),
+            atol=1e-5,
+        )
 
 
 def test_inputs_are_checked():
     with pytest.raises(ValueError, match="target must be int64"):
-        vocab_parallel_cross_entropy(torch.randn(2, 5), torch.zeros(2, dtype=torch.int32), use_kernel=False)
+        vocab_parallel_cross_entropy(
+            torch.randn(2, 5), torch.zeros(2, dtype=torch.int32), use_kernel=False
+        )
     with pytest.raises(ValueError, match=r"expected logits \(N, V_local\)"):
-        vocab_parallel_cross_entropy(torch.randn(2, 3, 5), torch.zeros(2, dtype=torch.int64), use_kernel=False)
+        vocab_parallel_cross_entropy(
+            torch.randn(2, 3, 5), torch.zeros(2, dtype=torch.int64), use_kernel=False
+        )
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""vocab_parallel_cross_entropy over a real TP=2 group (2 gloo processes on CPU) equals F.cross_entropy."""
+"""vocab_parallel_cross_entropy over a real TP=2 group (2 gloo processes on CPU) equals
+F.cross_entropy."""
 
 import os
 import subprocess
@@ -11,9 +12,16 @@ WORKER = Path(__file__).with_name("tp_cross_entropy_worker.py")
 def test_tp2_matches_full_cross_entropy(tmp_path):
     env = dict(os.environ)
     init_file = tmp_path / "rendezvous"
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(init_file)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", str(init_file)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     outputs = []
     for proc in procs:
         try:

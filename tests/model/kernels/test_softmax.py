@@ -1,18 +1,20 @@
-"""scaled_masked_softmax: Triton kernel (GPU, or the CPU interpreter) against the pure-torch reference."""
+"""scaled_masked_softmax: Triton kernel (GPU, or the CPU interpreter) against the pure-torch
+reference."""
 
 import math
 import zlib
 
 import pytest
 import torch
-
 from mds_model.kernels import scaled_masked_softmax
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _check(shape, dtype, device, assert_close, *, causal, mask_shape=None, mask_rows=None):
-    gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, str(dtype), causal, mask_shape)).encode()))
+    gen = torch.Generator().manual_seed(
+        zlib.crc32(repr((shape, str(dtype), causal, mask_shape)).encode())
+    )
     scale = 1.0 / math.sqrt(64)
     scores = (torch.randn(shape, generator=gen) * 8).to(device, dtype).requires_grad_()
     mask = None
@@ -23,9 +25,11 @@ def _check(shape, dtype, device, assert_close, *, causal, mask_shape=None, mask_
     dprobs = torch.randn(shape, generator=gen).to(device, dtype)
     results = []
     for use_kernel in (True, False):
-        probs = scaled_masked_softmax(scores, scale=scale, causal=causal, mask=mask, use_kernel=use_kernel)
+        probs = scaled_masked_softmax(
+            scores, scale=scale, causal=causal, mask=mask, use_kernel=use_kernel
+        )
         results.append((probs, *torch.autograd.grad(probs, scores, dprobs)))
-    for name, got, want in zip(("probs", "dscores"), *results):
+    for name, got, want in zip(("probs", "dscores"), *results, strict=False):
         assert_close(got, want, dtype, f"softmax {name} {shape} causal={causal} mask={mask_shape}")
     probs = results[0][0]
     seq_q, seq_k = shape[-2:]
@@ -35,7 +39,8 @@ def _check(shape, dtype, device, assert_close, *, causal, mask_shape=None, mask_
     if mask is not None:
         masked = masked | mask
     masked = masked.expand(shape)
-    # Masked positions are exactly zero; rows with anything visible sum to one; fully masked rows are zero.
+    # Masked positions are exactly zero; rows with anything visible sum to one; fully masked rows
+    # are zero.
     assert (probs[masked] == 0).all()
     visible = (~masked).any(dim=-1)
     sums = probs.float().sum(dim=-1)
@@ -54,8 +59,12 @@ def test_softmax_matches_reference(shape, dtype, causal, device, assert_close):
 @pytest.mark.parametrize("mask_shape", [(2, 1, 6, 33), (6, 33), (2, 3, 6, 33)])
 def test_softmax_with_boolean_mask(mask_shape, dtype, device, assert_close):
     # Row 2 fully masked: zeros instead of NaN, in the forward and the backward.
-    _check((2, 3, 6, 33), dtype, device, assert_close, causal=True, mask_shape=mask_shape, mask_rows=2)
-    _check((2, 3, 6, 33), dtype, device, assert_close, causal=False, mask_shape=mask_shape, mask_rows=2)
+    _check(
+        (2, 3, 6, 33), dtype, device, assert_close, causal=True, mask_shape=mask_shape, mask_rows=2
+    )
+    _check(
+        (2, 3, 6, 33), dtype, device, assert_close, causal=False, mask_shape=mask_shape, mask_rows=2
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -75,15 +84,32 @@ def test_causal_with_fewer_queries_than_keys():
 def test_mask_is_checked():
     scores = torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="mask must be bool"):
-        scaled_masked_softmax(scores, scale=1.0, causal=False, mask=torch.zeros(3, 4), use_kernel=False)
+        scaled_masked_softmax(
+            scores, scale=1.0, causal=False, mask=torch.zeros(3, 4), use_kernel=False
+        )
     with pytest.raises(ValueError, match="does not broadcast"):
-        scaled_masked_softmax(scores, scale=1.0, causal=False, mask=torch.zeros(3, 5, dtype=torch.bool),
-                              use_kernel=False)
+        scaled_masked_softmax(
+            scores,
+            scale=1.0,
+            causal=False,
+            mask=torch.zeros(3, 5, dtype=torch.bool),
+            use_kernel=False,
+        )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4, 16, 1024, 1024), (2, 8, 1000, 1000), (1, 4, 77, 2049), (1, 2, 16, 20000)])
+@pytest.mark.parametrize(
+    "shape", [(4, 16, 1024, 1024), (2, 8, 1000, 1000), (1, 4, 77, 2049), (1, 2, 16, 20000)]
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_softmax_matches_reference_gpu(shape, dtype, causal, device, assert_close):
-    _check(shape, dtype, device, assert_close, causal=causal, mask_shape=(shape[0], 1, *shape[2:]), mask_rows=3)
+    _check(
+        shape,
+        dtype,
+        device,
+        assert_close,
+        causal=causal,
+        mask_shape=(shape[0], 1, *shape[2:]),
+        mask_rows=3,
+    )

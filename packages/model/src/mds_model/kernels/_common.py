@@ -22,7 +22,9 @@ def check_kernel_device(*tensors: torch.Tensor, name: str) -> None:
     try:
         import triton  # noqa: F401
     except ImportError:
-        raise ValueError(f"{name}: use_kernel=True needs Triton; install it or pass use_kernel=False") from None
+        raise ValueError(
+            f"{name}: use_kernel=True needs Triton; install it or pass use_kernel=False"
+        ) from None
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     for tensor in tensors:
         if tensor.device.type != "cuda" and not interpreting:

@@ -13,7 +13,8 @@ _CUBIC = 0.044715
 
 
 def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Pure-torch bias+GeLU in fp32 (the CPU path and the tests' oracle); autograd gives the backward."""
+    """Pure-torch bias+GeLU in fp32 (the CPU path and the tests' oracle); autograd gives the
+    backward."""
     compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     z = x.to(compute_dtype) + bias.to(compute_dtype)
     y = 0.5 * z * (1.0 + torch.tanh(_SQRT_2_OVER_PI * z * (1.0 + _CUBIC * z * z)))
@@ -36,8 +37,17 @@ if triton is not None:
         return u, s
 
     @triton.jit
-    def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, num_rows, hidden, stride_x, stride_y,
-                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _bias_gelu_fwd(
+        x_ptr,
+        b_ptr,
+        y_ptr,
+        num_rows,
+        hidden,
+        stride_x,
+        stride_y,
+        BLOCK_M: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         col_ok = cols < hidden
@@ -46,12 +56,28 @@ if triton is not None:
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         z = x.to(tl.float32) + b[None, :]
         _, s = _gelu_parts(z)
-        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], (z * s).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            y_ptr + rows[:, None] * stride_y + cols[None, :],
+            (z * s).to(y_ptr.dtype.element_ty),
+            mask=mask,
+        )
 
     @triton.jit
-    def _bias_gelu_bwd(dy_ptr, x_ptr, b_ptr, dx_ptr, dbias_partial_ptr, num_rows, hidden,
-                       stride_dy, stride_x, stride_dx, rows_per_program,
-                       BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _bias_gelu_bwd(
+        dy_ptr,
+        x_ptr,
+        b_ptr,
+        dx_ptr,
+        dbias_partial_ptr,
+        num_rows,
+        hidden,
+        stride_dy,
+        stride_x,
+        stride_dx,
+        rows_per_program,
+        BLOCK_M: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         # Each program owns `rows_per_program` rows of one column block and writes one fp32 partial
         # row of dbias; the launcher sums the (few) partial rows: the two-stage reduction.
         pid_m = tl.program_id(0)
@@ -71,7 +97,11 @@ if triton is not None:
             du_dz = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * z * z)
             dgelu = s + z * s * (1.0 - s) * 2.0 * du_dz
             dx = dy.to(tl.float32) * dgelu
-            tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                dx_ptr + rows[:, None] * stride_dx + cols[None, :],
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
             acc += tl.where(mask, dx, 0.0)
         tl.store(dbias_partial_ptr + pid_m * hidden + cols, tl.sum(acc, axis=0), mask=col_ok)
 
@@ -85,8 +115,18 @@ def _bias_gelu_forward(x2d: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     num_rows, hidden = x2d.shape
     y = torch.empty((num_rows, hidden), dtype=x2d.dtype, device=x2d.device)
     grid = (triton.cdiv(num_rows, _FWD_BLOCK_M), triton.cdiv(hidden, _FWD_BLOCK_H))
-    _bias_gelu_fwd[grid](x2d, bias, y, num_rows, hidden, x2d.stride(0), y.stride(0),
-                         BLOCK_M=_FWD_BLOCK_M, BLOCK_H=_FWD_BLOCK_H, num_warps=4)
+    _bias_gelu_fwd[grid](
+        x2d,
+        bias,
+        y,
+        num_rows,
+        hidden,
+        x2d.stride(0),
+        y.stride(0),
+        BLOCK_M=_FWD_BLOCK_M,
+        BLOCK_H=_FWD_BLOCK_H,
+        num_warps=4,
+    )
     return y
 
 
@@ -96,9 +136,22 @@ def _bias_gelu_backward(dy2d: torch.Tensor, x2d: torch.Tensor, bias: torch.Tenso
     num_row_programs = triton.cdiv(num_rows, _BWD_ROWS_PER_PROGRAM)
     partial = torch.empty((num_row_programs, hidden), dtype=torch.float32, device=x2d.device)
     grid = (num_row_programs, triton.cdiv(hidden, _BWD_BLOCK_H))
-    _bias_gelu_bwd[grid](dy2d, x2d, bias, dx, partial, num_rows, hidden,
-                         dy2d.stride(0), x2d.stride(0), dx.stride(0), _BWD_ROWS_PER_PROGRAM,
-                         BLOCK_M=_BWD_BLOCK_M, BLOCK_H=_BWD_BLOCK_H, num_warps=4)
+    _bias_gelu_bwd[grid](
+        dy2d,
+        x2d,
+        bias,
+        dx,
+        partial,
+        num_rows,
+        hidden,
+        dy2d.stride(0),
+        x2d.stride(0),
+        dx.stride(0),
+        _BWD_ROWS_PER_PROGRAM,
+        BLOCK_M=_BWD_BLOCK_M,
+        BLOCK_H=_BWD_BLOCK_H,
+        num_warps=4,
+    )
     return dx, partial.sum(dim=0).to(bias.dtype)
 
 
@@ -120,9 +173,12 @@ class BiasGeluFunction(torch.autograd.Function):
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, *, use_kernel: bool) -> torch.Tensor:
-    """y = gelu_tanh(x + bias), bias (H,) broadcast over x's last dim (H); differentiable in x and bias."""
+    """y = gelu_tanh(x + bias), bias (H,) broadcast over x's last dim (H); differentiable in x and
+    bias."""
     if bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
-        raise ValueError(f"bias_gelu: bias must have shape ({x.shape[-1]},), got {tuple(bias.shape)}")
+        raise ValueError(
+            f"bias_gelu: bias must have shape ({x.shape[-1]},), got {tuple(bias.shape)}"
+        )
     if not use_kernel:
         return bias_gelu_reference(x, bias)
     check_kernel_device(x, bias, name="bias_gelu")

@@ -1,4 +1,5 @@
-"""Vocab-parallel softmax cross-entropy (Megatron's `vocab_parallel_cross_entropy`), forward and backward.
+"""Vocab-parallel softmax cross-entropy (Megatron's `vocab_parallel_cross_entropy`), forward and
+backward.
 
 Each rank holds logits for vocab ids [vocab_start, vocab_start + V_local); the per-row max, sum of
 exponentials and target logit are combined across the tensor-parallel group. The Triton path streams
@@ -13,12 +14,14 @@ from ._common import check_kernel_device
 
 
 def _combine_over_group(local_max, local_sum_exp, target_logit, group):
-    """Per-row log-sum-exp and target logit over the whole vocab from each rank's shard statistics."""
+    """Per-row log-sum-exp and target logit over the whole vocab from each rank's shard
+    statistics."""
     if group is None or dist.get_world_size(group) == 1:
         return local_max + torch.log(local_sum_exp), target_logit
     global_max = local_max.clone()
     dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
-    # One SUM all-reduce carries both the rescaled sums and the target logit (held by one rank only).
+    # One SUM all-reduce carries both the rescaled sums and the target logit (held by one rank
+    # only).
     stacked = torch.stack([local_sum_exp * torch.exp(local_max - global_max), target_logit])
     dist.all_reduce(stacked, op=dist.ReduceOp.SUM, group=group)
     return global_max + torch.log(stacked[0]), stacked[1]
@@ -62,8 +65,17 @@ except ImportError:  # CPU-only installs run the reference
 if triton is not None:
 
     @triton.jit
-    def _cross_entropy_fwd(logits_ptr, target_ptr, max_ptr, sum_exp_ptr, target_logit_ptr,
-                           vocab_local, vocab_start, stride_row, BLOCK_V: tl.constexpr):
+    def _cross_entropy_fwd(
+        logits_ptr,
+        target_ptr,
+        max_ptr,
+        sum_exp_ptr,
+        target_logit_ptr,
+        vocab_local,
+        vocab_start,
+        stride_row,
+        BLOCK_V: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         row_ptr = logits_ptr + row * stride_row
         # Online softmax with a per-block (scalar) running max: one exp per element. A per-lane max
@@ -85,8 +97,18 @@ if triton is not None:
         tl.store(target_logit_ptr + row, target_logit.to(tl.float32))
 
     @triton.jit
-    def _cross_entropy_bwd(logits_ptr, target_ptr, lse_ptr, dloss_ptr, grad_ptr, vocab_local, vocab_start,
-                           stride_row, stride_grad, BLOCK_V: tl.constexpr):
+    def _cross_entropy_bwd(
+        logits_ptr,
+        target_ptr,
+        lse_ptr,
+        dloss_ptr,
+        grad_ptr,
+        vocab_local,
+        vocab_start,
+        stride_row,
+        stride_grad,
+        BLOCK_V: tl.constexpr,
+    ):
         # grad = (softmax(x) - onehot(target)) * dloss, softmax recomputed from x and the saved lse.
         row = tl.program_id(0).to(tl.int64)
         lse = tl.load(lse_ptr + row)
@@ -98,7 +120,11 @@ if triton is not None:
             x = tl.load(logits_ptr + row * stride_row + cols, mask=ok, other=0.0).to(tl.float32)
             p = tl.exp(x - lse)
             p = tl.where(cols == local, p - 1.0, p)
-            tl.store(grad_ptr + row * stride_grad + cols, (p * dloss).to(grad_ptr.dtype.element_ty), mask=ok)
+            tl.store(
+                grad_ptr + row * stride_grad + cols,
+                (p * dloss).to(grad_ptr.dtype.element_ty),
+                mask=ok,
+            )
 
 
 _BLOCK_V = 4096
@@ -122,9 +148,18 @@ class CrossEntropyFunction(torch.autograd.Function):
         target_logit = torch.empty_like(local_max)
         block = _block_v(vocab_local)
         if num_rows > 0:
-            _cross_entropy_fwd[(num_rows,)](logits, target, local_max, local_sum_exp, target_logit,
-                                            vocab_local, vocab_start_index, logits.stride(0),
-                                            BLOCK_V=block, num_warps=8)
+            _cross_entropy_fwd[(num_rows,)](
+                logits,
+                target,
+                local_max,
+                local_sum_exp,
+                target_logit,
+                vocab_local,
+                vocab_start_index,
+                logits.stride(0),
+                BLOCK_V=block,
+                num_warps=8,
+            )
         lse, target_logit = _combine_over_group(local_max, local_sum_exp, target_logit, group)
         ctx.save_for_backward(logits, target, lse)
         ctx.vocab_start_index = vocab_start_index
@@ -136,21 +171,36 @@ class CrossEntropyFunction(torch.autograd.Function):
         num_rows, vocab_local = logits.shape
         grad = torch.empty_like(logits)
         if num_rows > 0:
-            _cross_entropy_bwd[(num_rows,)](logits, target, lse, dloss.contiguous(), grad, vocab_local,
-                                            ctx.vocab_start_index, logits.stride(0), grad.stride(0),
-                                            BLOCK_V=_block_v(vocab_local), num_warps=8)
+            _cross_entropy_bwd[(num_rows,)](
+                logits,
+                target,
+                lse,
+                dloss.contiguous(),
+                grad,
+                vocab_local,
+                ctx.vocab_start_index,
+                logits.stride(0),
+                grad.stride(0),
+                BLOCK_V=_block_v(vocab_local),
+                num_warps=8,
+            )
         return grad, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, target, *, group=None, vocab_start_index: int = 0, use_kernel: bool):
-    """Per-token fp32 loss (N,) of logits (N, V_local), this rank's vocab shard, against global ids (N,).
+def vocab_parallel_cross_entropy(
+    logits, target, *, group=None, vocab_start_index: int = 0, use_kernel: bool
+):
+    """Per-token fp32 loss (N,) of logits (N, V_local), this rank's vocab shard, against global ids
+    (N,).
 
     Max, sum-exp and the target logit are all-reduced over `group` (None = no tensor parallelism);
     the gradient w.r.t. logits comes back in the logits' dtype. Targets must be valid vocab ids.
     """
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
-        raise ValueError(f"vocab_parallel_cross_entropy: expected logits (N, V_local) and target (N,), "
-                         f"got {tuple(logits.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"vocab_parallel_cross_entropy: expected logits (N, V_local) and target (N,), "
+            f"got {tuple(logits.shape)} and {tuple(target.shape)}"
+        )
     if target.dtype != torch.int64:
         raise ValueError(f"vocab_parallel_cross_entropy: target must be int64, got {target.dtype}")
     if not use_kernel:

@@ -1,7 +1,10 @@
-"""Fused residual add + LayerNorm, forward and backward (Megatron's FusedLayerNorm with the residual add).
+"""Fused residual add + LayerNorm, forward and backward (Megatron's FusedLayerNorm with the
+residual add).
 
-summed = x + residual; normed = (summed - mean) / sqrt(var + eps) * weight + bias, statistics in fp32.
-The backward reduces dweight/dbias in two stages (per-program fp32 partial rows, then a sum), as in the
+summed = x + residual; normed = (summed - mean) / sqrt(var + eps) * weight + bias, statistics in
+fp32.
+The backward reduces dweight/dbias in two stages (per-program fp32 partial rows, then a sum), as in
+the
 Triton tutorial's layer norm and Liger-Kernel.
 """
 
@@ -27,9 +30,26 @@ except ImportError:  # CPU-only installs run the reference
 if triton is not None:
 
     @triton.jit
-    def _add_layer_norm_fwd(x_ptr, res_ptr, w_ptr, b_ptr, y_ptr, sum_ptr, mean_ptr, rstd_ptr,
-                            num_rows, hidden, stride_x, stride_res, stride_y, stride_sum, eps,
-                            HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _add_layer_norm_fwd(
+        x_ptr,
+        res_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        sum_ptr,
+        mean_ptr,
+        rstd_ptr,
+        num_rows,
+        hidden,
+        stride_x,
+        stride_res,
+        stride_y,
+        stride_sum,
+        eps,
+        HAS_RESIDUAL: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         # A tile of BLOCK_R rows per program: short rows alone leave the SMs waiting on reductions.
         rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
         cols = tl.arange(0, BLOCK_H)
@@ -38,7 +58,8 @@ if triton is not None:
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
-            # Round the sum to the storage dtype first so the statistics describe the stored `summed`.
+            # Round the sum to the storage dtype first so the statistics describe the stored
+            # `summed`.
             s_low = (x.to(tl.float32) + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)
             tl.store(sum_ptr + rows[:, None] * stride_sum + cols[None, :], s_low, mask=mask)
             s = s_low.to(tl.float32)
@@ -51,15 +72,35 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
         y = diff * rstd[:, None] * w[None, :] + b[None, :]
-        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            y_ptr + rows[:, None] * stride_y + cols[None, :],
+            y.to(y_ptr.dtype.element_ty),
+            mask=mask,
+        )
         tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
     @triton.jit
-    def _add_layer_norm_bwd(dy_ptr, dsum_ptr, sum_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr,
-                            dw_partial_ptr, db_partial_ptr, num_rows, hidden,
-                            stride_dy, stride_dsum, stride_sum, stride_dx,
-                            HAS_DSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _add_layer_norm_bwd(
+        dy_ptr,
+        dsum_ptr,
+        sum_ptr,
+        w_ptr,
+        mean_ptr,
+        rstd_ptr,
+        dx_ptr,
+        dw_partial_ptr,
+        db_partial_ptr,
+        num_rows,
+        hidden,
+        stride_dy,
+        stride_dsum,
+        stride_sum,
+        stride_dx,
+        HAS_DSUM: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         num_programs = tl.num_programs(0)
         cols = tl.arange(0, BLOCK_H)
@@ -73,8 +114,12 @@ if triton is not None:
             rows = (block * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
             row_ok = rows < num_rows
             mask = row_ok[:, None] & col_ok[None, :]
-            s = tl.load(sum_ptr + rows[:, None] * stride_sum + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(
+                sum_ptr + rows[:, None] * stride_sum + cols[None, :], mask=mask, other=0.0
+            ).to(tl.float32)
+            dy = tl.load(
+                dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0
+            ).to(tl.float32)
             mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
             xhat = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
@@ -83,9 +128,15 @@ if triton is not None:
             c2 = tl.sum(wdy, axis=1) / hidden
             dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
             if HAS_DSUM:
-                dsum = tl.load(dsum_ptr + rows[:, None] * stride_dsum + cols[None, :], mask=mask, other=0.0)
+                dsum = tl.load(
+                    dsum_ptr + rows[:, None] * stride_dsum + cols[None, :], mask=mask, other=0.0
+                )
                 dx += dsum.to(tl.float32)
-            tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                dx_ptr + rows[:, None] * stride_dx + cols[None, :],
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
             dw_acc += dy * xhat
             db_acc += dy
         tl.store(dw_partial_ptr + pid * hidden + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
@@ -105,7 +156,10 @@ def _tile(hidden: int) -> tuple[int, int, int]:
 def _num_bwd_programs(num_row_blocks: int, device: torch.device) -> int:
     if device.type == "cuda":
         # A few programs per SM keep the chip busy; more only grows the partial-sum buffers.
-        return max(1, min(num_row_blocks, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(
+            1,
+            min(num_row_blocks, 4 * torch.cuda.get_device_properties(device).multi_processor_count),
+        )
     return max(1, min(num_row_blocks, 4))  # the CPU interpreter runs programs one after another
 
 
@@ -127,9 +181,26 @@ class AddLayerNormFunction(torch.autograd.Function):
             res2d, summed = x2d, x2d  # dummies the kernel never reads or writes
         weight_c, bias_c = weight.contiguous(), bias.contiguous()
         _add_layer_norm_fwd[(triton.cdiv(num_rows, block_r),)](
-            x2d, res2d, weight_c, bias_c, y, summed, mean, rstd, num_rows, hidden,
-            x2d.stride(0), res2d.stride(0), y.stride(0), summed.stride(0), eps,
-            HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps)
+            x2d,
+            res2d,
+            weight_c,
+            bias_c,
+            y,
+            summed,
+            mean,
+            rstd,
+            num_rows,
+            hidden,
+            x2d.stride(0),
+            res2d.stride(0),
+            y.stride(0),
+            summed.stride(0),
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK_R=block_r,
+            BLOCK_H=block_h,
+            num_warps=num_warps,
+        )
         ctx.save_for_backward(summed, weight_c, mean, rstd)
         ctx.has_residual = residual is not None
         ctx.set_materialize_grads(False)
@@ -151,9 +222,26 @@ class AddLayerNormFunction(torch.autograd.Function):
         dw_partial = torch.empty((num_programs, hidden), dtype=torch.float32, device=summed.device)
         db_partial = torch.empty_like(dw_partial)
         _add_layer_norm_bwd[(num_programs,)](
-            dy2d, dsum2d, summed, weight, mean, rstd, dx, dw_partial, db_partial, num_rows, hidden,
-            dy2d.stride(0), dsum2d.stride(0), summed.stride(0), dx.stride(0),
-            HAS_DSUM=dsummed is not None, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps)
+            dy2d,
+            dsum2d,
+            summed,
+            weight,
+            mean,
+            rstd,
+            dx,
+            dw_partial,
+            db_partial,
+            num_rows,
+            hidden,
+            dy2d.stride(0),
+            dsum2d.stride(0),
+            summed.stride(0),
+            dx.stride(0),
+            HAS_DSUM=dsummed is not None,
+            BLOCK_R=block_r,
+            BLOCK_H=block_h,
+            num_warps=num_warps,
+        )
         dx = dx.view(dnormed.shape)
         dweight = dw_partial.sum(dim=0).to(weight.dtype)
         dbias = db_partial.sum(dim=0).to(weight.dtype)
@@ -161,23 +249,30 @@ class AddLayerNormFunction(torch.autograd.Function):
 
 
 def add_layer_norm(x, weight, bias, *, eps: float, residual=None, use_kernel: bool):
-    """(normed, summed): summed = x + residual (x when None), normed = LayerNorm(summed) * weight + bias.
+    """(normed, summed): summed = x + residual (x when None), normed = LayerNorm(summed) * weight +
+    bias.
 
     Statistics in fp32; normed and summed in x's dtype; differentiable in x, residual, weight, bias.
     """
     hidden = x.shape[-1]
     if weight.shape != (hidden,) or bias.shape != (hidden,):
-        raise ValueError(f"add_layer_norm: weight and bias must have shape ({hidden},), "
-                         f"got {tuple(weight.shape)} and {tuple(bias.shape)}")
+        raise ValueError(
+            f"add_layer_norm: weight and bias must have shape ({hidden},), "
+            f"got {tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"add_layer_norm: residual must match x ({tuple(x.shape)}, {x.dtype}), "
-                         f"got {tuple(residual.shape)}, {residual.dtype}")
+        raise ValueError(
+            f"add_layer_norm: residual must match x ({tuple(x.shape)}, {x.dtype}), "
+            f"got {tuple(residual.shape)}, {residual.dtype}"
+        )
     if not use_kernel:
         return add_layer_norm_reference(x, weight, bias, eps=eps, residual=residual)
     check_kernel_device(x, weight, name="add_layer_norm")
     if hidden > _MAX_HIDDEN:
-        raise ValueError(f"add_layer_norm: the kernel keeps a row in registers; hidden {hidden} > "
-                         f"{_MAX_HIDDEN}, pass use_kernel=False")
+        raise ValueError(
+            f"add_layer_norm: the kernel keeps a row in registers; hidden {hidden} > "
+            f"{_MAX_HIDDEN}, pass use_kernel=False"
+        )
     if residual is None:
         return AddLayerNormFunction.apply(x, None, weight, bias, eps), x
     return AddLayerNormFunction.apply(x, residual, weight, bias, eps)
