@@ -74,6 +74,13 @@ def run_tp(out: Path) -> dict:
             "activation_checkpointing": "selective",
         },
         "learned_full_ckpt": {"activation_checkpointing": "full"},
+        "sequence_parallel": {"sequence_parallel": True},
+        "sequence_parallel_alibi_selective": {
+            "sequence_parallel": True,
+            "position_embedding_type": "alibi",
+            "embed_layernorm": True,
+            "activation_checkpointing": "selective",
+        },
     }
     for name, overrides in variants.items():
         ref = GPT(tiny_config(1, **overrides), init_seed=7)
@@ -100,7 +107,8 @@ def run_tp(out: Path) -> dict:
             "weights": max(weight_diffs),
             "num_params": len(grad_diffs),
         }
-    results["dropout"] = run_tp_dropout(groups)
+    results["dropout"] = run_tp_dropout(groups, sequence_parallel=False)
+    results["dropout_sequence_parallel"] = run_tp_dropout(groups, sequence_parallel=True)
     return results
 
 
@@ -111,10 +119,12 @@ def _across_ranks(x: torch.Tensor, group) -> float:
     return max(max_diff(parts[0], p) for p in parts[1:])
 
 
-def run_tp_dropout(groups: ParallelGroups) -> dict:
+def run_tp_dropout(groups: ParallelGroups, *, sequence_parallel: bool) -> dict:
     """With dropout on, replicated activations and gradients stay identical on TP ranks while the
     attention dropout (inside the TP region) draws per-rank masks."""
-    config = tiny_config(2, hidden_dropout=0.2, attention_dropout=0.2)
+    config = tiny_config(
+        2, hidden_dropout=0.2, attention_dropout=0.2, sequence_parallel=sequence_parallel
+    )
     tracker = model_parallel_seed(99, tp_rank=groups.tp_rank)
     model = GPT(config, groups=groups, rng_tracker=tracker, init_seed=7).train()
     tokens, labels, loss_mask = batch(13)
@@ -154,11 +164,14 @@ def pipe_param_name(name: str, num_layers: int) -> str:
 
 def run_pipe(out: Path, tp: int) -> dict:
     import deepspeed
-    from mds_model.pipeline import build_gpt_pipe
+    from mds_model.pipeline import build_gpt_pipe, pipeline_deepspeed_config
 
     groups = ParallelGroups.build(tensor_parallel_size=tp, pipeline_parallel_size=2)
-    # Full activation checkpointing inside the pipeline engine; the plain reference runs without.
-    config = tiny_config(tp, num_layers=4, activation_checkpointing="full")
+    # Full activation checkpointing inside the pipeline engine (and sequence parallelism with TP);
+    # the plain reference runs without either.
+    config = tiny_config(
+        tp, num_layers=4, activation_checkpointing="full", sequence_parallel=tp > 1
+    )
     pipe = build_gpt_pipe(config, groups=groups, rng_tracker=None, init_seed=5)
     optimizer = torch.optim.SGD(pipe.parameters(), lr=1.0)  # delta of one step = the gradient
     ds_config = {
@@ -166,6 +179,7 @@ def run_pipe(out: Path, tp: int) -> dict:
         "gradient_accumulation_steps": 2,
         "steps_per_print": 10**9,
         "gradient_clipping": 0.0,
+        **pipeline_deepspeed_config(config),
     }
     engine, _, _, _ = deepspeed.initialize(model=pipe, optimizer=optimizer, config=ds_config)
     micro = [batch(21 + i, batch_size=2) for i in range(2)]

@@ -60,6 +60,10 @@ def test_defaults_follow_megatron():
         ),
         ({"layernorm_epsilon": 0.0}, "layernorm_epsilon must be > 0"),
         (
+            {"sequence_parallel": True, "tensor_model_parallel_size": 4, "seq_length": 30},
+            "sequence_parallel needs seq_length (30) divisible by tensor_model_parallel_size (4)",
+        ),
+        (
             {"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4},
             "rotary position embeddings need an even head dim",
         ),

@@ -159,3 +159,29 @@ def test_info_cli_bad_flag_is_one_line_naming_the_flag():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "mds-model info: --zero-stage must be 0, 1, 2 or 3, got 5"
+
+
+def test_sequence_parallel_splits_the_activations_outside_tp_regions():
+    s, b, h, t, L = 1024, 2, 1024, 4, 24
+    kwargs = dict(GPT2_345M, params_dtype="bfloat16", tensor_model_parallel_size=t)
+    logits = s * b * 50688 // t * 2  # 50257 padded to a multiple of 128 * 4
+    plain = estimate(GPTConfig(**kwargs), Plan(micro_batch_size=b))["memory_bytes_per_gpu"]
+    sp = estimate(GPTConfig(**kwargs, sequence_parallel=True), Plan(micro_batch_size=b))
+    assert plain["activations"] - logits == pytest.approx(L * s * b * h * (10 + 24 / t))
+    assert sp["memory_bytes_per_gpu"]["activations"] - logits == pytest.approx(
+        L * s * b * h * 34 / t
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "info",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "128",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ],
+    )
+    assert result.exit_code == 0, result.output

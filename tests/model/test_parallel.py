@@ -38,19 +38,22 @@ def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
 def test_tp2_equals_tp1_logits_loss_and_every_gradient(tmp_path):
     results = launch("tp", 2, tmp_path)
     for rank_result in results:
-        dropout = rank_result.pop("dropout")
-        # Hidden dropout (replicated activations) uses the shared default state: ranks agree ...
-        assert dropout["logits_across_ranks"] == 0.0
-        assert dropout["loss_across_ranks"] == 0.0
-        assert dropout["replicated_grads_across_ranks"] == 0.0
-        # ... while attention dropout on each rank's heads draws from its own tracked state.
-        assert dropout["tracked_draws_across_ranks"] > 0.0
-        assert dropout["vs_shared_tracker_seed"] > 1e-3
+        for key in ("dropout", "dropout_sequence_parallel"):
+            dropout = rank_result.pop(key)
+            # Replicated activations and gradients stay identical on the TP ranks ...
+            assert dropout["logits_across_ranks"] == 0.0, key
+            assert dropout["loss_across_ranks"] == 0.0, key
+            assert dropout["replicated_grads_across_ranks"] < 1e-7, key
+            # ... while dropout on each rank's heads (or sequence slice) uses its own state.
+            assert dropout["tracked_draws_across_ranks"] > 0.0, key
+            assert dropout["vs_shared_tracker_seed"] > 1e-3, key
         assert set(rank_result) == {
             "learned",
             "alibi_embed_layernorm",
             "rotary_selective",
             "learned_full_ckpt",
+            "sequence_parallel",
+            "sequence_parallel_alibi_selective",
         }
         for variant, r in rank_result.items():
             assert r["weights"] == 0.0, f"{variant}: TP init differs from the TP=1 master weights"

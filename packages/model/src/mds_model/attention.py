@@ -76,11 +76,22 @@ class ParallelSelfAttention(nn.Module):
         self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.head_dim = config.head_dim
+        sequence_parallel = config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
-            h, 3 * h, groups=groups, init_std=config.init_method_std, dtype=dtype
+            h,
+            3 * h,
+            groups=groups,
+            init_std=config.init_method_std,
+            sequence_parallel=sequence_parallel,
+            dtype=dtype,
         )
         self.dense = RowParallelLinear(
-            h, h, groups=groups, init_std=config.output_layer_init_std, dtype=dtype
+            h,
+            h,
+            groups=groups,
+            init_std=config.output_layer_init_std,
+            sequence_parallel=sequence_parallel,
+            dtype=dtype,
         )
         self.rotary = None
         if config.position_embedding_type == "rotary":
@@ -110,8 +121,8 @@ class ParallelSelfAttention(nn.Module):
         past_kv: KVCache | None = None,
         use_cache: bool = False,
     ) -> tuple[torch.Tensor, KVCache | None]:
-        seq, batch, _ = x.shape  # (S, B, H)
         qkv, _ = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
+        seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
         qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
         # unbind, not three index ops: its backward writes one stacked gradient instead of three
         # zero-filled full-size ones.

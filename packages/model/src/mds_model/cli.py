@@ -43,6 +43,9 @@ def info(
     zero_stage: int = typer.Option(0, help="DeepSpeed ZeRO stage 0-3."),
     params_dtype: str = typer.Option("bfloat16", help="float32, bfloat16 or float16."),
     activation_checkpointing: str = typer.Option("none", help="none, full or selective."),
+    sequence_parallel: bool = typer.Option(
+        False, "--sequence-parallel", help="Split LayerNorm/dropout activations over TP ranks."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Parameters, model FLOPs per token and a per-GPU memory estimate for a GPT shape."""
@@ -60,6 +63,7 @@ def info(
             tensor_model_parallel_size=tensor_model_parallel_size,
             params_dtype=params_dtype,
             activation_checkpointing=activation_checkpointing,
+            sequence_parallel=sequence_parallel,
         )
         plan = Plan(
             pipeline_model_parallel_size=pipeline_model_parallel_size,

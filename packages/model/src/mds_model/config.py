@@ -51,6 +51,7 @@ class GPTConfig:
     attention_backend: str = "auto"
     activation_checkpointing: str = "none"
     params_dtype: str = "float32"
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -122,6 +123,11 @@ class GPTConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("params_dtype", self.params_dtype, tuple(PARAMS_DTYPES))
+        if self.sequence_parallel and self.seq_length % tp:
+            raise ValueError(
+                f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
+                f"tensor_model_parallel_size ({tp})"
+            )
         if self.position_embedding_type == "rotary" and self.head_dim % 2:
             raise ValueError(
                 f"rotary position embeddings need an even head dim, got {self.head_dim}"

@@ -4,8 +4,7 @@ FLOPs: the PaLM convention `6N + 12 L h s` (as `reference_gpt.py`) and Megatron'
 formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute).
 Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
 parameter in mixed precision), activations per Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", Table 2) for tensor parallelism without sequence
-parallelism.
+Recomputation in Large Transformer Models", Table 2) for tensor and sequence parallelism.
 """
 
 from __future__ import annotations
@@ -86,7 +85,8 @@ def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
 
 
 def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> float:
-    """Korthikanti et al. Table 2 with tensor parallelism t, half-precision activations.
+    """Korthikanti et al. Table 2 with tensor parallelism t (and sequence parallelism, which
+    splits the 10 sbh kept outside the TP regions over t too), half-precision activations.
 
     Flash-attn and SDPA never store the (s x s) scores, probabilities and dropout mask, so the
     `5as/ht` term only counts when attention runs through explicit softmax (ALiBi, or the
@@ -95,14 +95,16 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
     s, b, h, a = config.seq_length, micro_batch_size, config.hidden_size, config.num_attention_heads
     t = config.tensor_model_parallel_size
     mode = config.activation_checkpointing
+    sp = config.sequence_parallel and t > 1
     if mode == "full":
-        return 2 * s * b * h  # only the layer input is kept
+        return 2 * s * b * h / (t if sp else 1)  # only the layer input is kept
+    outside = 10 / t if sp else 10
     explicit_scores = (
         config.position_embedding_type == "alibi" or config.attention_backend == "softmax"
     )
     if mode == "selective" or not explicit_scores:
-        return s * b * h * (10 + 24 / t)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        return s * b * h * (outside + 24 / t)
+    return s * b * h * (outside + 24 / t + 5 * a * s / (h * t))
 
 
 def estimate(config: GPTConfig, plan: Plan) -> dict:

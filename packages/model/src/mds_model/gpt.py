@@ -17,7 +17,13 @@ from . import kernels
 from .attention import KVCache
 from .config import GPTConfig
 from .layers import LayerNorm, VocabParallelEmbedding, _master_slice
-from .parallel import ParallelGroups, copy_to_tensor_parallel, gather_from_tensor_parallel
+from .parallel import (
+    ParallelGroups,
+    copy_to_tensor_parallel,
+    gather_from_sequence_parallel,
+    gather_from_tensor_parallel,
+    scatter_to_sequence_parallel,
+)
 from .rng import RNGStatesTracker, init_rng
 from .transformer import ParallelTransformerLayer
 
@@ -71,11 +77,45 @@ class Embedding(nn.Module):
         return F.dropout(x, p=p) if p > 0.0 else x
 
 
-def lm_logits(
-    hidden: torch.Tensor, word_embeddings: torch.Tensor, groups: ParallelGroups
+def to_sequence_first(
+    x: torch.Tensor, *, groups: ParallelGroups, sequence_parallel: bool
 ) -> torch.Tensor:
-    """hidden (B, S, H) @ this rank's vocab rows^T -> vocab-parallel logits (B, S, V/TP)."""
-    return F.linear(copy_to_tensor_parallel(hidden, groups.tp_group), word_embeddings)
+    """(B, S, H) -> (S, B, H), or this rank's (S/TP, B, H) slice with sequence parallelism."""
+    x = x.transpose(0, 1).contiguous()
+    if not sequence_parallel:
+        return x
+    if x.shape[0] % groups.tp_size:
+        raise ValueError(
+            f"sequence_parallel needs the sequence length ({x.shape[0]}) divisible by the "
+            f"tensor-parallel size ({groups.tp_size})"
+        )
+    return scatter_to_sequence_parallel(x, groups.tp_group)
+
+
+def to_batch_first(
+    x: torch.Tensor, *, groups: ParallelGroups, sequence_parallel: bool
+) -> torch.Tensor:
+    """(S, B, H) [or the rank's sequence slice] -> the whole (B, S, H) on every rank."""
+    if sequence_parallel:
+        x = gather_from_sequence_parallel(x, groups.tp_group)
+    return x.transpose(0, 1)
+
+
+def lm_logits(
+    hidden: torch.Tensor,
+    word_embeddings: torch.Tensor,
+    groups: ParallelGroups,
+    *,
+    sequence_parallel: bool = False,
+) -> torch.Tensor:
+    """hidden (B, S, H) @ this rank's vocab rows^T -> vocab-parallel logits (B, S, V/TP).
+
+    With sequence parallelism the all-gather in `to_batch_first` already sums the ranks' input
+    gradients (its backward is a reduce-scatter), so no copy_to_tensor_parallel here.
+    """
+    if not sequence_parallel:
+        hidden = copy_to_tensor_parallel(hidden, groups.tp_group)
+    return F.linear(hidden, word_embeddings)
 
 
 def lm_losses(
@@ -132,11 +172,15 @@ class GPT(nn.Module):
             )
             for i in range(config.num_layers)
         )
+        self.sequence_parallel = config.sequence_parallel and groups.tp_size > 1
+        # With sequence parallelism the final norm runs after the all-gather, on gradients that
+        # are partial per rank (the head has no copy_to_tensor_parallel): sum them over TP.
         self.final_layernorm = LayerNorm(
             config.hidden_size,
             eps=config.layernorm_epsilon,
             use_kernel=config.use_fused_kernels,
             dtype=config.torch_dtype,
+            sequence_parallel_group=groups.tp_group if self.sequence_parallel else None,
         )
 
     def forward(
@@ -151,7 +195,10 @@ class GPT(nn.Module):
         """tokens (B, S) int64. Returns losses (B, S) given labels, else vocab-parallel logits
         (B, S, V/TP); with use_cache also the list of per-layer (keys, values) for generation,
         whose positions continue at position_offset + S."""
-        x = self.embedding(tokens, position_offset).transpose(0, 1).contiguous()  # (S, B, H)
+        sp = self.sequence_parallel
+        x = to_sequence_first(
+            self.embedding(tokens, position_offset), groups=self.groups, sequence_parallel=sp
+        )  # (S, B, H), or (S/TP, B, H) with sp
         presents = []
         for i, layer in enumerate(self.layers):
             past = past_kvs[i] if past_kvs is not None else None
@@ -160,8 +207,10 @@ class GPT(nn.Module):
                 presents.append(present)
             else:
                 x = layer(x, position_offset=position_offset, past_kv=past)
-        x, _ = self.final_layernorm(x.transpose(0, 1))  # (B, S, H)
-        logits = lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
+        x, _ = self.final_layernorm(to_batch_first(x, groups=self.groups, sequence_parallel=sp))
+        logits = lm_logits(  # (B, S, V/TP)
+            x, self.embedding.word_embeddings.weight, self.groups, sequence_parallel=sp
+        )
         out = (
             logits
             if labels is None

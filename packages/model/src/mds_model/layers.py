@@ -10,6 +10,7 @@ parameters carry Megatron's `tensor_model_parallel`, `partition_dim` and `partit
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -17,8 +18,10 @@ from . import kernels
 from .parallel import (
     ParallelGroups,
     copy_to_tensor_parallel,
+    gather_from_sequence_parallel,
     gather_from_tensor_parallel,
     reduce_from_tensor_parallel,
+    reduce_scatter_to_sequence_parallel,
     scatter_to_tensor_parallel,
 )
 
@@ -44,22 +47,46 @@ def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
     return param
 
 
+def sequence_parallel_param(param: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """A replicated parameter used on this rank's sequence slice: its gradient is summed over TP.
+
+    Identity forward, all-reduce backward (Megatron all-reduces these `sequence_parallel` grads
+    in the optimizer instead); None: the parameter itself.
+    """
+    return param if group is None else copy_to_tensor_parallel(param, group)
+
+
 class LayerNorm(nn.Module):
-    """LayerNorm with an optional fused residual add; returns (normed, summed) as the kernel API."""
+    """LayerNorm with an optional fused residual add; returns (normed, summed) as the kernel API.
+
+    sequence_parallel_group: set when the input is a sequence-parallel slice (its grads are summed).
+    """
 
     def __init__(
-        self, hidden_size: int, *, eps: float, use_kernel: bool, dtype: torch.dtype = torch.float32
+        self,
+        hidden_size: int,
+        *,
+        eps: float,
+        use_kernel: bool,
+        dtype: torch.dtype = torch.float32,
+        sequence_parallel_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.eps, self.use_kernel = eps, use_kernel
+        self.sequence_parallel_group = sequence_parallel_group
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+        if sequence_parallel_group is not None:
+            self.weight.sequence_parallel = self.bias.sequence_parallel = True
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        group = self.sequence_parallel_group
+        weight = sequence_parallel_param(self.weight, group)
+        bias = sequence_parallel_param(self.bias, group)
         return kernels.add_layer_norm(
-            x, self.weight, self.bias, eps=self.eps, residual=residual, use_kernel=self.use_kernel
+            x, weight, bias, eps=self.eps, residual=residual, use_kernel=self.use_kernel
         )
 
 
@@ -131,9 +158,11 @@ class ColumnParallelLinear(nn.Module):
         bias: bool = True,
         gather_output: bool = False,
         skip_bias_add: bool = False,
+        sequence_parallel: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
         if out_features % groups.tp_size:
             raise ValueError(f"output size {out_features} is not divisible by {groups.tp_size}")
         self.groups, self.gather_output, self.skip_bias_add = groups, gather_output, skip_bias_add
@@ -156,7 +185,10 @@ class ColumnParallelLinear(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = copy_to_tensor_parallel(x, self.groups.tp_group)
+        if self.sequence_parallel:  # x is this rank's sequence slice (S/TP, B, H)
+            x = gather_from_sequence_parallel(x, self.groups.tp_group)
+        else:
+            x = copy_to_tensor_parallel(x, self.groups.tp_group)
         add_bias = self.bias is not None and not self.skip_bias_add
         y = F.linear(x, self.weight, self.bias if add_bias else None)
         if self.gather_output:
@@ -181,9 +213,11 @@ class RowParallelLinear(nn.Module):
         bias: bool = True,
         input_is_parallel: bool = True,
         skip_bias_add: bool = False,
+        sequence_parallel: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
         if in_features % groups.tp_size:
             raise ValueError(f"input size {in_features} is not divisible by {groups.tp_size}")
         self.groups, self.input_is_parallel, self.skip_bias_add = (
@@ -204,11 +238,22 @@ class RowParallelLinear(nn.Module):
             1,
         )
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        if self.bias is not None and self.sequence_parallel:
+            self.bias.sequence_parallel = True
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel(x, self.groups.tp_group)
-        y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
-        if self.bias is None or self.skip_bias_add:
-            return y, self.bias
-        return y + self.bias, None
+        if self.sequence_parallel:  # out: this rank's sequence slice (S/TP, B, H)
+            y = reduce_scatter_to_sequence_parallel(F.linear(x, self.weight), self.groups.tp_group)
+            bias = (
+                None
+                if self.bias is None
+                else sequence_parallel_param(self.bias, self.groups.tp_group)
+            )
+        else:
+            y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
+            bias = self.bias
+        if bias is None or self.skip_bias_add:
+            return y, bias
+        return y + bias, None

@@ -159,3 +159,77 @@ def scatter_to_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None)
 
 def gather_from_tensor_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     return x if group is None else _GatherFromTensorParallel.apply(x, group)
+
+
+# Sequence parallelism (Korthikanti et al. 2022): outside the tensor-parallel matmuls, activations
+# (S, B, H) are split along S over the TP ranks; the all-reduce of a row-parallel output becomes a
+# reduce-scatter and the copy before a column-parallel input an all-gather.
+
+
+def _split_first(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    return x.chunk(dist.get_world_size(group), dim=0)[dist.get_rank(group)].contiguous()
+
+
+def _gather_first(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=0)
+
+
+def _reduce_scatter_first(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    if dist.get_backend(group) == "gloo":  # gloo has no reduce-scatter: all-reduce, keep a slice
+        return _split_first(_all_reduce(x.clone(), group), group)
+    out = torch.empty((x.shape[0] // size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+class _ScatterToSequenceParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_first(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_first(grad, ctx.group), None
+
+
+class _GatherFromSequenceParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_first(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_first(grad, ctx.group), None
+
+
+class _ReduceScatterToSequenceParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_first(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_first(grad, ctx.group), None
+
+
+def scatter_to_sequence_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Keep this rank's slice of dim 0 (backward: all-gather)."""
+    return x if group is None else _ScatterToSequenceParallel.apply(x, group)
+
+
+def gather_from_sequence_parallel(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """All-gather along dim 0 (backward: reduce-scatter, the sum of the ranks' partial grads)."""
+    return x if group is None else _GatherFromSequenceParallel.apply(x, group)
+
+
+def reduce_scatter_to_sequence_parallel(
+    x: torch.Tensor, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Sum over ranks, keep this rank's slice of dim 0 (backward: all-gather)."""
+    return x if group is None else _ReduceScatterToSequenceParallel.apply(x, group)

@@ -16,7 +16,14 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from .config import GPTConfig
-from .gpt import Embedding, lm_logits, lm_losses, masked_mean
+from .gpt import (
+    Embedding,
+    lm_logits,
+    lm_losses,
+    masked_mean,
+    to_batch_first,
+    to_sequence_first,
+)
 from .layers import LayerNorm
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker
@@ -48,7 +55,11 @@ class FinalLayerNormPipe(LayerNorm):
 
 def _lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
     """(B, S, H) -> vocab-parallel logits (B, S, V/TP) with the tied word embeddings."""
-    return lm_logits(hidden, embedding.word_embeddings.weight, embedding.word_embeddings.groups)
+    groups = embedding.word_embeddings.groups
+    sequence_parallel = embedding.config.sequence_parallel and groups.tp_size > 1
+    return lm_logits(
+        hidden, embedding.word_embeddings.weight, groups, sequence_parallel=sequence_parallel
+    )
 
 
 class _CastInputs:
@@ -63,8 +74,16 @@ class _CastInputs:
         return inputs
 
 
-def _to_sequence_first(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(0, 1).contiguous()  # (B, S, H) <-> (S, B, H)
+class _Transpose:
+    """Slots 2 and N+3: (B, S, H) <-> (S, B, H); sequence parallelism scatters / gathers S."""
+
+    def __init__(self, *, to_sequence_first: bool, groups: ParallelGroups, sequence_parallel: bool):
+        self.to_sequence_first, self.groups = to_sequence_first, groups
+        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        move = to_sequence_first if self.to_sequence_first else to_batch_first
+        return move(x, groups=self.groups, sequence_parallel=self.sequence_parallel)
 
 
 def _logits_pass_through(logits: torch.Tensor) -> torch.Tensor:
@@ -94,6 +113,7 @@ def gpt_layer_specs(
 ) -> list:
     """The N+7 entries of GPTModelPipe, in Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
+    sp = config.sequence_parallel and groups.tp_size > 1
     specs: list[LayerSpec | Callable] = [
         _CastInputs(config.torch_dtype),
         TiedLayerSpec(
@@ -103,7 +123,7 @@ def gpt_layer_specs(
             **embed_kwargs,
             tied_weight_attr="word_embeddings.weight",
         ),
-        _to_sequence_first,
+        _Transpose(to_sequence_first=True, groups=groups, sequence_parallel=sp),
     ]
     for i in range(config.num_layers):
         specs.append(
@@ -117,13 +137,14 @@ def gpt_layer_specs(
             )
         )
     specs += [
-        _to_sequence_first,
+        _Transpose(to_sequence_first=False, groups=groups, sequence_parallel=sp),
         LayerSpec(
             FinalLayerNormPipe,
             config.hidden_size,
             eps=config.layernorm_epsilon,
             use_kernel=config.use_fused_kernels,
             dtype=config.torch_dtype,
+            sequence_parallel_group=groups.tp_group if sp else None,
         ),
         TiedLayerSpec(
             EMBED_TIE_KEY,
@@ -136,6 +157,18 @@ def gpt_layer_specs(
         _logits_pass_through,
     ]
     return specs
+
+
+def pipeline_deepspeed_config(config: GPTConfig) -> dict:
+    """Entries the DeepSpeed JSON must hold for this model's pipeline.
+
+    DeepSpeed's engine sends each TP rank 1/TP of an activation ("pipe_partitioned") assuming
+    activations are replicated over TP; sequence-parallel activations are per-rank slices, so
+    that must be off, else stages receive a mix of slices.
+    """
+    if not config.sequence_parallel or config.tensor_model_parallel_size == 1:
+        return {}
+    return {"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
 
 
 def build_gpt_pipe(

@@ -32,6 +32,7 @@ class ParallelMLP(nn.Module):
             groups=groups,
             init_std=config.init_method_std,
             skip_bias_add=True,
+            sequence_parallel=config.sequence_parallel,
             dtype=config.torch_dtype,
         )
         self.dense_4h_to_h = RowParallelLinear(
@@ -39,6 +40,7 @@ class ParallelMLP(nn.Module):
             config.hidden_size,
             groups=groups,
             init_std=config.output_layer_init_std,
+            sequence_parallel=config.sequence_parallel,
             dtype=config.torch_dtype,
         )
 
@@ -69,15 +71,26 @@ class ParallelTransformerLayer(nn.Module):
             config.torch_dtype,
         )
         self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
+        # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
+        self.sequence_parallel = config.sequence_parallel and groups.tp_size > 1
+        sp_group = groups.tp_group if self.sequence_parallel else None
         with init_rng(None if init_seed is None else init_seed + layer_number):
             self.input_layernorm = LayerNorm(
-                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype
+                config.hidden_size,
+                eps=eps,
+                use_kernel=use_kernel,
+                dtype=dtype,
+                sequence_parallel_group=sp_group,
             )
             self.self_attention = ParallelSelfAttention(
                 config, groups=groups, rng_tracker=rng_tracker
             )
             self.post_attention_layernorm = LayerNorm(
-                config.hidden_size, eps=eps, use_kernel=use_kernel, dtype=dtype
+                config.hidden_size,
+                eps=eps,
+                use_kernel=use_kernel,
+                dtype=dtype,
+                sequence_parallel_group=sp_group,
             )
             self.mlp = ParallelMLP(config, groups=groups)
 
@@ -90,6 +103,8 @@ class ParallelTransformerLayer(nn.Module):
         use_cache: bool = False,
     ):
         """Returns the new hidden states, or (hidden, present_kv) when use_cache."""
+        if use_cache and self.sequence_parallel:
+            raise ValueError("use_cache (generation) needs a config with sequence_parallel=False")
         if self.config.activation_checkpointing == "full" and self.training and not use_cache:
             out = checkpoint(
                 lambda t: self._block(t, position_offset, None, False)[0],
@@ -108,9 +123,16 @@ class ParallelTransformerLayer(nn.Module):
         attn, present = self.self_attention(
             normed, position_offset=position_offset, past_kv=past_kv, use_cache=use_cache
         )
-        # Dropout on replicated activations uses the default generator: identical on TP ranks.
-        attn = F.dropout(attn, p=p) if p > 0.0 else attn
+        attn = self._dropout(attn, p)
         normed, summed = self.post_attention_layernorm(attn, residual=x)  # summed = x + attn
-        out = self.mlp(normed)
-        out = F.dropout(out, p=p) if p > 0.0 else out
+        out = self._dropout(self.mlp(normed), p)
         return summed + out, present
+
+    def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        if p == 0.0:
+            return x
+        if self.sequence_parallel and self.rng_tracker is not None:
+            with self.rng_tracker.fork():  # each rank holds other tokens: masks must differ
+                return F.dropout(x, p=p)
+        # Replicated activations: the default generator, identical on TP ranks.
+        return F.dropout(x, p=p)
