@@ -99,6 +99,7 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
         one()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - start) / steps
+    trajectory = [round(loss.item(), 4) for loss in losses]  # same steps in every variant
     if profile_dir is not None:  # where the time goes, per CUDA kernel, over 3 more steps
         from torch.profiler import ProfilerActivity, profile
 
@@ -118,8 +119,7 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
         "step_ms": dt * 1e3,
         "tokens_per_s": tokens / dt,
         "mfu": flops_token * tokens / dt / peak,
-        "first_loss": losses[0].item(),
-        "last_loss": losses[-1].item(),
+        "losses": trajectory,
         "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
 
@@ -217,6 +217,12 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     by_name = {r["variant"]: r for r in results}
     eager, comp = by_name["reference-eager"], by_name["reference-compile"]
+    trajectories = {r["variant"]: r["losses"] for r in results if "losses" in r}
+    if trajectories:  # the same model, data and seed: the variants differ only in rounding
+        print("\nloss at steps 1, 2, 4, 8, 16, 23 (3 warm-up + timed steps):")
+        for name, losses in trajectories.items():
+            picks = [losses[i] for i in (0, 1, 3, 7, 15, len(losses) - 1) if i < len(losses)]
+            print(f"  {name:<22}" + " ".join(f"{x:8.4f}" for x in picks))
     print(f"\n345M step, micro-batch {args.mbs}, seq 1024, bf16, {args.steps} timed steps")
     print(
         f"{'variant':<22}{'step ms':>9}{'tokens/s':>11}{'MFU':>7}{'vs eager':>10}{'vs compile':>11}"
