@@ -1,9 +1,17 @@
-"""Shared fixtures: where the read-only reference data lives (../shared/data, or $MDS_SHARED_DATA)."""
+"""Shared fixtures: where the read-only reference data lives (../shared/data, or $MDS_SHARED_DATA).
+
+Without a GPU the Triton kernels run through Triton's interpreter. triton.jit reads TRITON_INTERPRET
+when a kernel module is imported, and any test folder may import mds_model first, so it is set
+here, before collection."""
 
 import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,6 @@
 """Kernel tests run the real Triton kernels: on a CUDA GPU when there is one, else through Triton's
-CPU
-interpreter. TRITON_INTERPRET must be set before any kernel module is imported (triton.jit reads it
-when the kernels are defined), hence here, at conftest import time.
+CPU interpreter. TRITON_INTERPRET must be set before any kernel module is imported (triton.jit reads
+it when the kernels are defined); tests/conftest.py sets it, and this one too when run alone.
 """
 
 import os
@@ -14,8 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Per-dtype tolerance on ||kernel - reference|| / ||reference||: both compute in fp32, so the gap
-# is the
-# rounding of outputs (and summation order) in the storage dtype.
+# is the rounding of outputs (and summation order) in the storage dtype.
 REL_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
