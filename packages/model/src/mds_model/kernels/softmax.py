@@ -44,9 +44,8 @@ if triton is not None:
     def _load_scaled_masked(
         x_row_ptr, m_row_ptr, stride_mk, cols, end, scale, HAS_MASK: tl.constexpr
     ):
-        # `end` is the first key this row cannot see (seq_k, or the causal limit): nothing past it
-        # is
-        # read, which halves the reads of a causal softmax.
+        # `end` is the first key this row cannot see (seq_k, or the causal limit): nothing past
+        # it is read, which halves the reads of a causal softmax.
         visible = cols < end
         x = tl.load(x_row_ptr + cols, mask=visible, other=0.0).to(tl.float32) * scale
         if HAS_MASK:
@@ -98,8 +97,7 @@ if triton is not None:
             tl.store(y_row_ptr + cols, (e / total).to(y_ptr.dtype.element_ty), mask=cols < seq_k)
         else:
             # Pass 1: online max and sum of exponentials; causal rows stop at their last visible
-            # key.
-            # Per-lane running max and sum, combined once at the end (no reduction per block).
+            # key. Per-lane running max and sum, combined once at the end (no reduction per block).
             lane_max = tl.full((BLOCK,), float("-inf"), tl.float32)
             lane_sum = tl.zeros((BLOCK,), dtype=tl.float32)
             for start in range(0, end, BLOCK):
@@ -132,8 +130,7 @@ if triton is not None:
         BLOCK: tl.constexpr,
     ):
         # dx = scale * y * (dy - sum(dy * y)); masked positions have y == 0 and so get 0 (and
-        # causally
-        # masked ones are not even read).
+        # causally masked ones are not even read).
         row = tl.program_id(0).to(tl.int64)
         end = _visible_end(row, seq_q, seq_k, CAUSAL)
         if SINGLE:
