@@ -244,6 +244,9 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel(x, self.groups.tp_group)
+        if self.groups.tp_size == 1 and not self.skip_bias_add:
+            # Nothing to reduce: let the GEMM add the bias (one pass over y fewer).
+            return F.linear(x, self.weight, self.bias), None
         if self.sequence_parallel:  # out: this rank's sequence slice (S/TP, B, H)
             y = reduce_scatter_to_sequence_parallel(F.linear(x, self.weight), self.groups.tp_group)
             bias = (
