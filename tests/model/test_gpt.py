@@ -189,3 +189,13 @@ def test_loss_is_masked_mean_of_per_token_cross_entropy():
     torch.testing.assert_close(
         masked_mean(losses, mask), (expected * mask.flatten()).sum() / mask.sum()
     )
+
+
+def test_token_ids_past_the_vocabulary_are_an_error():
+    model = GPT(tiny(), groups=ParallelGroups())
+    padded = model.config.padded_vocab_size
+    bad = tokens()
+    bad[0, 3] = padded
+    with pytest.raises(ValueError, match=f"outside the embedding's {padded} rows"):
+        model(bad)
+    model(tokens())  # in-range ids still work

@@ -135,6 +135,7 @@ class VocabParallelEmbedding(nn.Module):
         return out if self.norm is None else self.norm(out)[0]
 
     def _lookup(self, tokens: torch.Tensor) -> torch.Tensor:
+        self._check_ids(tokens)
         if self.groups.tp_size == 1:
             return F.embedding(tokens, self.weight)
         # Ids outside this rank's range look up row 0 and are zeroed; the all-reduce fills them in.
@@ -143,6 +144,18 @@ class VocabParallelEmbedding(nn.Module):
         local = local.masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return reduce_from_tensor_parallel(out, self.groups.tp_group)
+
+    def _check_ids(self, tokens: torch.Tensor) -> None:
+        """At TP > 1 an id past the (padded) vocabulary would silently embed as zeros; fail instead.
+        On a GPU the check is asynchronous, so the training step never waits on the host for it."""
+        in_range = ((tokens >= 0) & (tokens < self.num_embeddings)).all()
+        if tokens.is_cuda:
+            torch._assert_async(in_range)
+        elif not in_range:
+            raise ValueError(
+                f"token ids {int(tokens.min())}..{int(tokens.max())} fall outside the embedding's "
+                f"{self.num_embeddings} rows; the data was tokenized with a larger vocabulary"
+            )
 
 
 class ColumnParallelLinear(nn.Module):
