@@ -66,9 +66,11 @@ def main() -> None:
         args.repeats,
     )
     shuffle_docs = numpy_shuffle_time(args.num_documents, np.int32, args.repeats, args.seed)
-    report("sample_idx (Cython)", sample_time, shuffle_docs, args.num_documents)
-
     shuffle_samples = numpy_shuffle_time(num_samples, np.uint32, args.repeats, args.seed)
+    # "An array of the same length" read both ways: the documents it walks, the samples it writes.
+    report("sample_idx (Cython)", sample_time, shuffle_docs, args.num_documents)
+    report("sample_idx (Cython)", sample_time, shuffle_samples, num_samples)
+
     for num_components in args.blend_components:
         weights = rng.random(num_components) + 0.1
         weights = list(weights / weights.sum())
