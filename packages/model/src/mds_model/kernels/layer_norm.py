@@ -8,10 +8,13 @@ the
 Triton tutorial's layer norm and Liger-Kernel.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, check_kernel_device, num_warps_for
+from ._reduce import sum_partials
 
 
 def add_layer_norm_reference(x, weight, bias, *, eps, residual=None):
@@ -89,78 +92,149 @@ if triton is not None:
         mean_ptr,
         rstd_ptr,
         dx_ptr,
-        dw_partial_ptr,
-        db_partial_ptr,
+        partial_ptr,
         num_rows,
         hidden,
         stride_dy,
         stride_dsum,
         stride_sum,
         stride_dx,
+        rows_per_program,
         HAS_DSUM: tl.constexpr,
         BLOCK_R: tl.constexpr,
         BLOCK_H: tl.constexpr,
     ):
+        # Each program owns `rows_per_program` consecutive rows and writes one fp32 partial row of
+        # dweight and one of dbias (partial_ptr is (programs, 2, hidden)); sum_partials adds them.
         pid = tl.program_id(0)
-        num_programs = tl.num_programs(0)
         cols = tl.arange(0, BLOCK_H)
         col_ok = cols < hidden
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        # dweight/dbias accumulate as tiles; rows are summed once at the end, then across programs
-        # by the launcher (the two-stage reduction).
+        # dweight/dbias accumulate as tiles; rows are summed once at the end.
         dw_acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
         db_acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
-        for block in range(pid, tl.cdiv(num_rows, BLOCK_R), num_programs):
-            rows = (block * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-            row_ok = rows < num_rows
-            mask = row_ok[:, None] & col_ok[None, :]
-            s = tl.load(
-                sum_ptr + rows[:, None] * stride_sum + cols[None, :], mask=mask, other=0.0
-            ).to(tl.float32)
-            dy = tl.load(
-                dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0
-            ).to(tl.float32)
-            mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-            rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-            xhat = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
-            wdy = w[None, :] * dy
+        row_start = pid * rows_per_program
+        row_end = tl.minimum(row_start + rows_per_program, num_rows)
+        rows = row_start + tl.arange(0, BLOCK_R)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        offsets = rows.to(tl.int64)[:, None]
+        s = tl.load(sum_ptr + offsets * stride_sum + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + offsets * stride_dy + cols[None, :], mask=mask, other=0.0)
+        if HAS_DSUM:
+            dsum = tl.load(dsum_ptr + offsets * stride_dsum + cols[None, :], mask=mask, other=0.0)
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        for _ in range(0, rows_per_program, BLOCK_R):
+            # Software pipelining by hand: the next tile's loads are in flight while this one is
+            # computed, so a few resident programs per SM keep the memory system busy.
+            next_rows = rows + BLOCK_R
+            next_row_ok = next_rows < row_end
+            next_mask = next_row_ok[:, None] & col_ok[None, :]
+            next_offsets = next_rows.to(tl.int64)[:, None]
+            s_next = tl.load(
+                sum_ptr + next_offsets * stride_sum + cols[None, :], mask=next_mask, other=0.0
+            )
+            dy_next = tl.load(
+                dy_ptr + next_offsets * stride_dy + cols[None, :], mask=next_mask, other=0.0
+            )
+            if HAS_DSUM:
+                dsum_next = tl.load(
+                    dsum_ptr + next_offsets * stride_dsum + cols[None, :],
+                    mask=next_mask,
+                    other=0.0,
+                )
+            mean_next = tl.load(mean_ptr + next_rows, mask=next_row_ok, other=0.0)
+            rstd_next = tl.load(rstd_ptr + next_rows, mask=next_row_ok, other=0.0)
+
+            dy32 = dy.to(tl.float32)
+            # Masked elements: s = 0 gives xhat = -mean*rstd there, so mask it; dy = 0 keeps wdy,
+            # c1, c2, dw and db exact without further masking.
+            xhat = tl.where(mask, (s.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+            wdy = w[None, :] * dy32
             c1 = tl.sum(xhat * wdy, axis=1) / hidden
             c2 = tl.sum(wdy, axis=1) / hidden
             dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
             if HAS_DSUM:
-                dsum = tl.load(
-                    dsum_ptr + rows[:, None] * stride_dsum + cols[None, :], mask=mask, other=0.0
-                )
                 dx += dsum.to(tl.float32)
             tl.store(
-                dx_ptr + rows[:, None] * stride_dx + cols[None, :],
+                dx_ptr + offsets * stride_dx + cols[None, :],
                 dx.to(dx_ptr.dtype.element_ty),
                 mask=mask,
             )
-            dw_acc += dy * xhat
-            db_acc += dy
-        tl.store(dw_partial_ptr + pid * hidden + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-        tl.store(db_partial_ptr + pid * hidden + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+            dw_acc += dy32 * xhat
+            db_acc += dy32
+
+            rows, row_ok, mask, offsets = next_rows, next_row_ok, next_mask, next_offsets
+            s, dy, mean, rstd = s_next, dy_next, mean_next, rstd_next
+            if HAS_DSUM:
+                dsum = dsum_next
+        out = partial_ptr + pid * 2 * hidden + cols
+        tl.store(out, tl.sum(dw_acc, axis=0), mask=col_ok)
+        tl.store(out + hidden, tl.sum(db_acc, axis=0), mask=col_ok)
 
 
 _MAX_HIDDEN = 65536
 
 
 def _tile(hidden: int) -> tuple[int, int, int]:
-    """(rows per tile, padded hidden, warps): about 4096 elements per tile, 16 per thread."""
+    """Forward (rows per tile, padded hidden, warps): about 4096 elements per tile, 16 per thread."""
     block_h = triton.next_power_of_2(hidden)
     block_r = max(1, min(16, 4096 // block_h))
     return block_r, block_h, num_warps_for(block_r * block_h, elem_per_thread=16)
 
 
-def _num_bwd_programs(num_row_blocks: int, device: torch.device) -> int:
-    if device.type == "cuda":
-        # A few programs per SM keep the chip busy; more only grows the partial-sum buffers.
-        return max(
-            1,
-            min(num_row_blocks, 4 * torch.cuda.get_device_properties(device).multi_processor_count),
-        )
-    return max(1, min(num_row_blocks, 4))  # the CPU interpreter runs programs one after another
+def _bwd_tile(hidden: int) -> tuple[int, int, int]:
+    """Backward (rows per tile, padded hidden, warps): 8 elements per thread keep the registers
+    (two fp32 accumulators plus the prefetched tile) low enough for several programs per SM."""
+    block_h = triton.next_power_of_2(hidden)
+    block_r = max(1, min(16, 1024 // block_h))
+    return block_r, block_h, num_warps_for(block_r * block_h, elem_per_thread=8)
+
+
+# Resident backward programs per SM when the compiled kernel cannot be asked (under torch.compile);
+# also the cap: more programs only grow the partial-sum buffers.
+_BWD_PROGRAMS_PER_SM = 4
+
+
+@functools.lru_cache(maxsize=64)
+def _resident_programs_per_sm(
+    device_index: int, dtype: torch.dtype, has_dsum: bool, block_r: int, block_h: int, num_warps: int
+) -> int:
+    """How many backward programs of this configuration fit on one SM (registers, warps, shared
+    memory), read from the compiled kernel; compiled once per configuration on tiny tensors."""
+    props = torch.cuda.get_device_properties(device_index)
+    device = torch.device("cuda", device_index)
+    rows = torch.zeros((2, block_h), dtype=dtype, device=device)
+    stats = torch.zeros(2 * block_h, dtype=torch.float32, device=device)
+    compiled = _add_layer_norm_bwd.warmup(
+        rows, rows, rows, rows[0], stats, stats, rows, stats, 2, block_h,
+        block_h, block_h, block_h, block_h, block_r,
+        HAS_DSUM=has_dsum, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, grid=(1,),
+    )  # fmt: skip
+    compiled._init_handles()
+    regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256  # allocated in units of 256 per warp
+    warps_per_sm = props.max_threads_per_multi_processor // 32
+    fit = min(props.regs_per_multiprocessor // max(regs_per_warp, 1), warps_per_sm) // num_warps
+    shared = compiled.metadata.shared
+    if shared:
+        fit = min(fit, props.shared_memory_per_multiprocessor // shared)
+    return max(1, min(fit, _BWD_PROGRAMS_PER_SM))
+
+
+def _num_bwd_programs(num_tiles: int, summed: torch.Tensor, has_dsum: bool, tile) -> int:
+    """One wave of persistent programs: each owns an equal run of rows, so none waits on a tail."""
+    if summed.device.type != "cuda":
+        return max(1, min(num_tiles, 4))  # the CPU interpreter runs programs one after another
+    index = summed.device.index if summed.device.index is not None else torch.cuda.current_device()
+    per_sm = _BWD_PROGRAMS_PER_SM
+    if not torch.compiler.is_compiling():
+        try:
+            per_sm = _resident_programs_per_sm(index, summed.dtype, has_dsum, *tile)
+        except Exception:  # noqa: BLE001 - only a sizing hint: any failure keeps the default
+            pass
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(num_tiles, per_sm * sms))
 
 
 class AddLayerNormFunction(torch.autograd.Function):
@@ -217,10 +291,16 @@ class AddLayerNormFunction(torch.autograd.Function):
         dy2d = as_rows(dnormed)
         dsum2d = as_rows(dsummed) if dsummed is not None else dy2d
         dx = torch.empty_like(summed)
-        block_r, block_h, num_warps = _tile(hidden)
-        num_programs = _num_bwd_programs(triton.cdiv(num_rows, block_r), summed.device)
-        dw_partial = torch.empty((num_programs, hidden), dtype=torch.float32, device=summed.device)
-        db_partial = torch.empty_like(dw_partial)
+        block_r, block_h, num_warps = _bwd_tile(hidden)
+        num_tiles = triton.cdiv(num_rows, block_r)
+
+        num_programs = _num_bwd_programs(
+            num_tiles, summed, dsummed is not None, (block_r, block_h, num_warps)
+        )
+        # One buffer of (programs, 2, hidden) partial rows: dweight's then dbias's.
+        partial = torch.empty(
+            (num_programs, 2 * hidden), dtype=torch.float32, device=summed.device
+        )
         _add_layer_norm_bwd[(num_programs,)](
             dy2d,
             dsum2d,
@@ -229,22 +309,22 @@ class AddLayerNormFunction(torch.autograd.Function):
             mean,
             rstd,
             dx,
-            dw_partial,
-            db_partial,
+            partial,
             num_rows,
             hidden,
             dy2d.stride(0),
             dsum2d.stride(0),
             summed.stride(0),
             dx.stride(0),
+            triton.cdiv(num_tiles, num_programs) * block_r,
             HAS_DSUM=dsummed is not None,
             BLOCK_R=block_r,
             BLOCK_H=block_h,
             num_warps=num_warps,
         )
         dx = dx.view(dnormed.shape)
-        dweight = dw_partial.sum(dim=0).to(weight.dtype)
-        dbias = db_partial.sum(dim=0).to(weight.dtype)
+        sums = sum_partials(partial, weight.dtype)
+        dweight, dbias = sums[:hidden], sums[hidden:]
         return dx, (dx if ctx.has_residual else None), dweight, dbias, None
 
 
