@@ -6,7 +6,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 extensions = [
-    Extension(path[len("src/"):-len(".pyx")].replace("/", "."), [path])
+    Extension(path[len("src/") : -len(".pyx")].replace("/", "."), [path])
     for path in sorted(glob("src/mds_tokenize/**/*.pyx", recursive=True))
 ]
 setup(ext_modules=cythonize(extensions, language_level=3) if extensions else [])
