@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job end to end on an embedded corpus (Python's help topics), with no downloads:
-# corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices.
+# corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices -> model plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -14,4 +14,7 @@ mds-tokenize --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
 mds-index info "$out/corpus_text_document"
 mds-index build --data-path "$out/corpus_text_document" --split 949,50,1 --seq-length 256 \
     --train-samples 2000 --valid-samples 64 --test-samples 0 --seed 1234
+# Plan the model the trainer will use on this data: parameters, FLOPs per token, memory per GPU.
+mds-model info --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
+    --vocab-size 4096 --micro-batch-size 8
 echo "demo finished: outputs in $out/"
