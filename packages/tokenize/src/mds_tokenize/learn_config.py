@@ -7,7 +7,6 @@ from pathlib import Path
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode
 
 NUM_BYTE_TOKENS = 256
-COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst")
 
 
 @dataclass(frozen=True)
