@@ -182,8 +182,13 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()}  copy ceiling: {ceiling:.2f} TB/s (read+write)")
     rows = []
     for name, make_inputs, ours, eager, grad_inputs, fwd_bytes, bwd_bytes in cases():
-        ours_t = _fwd_bwd(make_inputs, ours, grad_inputs)
-        eager_t = _fwd_bwd(make_inputs, eager, grad_inputs)
+        try:
+            ours_t = _fwd_bwd(make_inputs, ours, grad_inputs)
+            eager_t = _fwd_bwd(make_inputs, eager, grad_inputs)
+        except RuntimeError as error:  # one failing case must not hide the others' figures
+            print(f"{name}: failed: {type(error).__name__}: {error}".splitlines()[0])
+            torch.cuda.synchronize()
+            continue
         passes = zip(("fwd", "bwd"), (fwd_bytes, bwd_bytes), strict=True)
         for i, (pass_name, nbytes) in enumerate(passes):
             ours_ms, eager_ms = ours_t["graph"][i], eager_t["graph"][i]

@@ -8,8 +8,6 @@ the
 Triton tutorial's layer norm and Liger-Kernel.
 """
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
@@ -192,49 +190,18 @@ def _bwd_tile(hidden: int) -> tuple[int, int, int]:
     return block_r, block_h, num_warps_for(block_r * block_h, elem_per_thread=8)
 
 
-# Resident backward programs per SM when the compiled kernel cannot be asked (under torch.compile);
-# also the cap: more programs only grow the partial-sum buffers.
+# Backward programs per SM: at H=1024 the kernel takes 92 registers per thread (ptxas, sm_90a), so
+# five 4-warp programs fit on an SM; four keep the partial-sum buffer small. Wider rows use more warps
+# per program and fewer fit, which only makes the one wave a little uneven.
 _BWD_PROGRAMS_PER_SM = 4
 
 
-@functools.lru_cache(maxsize=64)
-def _resident_programs_per_sm(
-    device_index: int, dtype: torch.dtype, has_dsum: bool, block_r: int, block_h: int, num_warps: int
-) -> int:
-    """How many backward programs of this configuration fit on one SM (registers, warps, shared
-    memory), read from the compiled kernel; compiled once per configuration on tiny tensors."""
-    props = torch.cuda.get_device_properties(device_index)
-    device = torch.device("cuda", device_index)
-    rows = torch.zeros((2, block_h), dtype=dtype, device=device)
-    stats = torch.zeros(2 * block_h, dtype=torch.float32, device=device)
-    compiled = _add_layer_norm_bwd.warmup(
-        rows, rows, rows, rows[0], stats, stats, rows, stats, 2, block_h,
-        block_h, block_h, block_h, block_h, block_r,
-        HAS_DSUM=has_dsum, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=num_warps, grid=(1,),
-    )  # fmt: skip
-    compiled._init_handles()
-    regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256  # allocated in units of 256 per warp
-    warps_per_sm = props.max_threads_per_multi_processor // 32
-    fit = min(props.regs_per_multiprocessor // max(regs_per_warp, 1), warps_per_sm) // num_warps
-    shared = compiled.metadata.shared
-    if shared:
-        fit = min(fit, props.shared_memory_per_multiprocessor // shared)
-    return max(1, min(fit, _BWD_PROGRAMS_PER_SM))
-
-
-def _num_bwd_programs(num_tiles: int, summed: torch.Tensor, has_dsum: bool, tile) -> int:
+def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
     """One wave of persistent programs: each owns an equal run of rows, so none waits on a tail."""
-    if summed.device.type != "cuda":
+    if device.type != "cuda":
         return max(1, min(num_tiles, 4))  # the CPU interpreter runs programs one after another
-    index = summed.device.index if summed.device.index is not None else torch.cuda.current_device()
-    per_sm = _BWD_PROGRAMS_PER_SM
-    if not torch.compiler.is_compiling():
-        try:
-            per_sm = _resident_programs_per_sm(index, summed.dtype, has_dsum, *tile)
-        except Exception:  # noqa: BLE001 - only a sizing hint: any failure keeps the default
-            pass
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
-    return max(1, min(num_tiles, per_sm * sms))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(num_tiles, _BWD_PROGRAMS_PER_SM * sms))
 
 
 class AddLayerNormFunction(torch.autograd.Function):
@@ -294,9 +261,7 @@ class AddLayerNormFunction(torch.autograd.Function):
         block_r, block_h, num_warps = _bwd_tile(hidden)
         num_tiles = triton.cdiv(num_rows, block_r)
 
-        num_programs = _num_bwd_programs(
-            num_tiles, summed, dsummed is not None, (block_r, block_h, num_warps)
-        )
+        num_programs = _num_bwd_programs(num_tiles, summed.device)
         # One buffer of (programs, 2, hidden) partial rows: dweight's then dbias's.
         partial = torch.empty(
             (num_programs, 2 * hidden), dtype=torch.float32, device=summed.device
