@@ -71,6 +71,16 @@ def copy_ceiling_tb_s() -> float:
     return 2 * src.numel() * 4 / ms / 1e9
 
 
+def _launched_ms(op, inputs, wrt):
+    """Forward and backward times of plain calls, and upstream gradients shaped like the outputs."""
+    out = op(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) for o in outs]
+    fwd_ms = _median_ms(lambda: op(*inputs))
+    bwd_ms = _median_ms(lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True))
+    return fwd_ms, bwd_ms, grads
+
+
 def _fwd_bwd(make_inputs, op, grad_inputs):
     """Times op's forward and its backward: {"launched": (fwd, bwd), "graph": (fwd, bwd)} in ms.
 
@@ -79,11 +89,10 @@ def _fwd_bwd(make_inputs, op, grad_inputs):
     """
     inputs = make_inputs()
     wrt = [inputs[i] for i in grad_inputs]
-    out = op(*inputs)
-    outs = out if isinstance(out, tuple) else (out,)
-    grads = [torch.randn_like(o) for o in outs]
-    fwd_ms = _median_ms(lambda: op(*inputs))
-    bwd_ms = _median_ms(lambda: torch.autograd.grad(outs, wrt, grads, retain_graph=True))
+    # The autograd graph these timings keep on the default stream must be gone before the
+    # captures: alive, it pins the inputs' AccumulateGrad nodes to the legacy stream, and CUDA
+    # refuses a capture that would depend on it. Hence a separate function's scope.
+    fwd_ms, bwd_ms, grads = _launched_ms(op, inputs, wrt)
 
     def fwd_and_bwd():
         result = op(*inputs)
