@@ -1,7 +1,8 @@
 """Second stage of the two-stage column reductions (dbias, dweight): sum fp32 partial rows.
 
 The backward kernels write one fp32 partial row per program (Triton tutorial / Liger-Kernel
-pattern); this sums them and casts to the parameter dtype in one launch instead of torch's sum + cast.
+pattern); this sums them and casts to the parameter dtype in one launch instead of torch's sum and
+cast.
 """
 
 import torch
@@ -42,7 +43,8 @@ _BLOCK_P, _BLOCK_C = 64, 32
 
 
 def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Column sums of a contiguous fp32 (P, C) tensor, accumulated in fp32, returned as (C,) dtype."""
+    """Column sums of a contiguous fp32 (P, C) tensor, accumulated in fp32, returned as (C,)
+    `dtype`."""
     num_partials, num_cols = partial.shape
     out = torch.empty(num_cols, dtype=dtype, device=partial.device)
     _sum_partials_kernel[(triton.cdiv(num_cols, _BLOCK_C),)](

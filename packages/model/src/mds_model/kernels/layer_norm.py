@@ -176,7 +176,7 @@ _MAX_HIDDEN = 65536
 
 
 def _tile(hidden: int) -> tuple[int, int, int]:
-    """Forward (rows per tile, padded hidden, warps): about 4096 elements per tile, 16 per thread."""
+    """Forward (rows per tile, padded hidden, warps): ~4096 elements per tile, 16 per thread."""
     block_h = triton.next_power_of_2(hidden)
     block_r = max(1, min(16, 4096 // block_h))
     return block_r, block_h, num_warps_for(block_r * block_h, elem_per_thread=16)
@@ -191,8 +191,8 @@ def _bwd_tile(hidden: int) -> tuple[int, int, int]:
 
 
 # Backward programs per SM: at H=1024 the kernel takes 92 registers per thread (ptxas, sm_90a), so
-# five 4-warp programs fit on an SM; four keep the partial-sum buffer small. Wider rows use more warps
-# per program and fewer fit, which only makes the one wave a little uneven.
+# five 4-warp programs fit on an SM; four keep the partial-sum buffer small. Wider rows use more
+# warps per program and fewer fit, which only makes the one wave a little uneven.
 _BWD_PROGRAMS_PER_SM = 4
 
 
@@ -263,9 +263,7 @@ class AddLayerNormFunction(torch.autograd.Function):
 
         num_programs = _num_bwd_programs(num_tiles, summed.device)
         # One buffer of (programs, 2, hidden) partial rows: dweight's then dbias's.
-        partial = torch.empty(
-            (num_programs, 2 * hidden), dtype=torch.float32, device=summed.device
-        )
+        partial = torch.empty((num_programs, 2 * hidden), dtype=torch.float32, device=summed.device)
         _add_layer_norm_bwd[(num_programs,)](
             dy2d,
             dsum2d,
