@@ -23,3 +23,9 @@ def shared_data() -> Path:
     if not (path / "gpt2-vocab.json").is_file():
         pytest.fail(f"shared data not found at {path}; set MDS_SHARED_DATA to the folder")
     return path
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # GPU tests use GPU-sized shapes; through the CPU interpreter they would run for hours.
+    if "gpu" in item.keywords and not torch.cuda.is_available():
+        pytest.fail("needs a CUDA GPU; on CPU run the suite with -m 'not gpu'", pytrace=False)
