@@ -74,6 +74,10 @@ def test_merge_info_and_show(capsys, tmp_path, make_dataset):
     assert code == 0 and "3 documents, 3 items, 8 tokens, uint16" in out
     merged = IndexedDatasetReader(out_prefix)
     assert list(merged.sizes) == [3, 1, 4]
+    metadata = json.loads((tmp_path / "merged.merge.json").read_text())
+    assert metadata["tool"] == "mds-index merge"
+    assert metadata["inputs"] == [str((tmp_path / name).resolve()) for name in ("p1", "p2")]
+    assert (metadata["num_documents"], metadata["num_tokens"]) == (3, 8)
 
     code, out, _ = run(capsys, "info", out_prefix)
     assert code == 0

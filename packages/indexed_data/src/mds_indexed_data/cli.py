@@ -13,7 +13,7 @@ import typer
 from mds_indexed_data.build import build_train_valid_test_datasets, format_summary
 from mds_indexed_data.config import GPTDataConfig, samples_from_iterations
 from mds_indexed_data.inspection import document_tokens, info_text, make_decoder, render_tokens
-from mds_indexed_data.merge import merge_datasets
+from mds_indexed_data.merge import merge_datasets, write_merge_metadata
 from mds_indexed_data.reader import IndexedDatasetReader
 from mds_indexed_data.split import SPLIT_NAMES
 
@@ -110,6 +110,7 @@ def merge(
 ) -> None:
     """Concatenate datasets (items, documents and tokens in order; dtypes must match)."""
     merged = merge_datasets(datasets, output_prefix)
+    write_merge_metadata(datasets, merged)
     print(
         f"merged {len(datasets)} datasets into {output_prefix}: {merged.num_documents} documents, "
         f"{len(merged)} items, {merged.num_tokens} tokens, {merged.dtype}"
