@@ -47,7 +47,7 @@ def _type_name(value) -> str:
     )
 
 
-def _check_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | None, str]:
+def parse_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | None, str]:
     """(texts per key, "") for a good line, (None, reason) for a bad one."""
     try:
         line = raw.decode("utf-8")
@@ -97,7 +97,7 @@ def encode_block(
         line_offset += len(raw) + 1
         if not raw.strip():
             continue  # blank lines hold no document (Megatron stops on them with a JSON error)
-        record_texts, reason = _check_line(raw, json_keys)
+        record_texts, reason = parse_line(raw, json_keys)
         if record_texts is None:
             bad_lines.append(BadLine(block.first_line + index, start, reason))
             if settings.stop_at_bad_line:
@@ -117,7 +117,7 @@ def encode_block(
         return result  # the run stops here; encoding the rest would be wasted work
     for key, key_texts in zip(json_keys, texts, strict=True):
         ids, lengths = tokenizer.encode_batch(key_texts, append_eod=settings.append_eod)
-        assert not (lengths < 0).any(), "surrogates are rejected by _check_line"
+        assert not (lengths < 0).any(), "surrogates are rejected by parse_line"
         non_empty = lengths > 0
         result.num_empty[key] = int(len(lengths) - non_empty.sum())
         result.ids[key] = ids.astype(settings.dtype, copy=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import regex
 
 from mds_tokenize.byte_level import GPT2_SPLIT_PATTERN
-from mds_tokenize.documents import _check_line
+from mds_tokenize.documents import parse_line
 from mds_tokenize.input_reader import InputReader
 
 # Lines are shipped to workers in blocks of about this many bytes: large enough to amortise the
@@ -57,7 +57,7 @@ class WordCounter:
             if not line.strip():
                 continue  # blank lines carry no document, as in the encoder
             # The encoder's line check: same accepted lines, same messages, lone surrogates refused.
-            texts, reason = _check_line(line, self.json_keys)
+            texts, reason = parse_line(line, self.json_keys)
             if texts is None:
                 raise ValueError(f"{path}:{first_line + offset}: {reason}; fix or remove the line")
             for text in texts:
