@@ -79,44 +79,14 @@ def test_corpus_to_training_samples(tmp_path: Path):
     )
     assert texts[3] in doc
 
-    summary = run(
-        "mds-index",
-        "build",
-        "--data-path",
-        str(prefix),
-        "--split",
-        "90,10,0",
-        "--seq-length",
-        "128",
-        "--train-samples",
-        "500",
-        "--valid-samples",
-        "20",
-        "--test-samples",
-        "0",
-        "--seed",
-        "7",
+    # `show --sample` must name the cache `build` made: the same index-determining flags.
+    index_flags = (
+        *("--split", "90,10,0", "--seq-length", "128", "--seed", "7"),
+        *("--train-samples", "500", "--valid-samples", "20", "--test-samples", "0"),
     )
+    summary = run("mds-index", "build", "--data-path", str(prefix), *index_flags)
     assert "train" in summary and "valid" in summary
     assert list(tmp_path.glob("demo_text_document_train_*doc_idx.npy"))
-    sample = run(
-        "mds-index",
-        "show",
-        str(prefix),
-        "--sample",
-        "5",
-        "--seq-length",
-        "128",
-        "--split",
-        "90,10,0",
-        "--seed",
-        "7",
-        "--train-samples",
-        "500",
-        "--valid-samples",
-        "20",
-        "--test-samples",
-        "0",
-    )
+    sample = run("mds-index", "show", str(prefix), "--sample", "5", *index_flags)
     ids = [int(token) for token in sample.replace(",", " ").split() if token.isdigit()]
     assert len(ids) == 129
