@@ -29,6 +29,45 @@ class InputError(ValueError):
     """Unreadable input: a corrupt or truncated compressed file."""
 
 
+class ZstdFramesReader:
+    """Decompresses concatenated zstd frames (as `zstd -d`) and refuses a stream that ends inside a
+    frame. zstandard's own stream_reader returns the blocks decoded so far as if the file were
+    complete, so a file cut at a block boundary would lose its tail silently."""
+
+    CHUNK_BYTES = 1 << 16  # compressed bytes fed at a time: bounds the decompressed backlog
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame = None  # the decompressobj of the frame being read; None between frames
+        self._pending = bytearray()  # decompressed, not yet returned (front deletes are cheap)
+
+    def read(self, size: int) -> bytes:
+        while len(self._pending) < size:
+            compressed = self._raw.read(self.CHUNK_BYTES)
+            if not compressed:
+                if self._frame is not None:
+                    raise zstandard.ZstdError("the file ends inside a zstd frame")
+                break
+            self._decompress(compressed)
+        chunk = bytes(self._pending[:size])
+        del self._pending[:size]
+        return chunk
+
+    def _decompress(self, compressed: bytes) -> None:
+        while compressed:
+            if self._frame is None:
+                self._frame = self._decompressor.decompressobj()
+            self._pending += self._frame.decompress(compressed)
+            if not self._frame.eof:
+                return  # every byte went into the current, still open, frame
+            compressed = self._frame.unused_data  # the start of the next frame, if any
+            self._frame = None
+
+    def close(self) -> None:
+        self._pending = bytearray()
+
+
 def _line_start_at_or_after(handle, offset: int, size: int) -> int:
     """The first offset >= `offset` where a line starts (size if none)."""
     if offset <= 0:
@@ -75,9 +114,7 @@ class InputReader:
         elif suffix == ".xz":
             self._stream = lzma.LZMAFile(self._raw, mode="rb")
         elif suffix == ".zst":
-            self._stream = zstandard.ZstdDecompressor().stream_reader(
-                self._raw, read_across_frames=True
-            )
+            self._stream = ZstdFramesReader(self._raw)
         else:
             self._stream = self._raw
         self.total = self.end - self.start

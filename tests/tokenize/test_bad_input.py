@@ -1,0 +1,110 @@
+"""Bad input that once passed silently, run through the installed command: a truncated `.zst`
+corpus (encode and learn) and a vocab.json / merges.txt pair that do not belong together. Each ends
+with one stderr line naming the file, exit 1, and nothing written."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+NUM_DOCUMENTS = 10
+
+
+def run_command(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mds_tokenize", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, prefix: str, message: str) -> str:
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{prefix}: error: "), lines[0]
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def zstd_documents() -> tuple[bytes, list[int]]:
+    """Ten documents, one zstd block each, in one frame; and the byte offset where each block ends
+    (a cut there leaves a stream of whole blocks that only lacks its end)."""
+    compressed = io.BytesIO()
+    writer = zstandard.ZstdCompressor().stream_writer(compressed, closefd=False)
+    block_ends = []
+    for index in range(NUM_DOCUMENTS):
+        text = f"document {index}: " + " ".join(str(word * index) for word in range(300))
+        writer.write((json.dumps({"text": text}) + "\n").encode())
+        writer.flush(zstandard.FLUSH_BLOCK)
+        block_ends.append(len(compressed.getvalue()))
+    writer.flush(zstandard.FLUSH_FRAME)
+    return compressed.getvalue(), block_ends
+
+
+def gpt2_args(shared_data: Path) -> list:
+    return [
+        "--vocab-file",
+        shared_data / "gpt2-vocab.json",
+        "--merge-file",
+        shared_data / "gpt2-merges.txt",
+    ]
+
+
+@pytest.fixture
+def truncated_zst(request, tmp_path) -> Path:
+    data, block_ends = zstd_documents()
+    cut = {"at-block-end": block_ends[3], "mid-block": (block_ends[3] + block_ends[4]) // 2}
+    path = tmp_path / "in" / "corpus.jsonl.zst"
+    path.parent.mkdir()
+    path.write_bytes(data[: cut[request.param]])
+    return path
+
+
+def test_complete_zst_keeps_every_document(shared_data, tmp_path):
+    path = tmp_path / "corpus.jsonl.zst"
+    path.write_bytes(zstd_documents()[0])
+    result = run_command(
+        "--input", path, "--output-prefix", tmp_path / "out", *gpt2_args(shared_data)
+    )
+    assert result.returncode == 0, result.stderr
+    metadata = json.loads((tmp_path / "out_text_document.tokenize.json").read_text())
+    assert metadata["num_docs"] == NUM_DOCUMENTS
+
+
+@pytest.mark.parametrize("truncated_zst", ["at-block-end", "mid-block"], indirect=True)
+@pytest.mark.parametrize("skip_bad_lines", [[], ["--skip-bad-lines"]])
+def test_truncated_zst_is_refused_by_encode(shared_data, tmp_path, truncated_zst, skip_bad_lines):
+    output = tmp_path / "out"
+    output.mkdir()
+    result = run_command(
+        "--input",
+        truncated_zst,
+        "--output-prefix",
+        output / "data",
+        *gpt2_args(shared_data),
+        "--workers",
+        2,
+        *skip_bad_lines,
+    )
+    line = assert_one_line_error(result, "mds-tokenize", f"{truncated_zst}: cannot decompress")
+    assert "the file ends inside a zstd frame" in line and "truncated" in line
+    assert list(output.iterdir()) == []
+
+
+@pytest.mark.parametrize("truncated_zst", ["at-block-end", "mid-block"], indirect=True)
+def test_truncated_zst_is_refused_by_learn(tmp_path, truncated_zst):
+    output = tmp_path / "vocab"
+    result = run_command(
+        "learn", "--input", truncated_zst, "--vocab-size", 300, "--output-dir", output
+    )
+    line = assert_one_line_error(
+        result, "mds-tokenize learn", f"{truncated_zst}: cannot decompress"
+    )
+    assert "the file ends inside a zstd frame" in line
+    assert not output.exists() or list(output.iterdir()) == []
