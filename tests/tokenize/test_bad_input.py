@@ -108,3 +108,73 @@ def test_truncated_zst_is_refused_by_learn(tmp_path, truncated_zst):
     )
     assert "the file ends inside a zstd frame" in line
     assert not output.exists() or list(output.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def learned_vocab(shared_data, tmp_path_factory) -> Path:
+    """A 300-token vocabulary learned from the first 200 documents of the c4 demo corpus."""
+    folder = tmp_path_factory.mktemp("learned")
+    corpus = folder / "corpus.jsonl"
+    lines = (shared_data / "c4_demo.jsonl").read_bytes().splitlines(keepends=True)
+    corpus.write_bytes(b"".join(lines[:200]))
+    result = run_command(
+        "learn", "--input", corpus, "--vocab-size", 300, "--output-dir", folder / "vocab"
+    )
+    assert result.returncode == 0, result.stderr
+    return folder / "vocab"
+
+
+def test_learned_pair_tokenizes(shared_data, tmp_path, learned_vocab):
+    result = run_command(
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--output-prefix",
+        tmp_path / "out",
+        "--vocab-file",
+        learned_vocab / "vocab.json",
+        "--merge-file",
+        learned_vocab / "merges.txt",
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("pairing", "message"),
+    [
+        (
+            "learned vocab, GPT-2 merges",
+            "merges make a token the vocabulary lacks (the first, rank ",
+        ),
+        (
+            "GPT-2 vocab, learned merges",
+            "of the vocabulary's 50,257 tokens (e.g. ",
+        ),
+    ],
+)
+def test_vocab_and_merges_that_do_not_belong_together(
+    shared_data, tmp_path, learned_vocab, pairing, message
+):
+    if pairing.startswith("learned vocab"):
+        vocab, merges = learned_vocab / "vocab.json", shared_data / "gpt2-merges.txt"
+    else:
+        vocab, merges = shared_data / "gpt2-vocab.json", learned_vocab / "merges.txt"
+    output = tmp_path / "out"
+    output.mkdir()
+    result = run_command(
+        "--input",
+        shared_data / "c4_demo.jsonl",
+        "--output-prefix",
+        output / "data",
+        "--vocab-file",
+        vocab,
+        "--merge-file",
+        merges,
+    )
+    line = assert_one_line_error(
+        result, "mds-tokenize", f"{vocab} and {merges} do not belong together: "
+    )
+    assert message in line
+    assert line.endswith(
+        "pass the vocab.json and merges.txt written together (GPT-2's pair, or one learn run)"
+    )
+    assert list(output.iterdir()) == []

@@ -1,5 +1,6 @@
 """Loading vocab.json / merges.txt: Megatron's reading rules and one-line errors for bad files."""
 
+import json
 import logging
 
 import pytest
@@ -98,3 +99,16 @@ def test_crlf_merges_file(tmp_path, shared_data):
     path = tmp_path / "merges.txt"
     path.write_bytes((shared_data / "gpt2-merges.txt").read_bytes().replace(b"\n", b"\r\n"))
     assert load_merges(path) == load_merges(shared_data / "gpt2-merges.txt")
+
+
+def test_vocab_missing_a_byte_symbol_is_refused(tmp_path, shared_data):
+    golden = shared_data / "megatron-golden"
+    vocab = json.loads((golden / "gpt2-tiny-vocab.json").read_text(encoding="utf-8"))
+    del vocab["\u0100"]  # byte 0x00's symbol
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(vocab), encoding="utf-8")
+    with pytest.raises(
+        TokenizerFileError,
+        match=f"^{path}: 1 of the 256 byte symbols are not in the vocabulary \\(e.g. 'Ā'\\)",
+    ):
+        GPT2BPETokenizer.from_files(path, golden / "gpt2-tiny-merges.txt")

@@ -13,7 +13,7 @@ import numpy as np
 from mds_tokenize._bpe import BPECore
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode, unicode_to_bytes
 from mds_tokenize.unicode_classes import pattern_classes
-from mds_tokenize.vocab_files import load_merges, load_vocab
+from mds_tokenize.vocab_files import PairGaps, check_pair, load_merges, load_vocab
 
 
 class GPT2BPETokenizer:
@@ -40,11 +40,29 @@ class GPT2BPETokenizer:
                 index = symbols[symbol] = len(symbols)
             return index
 
-        byte_symbols = [intern(char) for _, char in sorted(bytes_to_unicode().items())]
+        byte_chars = [char for _, char in sorted(bytes_to_unicode().items())]
+        byte_positions = [lookup(char) for char in byte_chars]
         # Plain lookups first (almost every symbol is a vocab token), intern() only for the rest.
         lefts = [lookup(left) for left, _ in self.merges]
         rights = [lookup(right) for _, right in self.merges]
         products = [lookup(left + right) for left, right in self.merges]
+        # Gaps between vocab and merges, from the lookups above: from_files refuses any, while the
+        # constructor keeps Megatron's id 0 for them (the reference-equivalence tests rely on it).
+        reachable = set(products)
+        reachable.update(byte_positions)
+        reachable.discard(None)
+        self.pair_gaps = PairGaps(
+            missing_byte_symbols=tuple(
+                char
+                for char, position in zip(byte_chars, byte_positions, strict=True)
+                if position is None
+            ),
+            missing_merge_ranks=tuple(
+                rank for rank, product in enumerate(products) if product is None
+            ),
+            num_unreachable=len(self.vocab) - len(reachable),
+        )
+        byte_symbols = [intern(char) for char in byte_chars]
         for index, (left, right) in enumerate(self.merges):
             if lefts[index] is None or rights[index] is None or products[index] is None:
                 lefts[index], rights[index] = intern(left), intern(right)
@@ -67,8 +85,17 @@ class GPT2BPETokenizer:
     def from_files(
         cls, vocab_file: str | Path, merge_file: str | Path, **kwargs
     ) -> "GPT2BPETokenizer":
-        """Raises TokenizerFileError (a ValueError naming the file) for a missing or bad file."""
-        return cls(vocab=load_vocab(vocab_file), merges=load_merges(merge_file), **kwargs)
+        """Raises TokenizerFileError (a ValueError naming the file) for a missing or bad file, or
+        for a vocab and merges file that do not belong together."""
+        tokenizer = cls(vocab=load_vocab(vocab_file), merges=load_merges(merge_file), **kwargs)
+        check_pair(
+            tokenizer.pair_gaps,
+            vocab=tokenizer.vocab,
+            merges=tokenizer.merges,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
+        )
+        return tokenizer
 
     def __reduce__(self):
         return (_rebuild, (self.vocab, self.merges, self._cache_words))

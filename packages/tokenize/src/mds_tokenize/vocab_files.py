@@ -2,12 +2,16 @@
 
 Follows Megatron's `gpt2_tokenization.py` (megatron-reference.md 3.1) with two deliberate fixes,
 each logged as a warning: a merges file without a `#` header keeps its first merge, and one
-without a trailing newline keeps its last merge (Megatron silently drops both).
+without a trailing newline keeps its last merge (Megatron silently drops both). `check_pair` refuses
+a vocab and merges file that do not belong together (Megatron would map the gaps to id 0).
 """
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+
+from mds_tokenize.byte_level import bytes_to_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -94,3 +98,58 @@ def load_merges(path: str | Path) -> list[tuple[str, str]]:
             )
         merges.append((parts[0], parts[1]))
     return merges
+
+
+# A matching pair leaves only its special tokens (GPT-2: 1, RoBERTa: 5) out of reach of the merges;
+# thousands of unreachable tokens mean the merges were learned for another vocabulary.
+MAX_UNREACHABLE_FRACTION = 0.1
+MAX_UNREACHABLE_ALWAYS_ACCEPTED = 256
+
+
+@dataclass(frozen=True)
+class PairGaps:
+    """Where a vocab and a merges list disagree (nothing, for files written together). Found by the
+    tokenizer's constructor from the lookups it makes anyway, so checking costs no extra pass."""
+
+    missing_byte_symbols: tuple[str, ...]  # byte symbols the vocab lacks
+    missing_merge_ranks: tuple[int, ...]  # merges whose result the vocab lacks
+    num_unreachable: int  # vocab tokens that are neither a byte symbol nor a merge result
+
+
+def check_pair(
+    gaps: PairGaps,
+    *,
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    vocab_file: str | Path,
+    merge_file: str | Path,
+) -> None:
+    """Raises TokenizerFileError unless the two files were written together: every byte symbol and
+    every merge result is a vocab token, and nearly every vocab token is a byte or a merge result
+    (Megatron would give every gap id 0 and go on)."""
+    mismatch = f"{vocab_file} and {merge_file} do not belong together"
+    remedy = "pass the vocab.json and merges.txt written together (GPT-2's pair, or one learn run)"
+    if gaps.missing_byte_symbols:
+        raise TokenizerFileError(
+            f"{vocab_file}: {len(gaps.missing_byte_symbols)} of the 256 byte symbols are not in "
+            f"the vocabulary (e.g. {gaps.missing_byte_symbols[0]!r}), so text holding them would "
+            "get id 0; is this a GPT-2 byte-level BPE vocab.json?"
+        )
+    if gaps.missing_merge_ranks:
+        rank = gaps.missing_merge_ranks[0]
+        left, right = merges[rank]
+        raise TokenizerFileError(
+            f"{mismatch}: {len(gaps.missing_merge_ranks):,} of the {len(merges):,} merges make a "
+            f"token the vocabulary lacks (the first, rank {rank}: {left!r} + {right!r} -> "
+            f"{left + right!r}), which would get id 0; {remedy}"
+        )
+    limit = max(MAX_UNREACHABLE_ALWAYS_ACCEPTED, MAX_UNREACHABLE_FRACTION * len(vocab))
+    if gaps.num_unreachable > limit:
+        reachable = {left + right for left, right in merges}
+        reachable.update(bytes_to_unicode().values())
+        example = next(token for token in vocab if token not in reachable)
+        raise TokenizerFileError(
+            f"{mismatch}: {gaps.num_unreachable:,} of the vocabulary's {len(vocab):,} tokens (e.g. "
+            f"{example!r}, id {vocab[example]}) are neither a byte nor made by any of the "
+            f"{len(merges):,} merges; {remedy}"
+        )
