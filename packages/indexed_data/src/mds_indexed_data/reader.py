@@ -11,6 +11,7 @@ import numpy as np
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.mmap_format import (
     HEADER_SIZE,
+    check_index_body,
     data_file_path,
     decode_header,
     index_file_path,
@@ -21,7 +22,9 @@ from mds_indexed_data.mmap_format import (
 class IndexedDatasetReader:
     """Items (Megatron's unit; one per document unless sentences were split) of a dataset prefix."""
 
-    def __init__(self, prefix: str | Path):
+    def __init__(self, prefix: str | Path, *, validate: bool = True):
+        """Checks the header, then (unless `validate` is False: a copy of a checked reader) every
+        size, pointer and doc_idx entry against the `.bin`; raises IndexedDatasetError."""
         self.prefix = str(prefix)
         self.index_path = index_file_path(prefix)
         self.data_path = data_file_path(prefix)
@@ -37,9 +40,10 @@ class IndexedDatasetReader:
             bytes(index[:HEADER_SIZE]), self.index_path
         )
         expected = index_file_size(num_items, num_doc_idx)
-        if index.size < expected:
+        if index.size != expected:
             raise IndexedDatasetError(
-                f"{self.index_path}: truncated index ({index.size} bytes, header says {expected})"
+                f"{self.index_path}: {'truncated' if index.size < expected else 'overlong'} index "
+                f"({index.size} bytes, header says {expected})"
             )
         buffer = index._mmap  # the raw mapping; np.frombuffer keeps it alive
         self.sizes = np.frombuffer(buffer, np.int32, num_items, HEADER_SIZE)
@@ -47,13 +51,15 @@ class IndexedDatasetReader:
         self.doc_idx = np.frombuffer(buffer, np.int64, num_doc_idx, HEADER_SIZE + 12 * num_items)
 
         data_bytes = self.data_path.stat().st_size
-        needed = (
-            int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize if num_items else 0
-        )
-        if data_bytes < needed:
-            raise IndexedDatasetError(
-                f"{self.data_path}: data file is {data_bytes} bytes but its index points to "
-                f"{needed}; the .bin is truncated or belongs to another index"
+        if validate:
+            check_index_body(
+                sizes=self.sizes,
+                pointers=self.pointers,
+                doc_idx=self.doc_idx,
+                itemsize=self.dtype.itemsize,
+                data_bytes=data_bytes,
+                index_path=self.index_path,
+                data_path=self.data_path,
             )
         # np.memmap refuses empty files, and an empty dataset has nothing to map.
         self._tokens = (
@@ -71,7 +77,7 @@ class IndexedDatasetReader:
         return {"prefix": self.prefix}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["prefix"])
+        self.__init__(state["prefix"], validate=False)  # checked where it was first opened
 
     @property
     def num_tokens(self) -> int:
