@@ -185,3 +185,43 @@ def test_sequence_parallel_splits_the_activations_outside_tp_regions():
         ],
     )
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--num-layers", "4", "--pipeline-model-parallel-size", "8"],
+            "--pipeline-model-parallel-size 8 exceeds --num-layers 4: every pipeline stage needs "
+            "at least one layer; use at most as many stages as layers",
+        ),
+        (
+            ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--zero-stage", "3"],
+            "--zero-stage 3 with --pipeline-model-parallel-size 2: DeepSpeed's pipeline engine "
+            "supports ZeRO stage 0 or 1 only",
+        ),
+    ],
+)
+def test_info_cli_refuses_impossible_plans(tmp_path, flags, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mds_model", "info", "--hidden-size", "64", *flags],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"mds-model info: {message}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_estimate_refuses_more_stages_than_layers():
+    config = GPTConfig(num_layers=4, hidden_size=64, num_attention_heads=1, vocab_size=100)
+    with pytest.raises(ValueError, match="--pipeline-model-parallel-size 8 exceeds --num-layers 4"):
+        estimate(config, Plan(pipeline_model_parallel_size=8))
+
+
+def test_uneven_layers_per_stage_count_the_busiest_stage():
+    config = GPTConfig(num_layers=5, hidden_size=64, num_attention_heads=1, vocab_size=100)
+    three = estimate(config, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]
+    even = GPTConfig(num_layers=6, hidden_size=64, num_attention_heads=1, vocab_size=100)
+    assert three == estimate(even, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]

@@ -71,6 +71,7 @@ def info(
             micro_batch_size=micro_batch_size,
             zero_stage=zero_stage,
         )
+        result = estimate(config, plan)
     except ValueError as error:
         # Config errors name the field; the CLI flag is the same name with dashes.
         message = str(error)
@@ -78,7 +79,6 @@ def info(
             message = re.sub(rf"\b{field}\b", "--" + field.replace("_", "-"), message)
         typer.echo(f"mds-model info: {message}", err=True)
         raise typer.Exit(2) from None
-    result = estimate(config, plan)
     typer.echo(json.dumps(result, indent=1) if as_json else format_estimate(result))
 
 

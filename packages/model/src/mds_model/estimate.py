@@ -35,6 +35,22 @@ class Plan:
             raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
 
 
+def check_plan(config: GPTConfig, plan: Plan) -> None:
+    """Refuses a layout no run can have, naming the flags (ValueError)."""
+    pp = plan.pipeline_model_parallel_size
+    if pp > config.num_layers:
+        raise ValueError(
+            f"--pipeline-model-parallel-size {pp} exceeds --num-layers {config.num_layers}: "
+            "every pipeline stage needs at least one layer; use at most as many stages as layers"
+        )
+    if pp > 1 and plan.zero_stage >= 2:
+        # DeepSpeed's PipelineEngine asserts it: ZeRO-2/3 shard gradients that 1F1B accumulates.
+        raise ValueError(
+            f"--zero-stage {plan.zero_stage} with --pipeline-model-parallel-size {pp}: DeepSpeed's "
+            "pipeline engine supports ZeRO stage 0 or 1 only"
+        )
+
+
 def layer_parameters(config: GPTConfig) -> int:
     """One transformer layer: QKV, dense, two LayerNorms, the MLP (12h^2 + 13h when ffn = 4h)."""
     h, f = config.hidden_size, config.ffn_size
@@ -108,7 +124,10 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
 
 
 def estimate(config: GPTConfig, plan: Plan) -> dict:
-    """All figures for `mds-model info`; memory in bytes for the busiest GPU (pipeline stage 0)."""
+    """All figures for `mds-model info`; memory in bytes for the busiest GPU (pipeline stage 0).
+    Layers need not divide evenly over the stages (DeepSpeed balances them): the busiest stage holds
+    ceil(L / pp). Raises ValueError for an impossible plan (`check_plan`)."""
+    check_plan(config, plan)
     half = config.params_dtype in ("bfloat16", "float16")
     weight_bytes, grad_bytes, optim_bytes = (2, 2, 12) if half else (4, 4, 8)
     params = _stage_parameters(config, plan)
