@@ -1,7 +1,8 @@
 """Bad datasets that once passed silently, run through the installed `mds-index`: an `.idx` whose
-header is valid but whose body is corrupt. Each command ends with one stderr line naming the file,
-a non-zero exit and nothing written."""
+header is valid but whose body is corrupt, and a merge of datasets of different vocabularies. Each
+command ends with one stderr line naming the file, a non-zero exit and nothing written."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mds_indexed_data import IndexedDatasetReader
+from mds_indexed_data import IndexedDatasetReader, describe_vocabulary
 
 HEADER_SIZE = 34
 
@@ -129,3 +130,46 @@ def test_corrupt_body_is_refused_by_every_command(golden_prefix, tmp_path, comma
         "golden.bin",
         "golden.idx",
     ]
+
+
+def _sidecar(prefix: Path, vocab: Path, merges: Path, *, hashed: bool) -> None:
+    """The sidecar mds-tokenize writes (`vocabulary`, hashed) or an older one (`config` only)."""
+    if hashed:
+        metadata = {"tool": "mds-tokenize", "vocabulary": describe_vocabulary(vocab, merges)}
+    else:
+        metadata = {
+            "tool": "mds-tokenize",
+            "config": {"vocab_file": str(vocab), "merge_file": str(merges)},
+        }
+    Path(f"{prefix}.tokenize.json").write_text(json.dumps(metadata))
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+def test_merge_refuses_datasets_of_different_vocabularies(tmp_path, make_dataset, hashed):
+    files = {}
+    for name, text in [("a", "vocab A"), ("b", "vocab B")]:
+        files[name] = (tmp_path / f"{name}-vocab.json", tmp_path / f"{name}-merges.txt")
+        files[name][0].write_text(text)
+        files[name][1].write_text("#version: 0.2\n")
+    first = make_dataset(tmp_path / "first", [5, 6])
+    second = make_dataset(tmp_path / "second", [7])
+    _sidecar(first, *files["a"], hashed=hashed)
+    _sidecar(second, *files["b"], hashed=hashed)
+    result = run_command("merge", "--datasets", first, second, "--output-prefix", tmp_path / "out")
+    assert_one_line_error(
+        result,
+        f"{second} was tokenized with {files['b'][0]} + {files['b'][1]}, {first} with "
+        f"{files['a'][0]} + {files['a'][1]}: their token ids mean different things; merge only "
+        "datasets tokenized with the same vocabulary (re-tokenize one of them)",
+    )
+    assert not list(tmp_path.glob("out*"))
+    # A copy of the same files elsewhere is the same vocabulary: merged, and recorded in the output.
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    for path in files["a"]:
+        shutil.copyfile(path, copies / path.name)
+    _sidecar(second, copies / files["a"][0].name, copies / files["a"][1].name, hashed=hashed)
+    result = run_command("merge", "--datasets", first, second, "--output-prefix", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads((tmp_path / "out.merge.json").read_text())["vocabulary"]
+    assert recorded["vocab_file"] == str(files["a"][0])

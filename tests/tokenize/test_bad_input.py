@@ -178,3 +178,34 @@ def test_vocab_and_merges_that_do_not_belong_together(
         "pass the vocab.json and merges.txt written together (GPT-2's pair, or one learn run)"
     )
     assert list(output.iterdir()) == []
+
+
+def test_mds_index_merge_refuses_datasets_of_different_vocabularies(
+    shared_data, tmp_path, learned_vocab
+):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b"".join((shared_data / "c4_demo.jsonl").read_bytes().splitlines(True)[:20]))
+    pairs = {
+        "gpt2": (shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt"),
+        "learned": (learned_vocab / "vocab.json", learned_vocab / "merges.txt"),
+    }
+    for name, (vocab, merges) in pairs.items():
+        result = run_command(
+            "--input", corpus, "--output-prefix", tmp_path / name,
+            "--vocab-file", vocab, "--merge-file", merges,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    gpt2, learned = tmp_path / "gpt2_text_document", tmp_path / "learned_text_document"
+    result = subprocess.run(
+        [sys.executable, "-m", "mds_indexed_data", "merge", "--datasets", str(gpt2), str(learned),
+         "--output-prefix", str(tmp_path / "merged")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], result.stderr
+    assert (
+        f"{learned} was tokenized with {pairs['learned'][0]} + {pairs['learned'][1]}, {gpt2} with "
+        f"{pairs['gpt2'][0]} + {pairs['gpt2'][1]}: their token ids mean different things"
+    ) in lines[0]
+    assert not list(tmp_path.glob("merged*"))

@@ -18,6 +18,7 @@ from mds_indexed_data.gpt_dataset import GPTDataset
 from mds_indexed_data.merge import merge_datasets
 from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
 from mds_indexed_data.reader import IndexedDatasetReader
+from mds_indexed_data.vocabulary import describe_vocabulary
 from mds_indexed_data.writer import IndexedDatasetWriter
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "IndexedDatasetWriter",
     "best_fitting_dtype",
     "data_file_path",
+    "describe_vocabulary",
     "index_file_path",
     "merge_datasets",
 ]

@@ -2,6 +2,7 @@
 
 Items and documents keep their order; doc_idx entries are shifted by the items already present and
 pointers are recomputed, so merging shards of one input equals tokenizing the input in one run.
+Inputs whose sidecars record different vocabularies are refused (vocabulary.py).
 """
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.reader import IndexedDatasetReader
+from mds_indexed_data.vocabulary import recorded_vocabulary, same_vocabulary
 from mds_indexed_data.writer import IndexedDatasetWriter
 
 
@@ -21,6 +23,7 @@ def merge_datasets(
     if not prefixes:
         raise IndexedDatasetError("merge needs at least one input dataset")
     readers = [IndexedDatasetReader(prefix) for prefix in prefixes]
+    check_same_vocabulary(prefixes)
     dtype = readers[0].dtype
     for reader in readers[1:]:
         if reader.dtype != dtype:
@@ -32,6 +35,24 @@ def merge_datasets(
         for reader in readers:
             writer.add_dataset(reader)
     return IndexedDatasetReader(output_prefix)
+
+
+def check_same_vocabulary(prefixes: Sequence[str | Path]) -> dict | None:
+    """Raises IndexedDatasetError naming two datasets whose sidecars record different vocabularies;
+    returns the common vocabulary (None when no input records one)."""
+    known = [
+        (prefix, vocabulary) for prefix in prefixes if (vocabulary := recorded_vocabulary(prefix))
+    ]
+    for prefix, vocabulary in known[1:]:
+        first_prefix, first = known[0]
+        if not same_vocabulary(first, vocabulary):
+            raise IndexedDatasetError(
+                f"{prefix} was tokenized with {vocabulary['vocab_file']} + "
+                f"{vocabulary['merge_file']}, {first_prefix} with {first['vocab_file']} + "
+                f"{first['merge_file']}: their token ids mean different things; merge only "
+                "datasets tokenized with the same vocabulary (re-tokenize one of them)"
+            )
+    return known[0][1] if known else None
 
 
 def write_merge_metadata(prefixes: Sequence[str | Path], merged: IndexedDatasetReader) -> Path:
@@ -50,6 +71,9 @@ def write_merge_metadata(prefixes: Sequence[str | Path], merged: IndexedDatasetR
         "num_tokens": merged.num_tokens,
         "dtype": str(merged.dtype),
     }
+    vocabulary = check_same_vocabulary(prefixes)
+    if vocabulary is not None:
+        description["vocabulary"] = vocabulary  # so that merging this output is checked too
     temporary = path.with_name(path.name + f".tmp-{os.getpid()}")
     temporary.write_text(json.dumps(description, indent=2) + "\n")
     os.replace(temporary, path)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype
+from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype, describe_vocabulary
 
 from mds_tokenize import __version__
 from mds_tokenize.config import TokenizeConfig
@@ -199,6 +199,8 @@ def _metadata(config: TokenizeConfig, summary: TokenizeSummary, key: str, dtype:
         "version": __version__,
         "config": settings,
         "json_key": key,
+        # What `mds-index merge` compares before joining datasets.
+        "vocabulary": describe_vocabulary(config.vocab_file, config.merge_file),
         "dtype": dtype.name,
         "num_docs": summary.num_docs - summary.num_empty[key],
         "num_tokens": summary.num_tokens[key],

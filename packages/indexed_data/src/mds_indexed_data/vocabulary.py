@@ -1,0 +1,73 @@
+"""The vocabulary a dataset was tokenized with, as its JSON sidecar records it, so that `merge`
+refuses to join datasets whose token ids mean different things.
+
+Sidecars read: `PREFIX.tokenize.json` (mds-tokenize: a `vocabulary` object, or the `vocab_file` and
+`merge_file` of its `config`, or those of its first shard) and `PREFIX.merge.json` (mds-index merge:
+a `vocabulary` object). A dataset without one (e.g. made by Megatron) is not checked.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+SIDECAR_SUFFIXES = (".tokenize.json", ".merge.json")
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def describe_vocabulary(vocab_file: str | Path, merge_file: str | Path) -> dict:
+    """The `vocabulary` object a tokenizer writes into its sidecar: absolute paths and contents'
+    SHA-256, so that a copy of the same files elsewhere counts as the same vocabulary."""
+    return {
+        "vocab_file": str(Path(vocab_file).resolve()),
+        "merge_file": str(Path(merge_file).resolve()),
+        "vocab_sha256": file_sha256(vocab_file),
+        "merge_sha256": file_sha256(merge_file),
+    }
+
+
+def _from_metadata(metadata: dict) -> dict | None:
+    if isinstance(metadata.get("vocabulary"), dict):
+        return metadata["vocabulary"]
+    config = metadata.get("config")
+    if isinstance(config, dict) and "vocab_file" in config and "merge_file" in config:
+        return {"vocab_file": config["vocab_file"], "merge_file": config["merge_file"]}
+    for shard in metadata.get("shard_metadata") or []:
+        if isinstance(shard, dict) and (found := _from_metadata(shard)):
+            return found
+    return None
+
+
+def recorded_vocabulary(prefix: str | Path) -> dict | None:
+    """The vocabulary a dataset's sidecar records, or None when no readable sidecar names one."""
+    for suffix in SIDECAR_SUFFIXES:
+        path = Path(f"{prefix}{suffix}")
+        try:
+            metadata = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(metadata, dict) and (found := _from_metadata(metadata)):
+            return found
+    return None
+
+
+def _identity(vocabulary: dict) -> tuple:
+    """Contents' hashes when recorded or still readable, else the paths."""
+    hashes = []
+    for key in ("vocab", "merge"):
+        digest = vocabulary.get(f"{key}_sha256")
+        if digest is None:
+            try:
+                digest = file_sha256(vocabulary[f"{key}_file"])
+            except OSError:
+                return ("paths", vocabulary["vocab_file"], vocabulary["merge_file"])
+        hashes.append(digest)
+    return ("sha256", *hashes)
+
+
+def same_vocabulary(first: dict, second: dict) -> bool:
+    if (first["vocab_file"], first["merge_file"]) == (second["vocab_file"], second["merge_file"]):
+        return True
+    return _identity(first) == _identity(second)
