@@ -18,6 +18,7 @@ from .estimate import (
     total_parameters,
 )
 from .gpt import GPT, lm_losses, masked_mean
+from .hf import from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, model_parallel_seed
 
@@ -40,13 +41,16 @@ __all__ = [
     "estimate",
     "flops_per_token",
     "format_estimate",
+    "from_hf_gpt2_state_dict",
     "gpt_layer_specs",
+    "hf_gpt2_config",
     "layer_parameters",
     "lm_losses",
     "masked_mean",
     "model_parallel_seed",
     "padded_vocab_size",
     "pipeline_deepspeed_config",
+    "to_hf_gpt2_state_dict",
     "total_parameters",
 ]
 
