@@ -6,7 +6,9 @@ pure-torch references, eager and under torch.compile, then `reference_gpt.py` ea
 tokens/s, MFU (6N + 12Lhs FLOPs per token over a 790 TFLOP/s peak) and our/reference ratios.
 
 Ours keeps bf16 weights with an fp32 master copy for a fused AdamW (DeepSpeed's bf16 mode); the
-reference keeps fp32 weights under bf16 autocast with a fused AdamW. No dropout in either.
+reference keeps fp32 weights under bf16 autocast with a fused AdamW. No dropout in either. The
+`ours-*-fp32-autocast` variants run ours in the reference's scheme, so that their ratio to the
+reference measures our implementation alone and the other variants' ratio adds the scheme's gain.
 Usage: python benchmarks/model_step.py [--reference PATH] [--steps 20] [--mbs 16]
 """
 
@@ -30,11 +32,13 @@ DEFAULT_REFERENCES = (
     REPO.parent / "shared" / "bench" / "reference_gpt.py",
     REPO / ".device" / "reference_gpt.py",
 )
-VARIANTS = {  # name: (use_fused_kernels, torch.compile)
-    "ours-eager-kernels": (True, False),
-    "ours-compile-torch": (False, True),
-    "ours-eager-torch": (False, False),
-    "ours-compile-kernels": (True, True),
+VARIANTS = {  # name: (use_fused_kernels, torch.compile, fp32 weights under bf16 autocast)
+    "ours-eager-kernels": (True, False, False),
+    "ours-compile-torch": (False, True, False),
+    "ours-eager-torch": (False, False, False),
+    "ours-compile-kernels": (True, True, False),
+    "ours-eager-kernels-fp32-autocast": (True, False, True),
+    "ours-compile-kernels-fp32-autocast": (True, True, True),
 }
 
 
@@ -67,7 +71,7 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
     from mds_model.estimate import total_parameters
     from mds_model.gpt import GPT, masked_mean
 
-    use_kernels, compiled = VARIANTS[variant]
+    use_kernels, compiled, autocast = VARIANTS[variant]
     config = GPTConfig(
         num_layers=24,
         hidden_size=1024,
@@ -77,13 +81,21 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
         hidden_dropout=0.0,
         attention_dropout=0.0,
         use_fused_kernels=use_kernels,
-        params_dtype="bfloat16",
+        params_dtype="float32" if autocast else "bfloat16",
     )
     model = GPT(config, init_seed=0).cuda()
     n = model.num_parameters()
     assert n == total_parameters(config)
-    optimizer = MasterWeightAdamW(model.parameters(), lr=1e-4)
-    forward = torch.compile(model) if compiled else model
+    if autocast:  # the reference's scheme: fp32 weights and AdamW, bf16 matmuls under autocast
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    else:
+        optimizer = MasterWeightAdamW(model.parameters(), lr=1e-4)
+    compiled_model = torch.compile(model) if compiled else model
+
+    def forward(tokens, labels):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return compiled_model(tokens, labels)
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randint(0, config.vocab_size, (mbs, config.seq_length), device="cuda", generator=gen)
     y = torch.randint(0, config.vocab_size, (mbs, config.seq_length), device="cuda", generator=gen)

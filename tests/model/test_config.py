@@ -79,3 +79,23 @@ def test_config_is_frozen():
     c = config()
     with pytest.raises(AttributeError):
         c.num_layers = 3
+
+
+def test_derived_switches():
+    # Sequence parallelism splits nothing at TP=1: every module reads this one property.
+    assert not config(sequence_parallel=True).sequence_parallel_active
+    assert config(sequence_parallel=True, tensor_model_parallel_size=2).sequence_parallel_active
+    assert not config(tensor_model_parallel_size=2).sequence_parallel_active
+    assert config(position_embedding_type="alibi").explicit_attention_scores
+    assert config(attention_backend="softmax").explicit_attention_scores
+    assert not config(attention_backend="sdpa").explicit_attention_scores
+
+
+def test_public_api_names_resolve():
+    import mds_model
+
+    for name in mds_model.__all__:
+        assert getattr(mds_model, name) is not None, name
+    assert mds_model.build_gpt_pipe.__module__ == "mds_model.pipeline"  # loaded on first use
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mds_model.nope  # noqa: B018

@@ -1,10 +1,10 @@
 """Single-process GPT behaviour: causality, KV cache, backends, checkpointing, names, init."""
 
+from dataclasses import replace
+
 import pytest
 import torch
-from mds_model.config import GPTConfig
-from mds_model.gpt import GPT, masked_mean
-from mds_model.parallel import ParallelGroups
+from mds_model import GPT, GPTConfig, KVCache, ParallelGroups, masked_mean
 from mds_model.rng import MODEL_PARALLEL_RNG, RNGStatesTracker, model_parallel_seed
 
 VOCAB, SEQ = 100, 16
@@ -42,11 +42,11 @@ def test_changing_token_t_never_changes_outputs_before_t(overrides):
     model = GPT(tiny(**overrides), init_seed=1).eval()
     base = tokens()
     with torch.no_grad():
-        before = model(base)
+        before = model.logits(base)
         for t in (0, 5, SEQ - 1):
             changed = base.clone()
             changed[:, t] = (changed[:, t] + 1) % VOCAB
-            after = model(changed)
+            after = model.logits(changed)
             assert torch.equal(after[:, :t], before[:, :t]), f"position < {t} changed"
             assert not torch.allclose(after[:, t], before[:, t]), f"position {t} did not change"
 
@@ -55,16 +55,15 @@ def test_changing_token_t_never_changes_outputs_before_t(overrides):
 def test_kv_cache_generation_matches_full_forward(position):
     model = GPT(tiny(position_embedding_type=position), init_seed=2).eval()
     seq = tokens(3)
+    cache = KVCache(model.config.num_layers)
     with torch.no_grad():
-        full = model(seq)
-        logits, cache = model(seq[:, :9], use_cache=True)
-        pieces = [logits]
+        full = model.logits(seq)
+        pieces = [model.decode(seq[:, :9], cache=cache)]  # the prompt
+        assert cache.num_positions == 9
         for t in range(9, SEQ):  # one token at a time, as a sampler would
-            logits, cache = model(
-                seq[:, t : t + 1], position_offset=t, past_kvs=cache, use_cache=True
-            )
-            pieces.append(logits)
-    assert cache[0][0].shape == (2, 4, SEQ, 8)
+            pieces.append(model.decode(seq[:, t : t + 1], cache=cache))
+    assert cache.num_positions == SEQ
+    assert cache.layers[0].keys.shape == cache.layers[1].values.shape == (2, 4, SEQ, 8)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -72,13 +71,48 @@ def test_sdpa_and_explicit_softmax_backends_agree():
     seq = tokens(4)
     sdpa = GPT(tiny(attention_backend="sdpa"), init_seed=5)
     softmax = GPT(tiny(attention_backend="softmax"), init_seed=5)
-    torch.testing.assert_close(sdpa(seq), softmax(seq), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sdpa.logits(seq), softmax.logits(seq), rtol=1e-5, atol=1e-5)
 
 
 def test_positions_beyond_max_position_embeddings_are_an_error():
-    model = GPT(tiny(), init_seed=0)
+    model = GPT(tiny(), init_seed=0).eval()
+    cache = KVCache(model.config.num_layers)
+    model.decode(tokens()[:, : SEQ - 2], cache=cache)
     with pytest.raises(ValueError, match="exceed max_position_embeddings"):
-        model(tokens()[:, :4], position_offset=SEQ - 2)
+        model.decode(tokens()[:, :4], cache=cache)
+    with pytest.raises(ValueError, match="the cache has 3 layers, the model 2"):
+        model.decode(tokens()[:, :1], cache=KVCache(3))
+
+
+def test_decoding_needs_sequence_parallelism_off():
+    layer = GPT(tiny(), init_seed=0).layers[0]
+    layer.sequence_parallel = True  # as a TP=2 model with sequence_parallel=True would have
+    with pytest.raises(ValueError, match="decoding needs a config with sequence_parallel=False"):
+        layer.decode(torch.zeros(1, 2, 32), cache=KVCache(1).layers[0])
+
+
+def test_every_forward_returns_one_tensor():
+    # One kind of result per method: no tuple that appears with a flag.
+    model = GPT(tiny(embed_layernorm=True), init_seed=0)
+    seq, labels = tokens(), tokens(1)
+    assert model(seq, labels).shape == (2, SEQ)
+    assert model.logits(seq).shape == (2, SEQ, 128)
+    hidden = torch.randn(SEQ, 2, 32)
+    layer = model.layers[0]
+    for module in (
+        layer,
+        layer.input_layernorm,
+        layer.self_attention,
+        layer.mlp,
+        layer.self_attention.query_key_value,
+        layer.self_attention.dense,
+        model.final_layernorm,
+    ):
+        assert isinstance(module(hidden), torch.Tensor), type(module).__name__
+    assert isinstance(model.embedding(seq), torch.Tensor)
+    normed, summed = layer.post_attention_layernorm.add_norm(hidden, hidden)
+    torch.testing.assert_close(summed, 2 * hidden)
+    torch.testing.assert_close(normed, layer.post_attention_layernorm(2 * hidden))
 
 
 def _loss_and_grads(checkpointing: str):
@@ -107,9 +141,9 @@ def test_dropout_active_in_train_and_off_in_eval():
         init_seed=0,
     )
     seq = tokens()
-    assert not torch.equal(model(seq), model(seq))
+    assert not torch.equal(model.logits(seq), model.logits(seq))
     model.eval()
-    assert torch.equal(model(seq), model(seq))
+    assert torch.equal(model.logits(seq), model.logits(seq))
 
 
 def test_rng_tracker_forks_per_tp_rank_and_leaves_default_state_alone():
@@ -183,7 +217,7 @@ def test_loss_is_masked_mean_of_per_token_cross_entropy():
     mask = (torch.arange(SEQ) % 3 != 0).float().expand(2, SEQ)
     losses = model(seq, labels)
     expected = torch.nn.functional.cross_entropy(
-        model(seq).flatten(0, 1), labels.flatten(), reduction="none"
+        model.logits(seq).flatten(0, 1), labels.flatten(), reduction="none"
     )
     torch.testing.assert_close(losses.flatten(), expected)
     torch.testing.assert_close(
@@ -197,5 +231,56 @@ def test_token_ids_past_the_vocabulary_are_an_error():
     bad = tokens()
     bad[0, 3] = padded
     with pytest.raises(ValueError, match=f"outside the embedding's {padded} rows"):
-        model(bad)
-    model(tokens())  # in-range ids still work
+        model.logits(bad)
+    model.logits(tokens())  # in-range ids still work
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"position_embedding_type": "alibi", "embed_layernorm": True}],
+    ids=["learned", "alibi_softmax_kernel"],
+)
+def test_default_fused_kernels_equal_the_pure_torch_path(overrides):
+    # The default configuration (Triton kernels, dropout 0.1) through the CPU interpreter against
+    # the pure-torch references: same dropout masks (same seeds), so loss and every gradient agree
+    # to fp32 rounding. ALiBi adds the softmax kernel to LayerNorm, bias+GeLU and cross-entropy.
+    config = GPTConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        **overrides,
+    )
+    assert config.use_fused_kernels and config.hidden_dropout > 0
+    results = []
+    for fused in (True, False):
+        tracker = model_parallel_seed(5)
+        model = GPT(replace(config, use_fused_kernels=fused), rng_tracker=tracker, init_seed=8)
+        mask = (torch.arange(SEQ) % 4 != 0).float().expand(2, SEQ)
+        loss = masked_mean(model.train()(tokens(1), tokens(2)), mask)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        ref = ref_grads[name]
+        assert ((grad - ref).norm() / ref.norm()).item() < 1e-5, name
+
+
+def test_fp32_weights_under_bf16_autocast_with_and_without_kernels():
+    # The reference's precision scheme (benchmarks/model_step.py's *-fp32-autocast variant): the
+    # fp32 residual stream meets bf16 matmul outputs at the fused add+LayerNorm.
+    seq, labels = tokens(1), tokens(2)
+    fp32_loss = masked_mean(GPT(tiny(), init_seed=1)(seq, labels), None)
+    losses = []
+    for fused in (True, False):
+        model = GPT(tiny(use_fused_kernels=fused), init_seed=1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = masked_mean(model(seq, labels), None)
+        loss.backward()
+        assert model.layers[0].mlp.dense_h_to_4h.weight.grad.dtype == torch.float32
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+    assert losses[0] == pytest.approx(fp32_loss.item(), rel=1e-2)

@@ -30,6 +30,12 @@ def test_bias_gelu_matches_reference(shape, dtype, device, assert_close):
     _check(shape, dtype, device, assert_close)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_gelu_above_1024_wide(dtype, device, assert_close):
+    # GPT-2 XL's hidden size; two rows keep the CPU interpreter to seconds.
+    _check((2, 1600), dtype, device, assert_close)
+
+
 @pytest.mark.filterwarnings(
     "ignore:overflow encountered in exp:RuntimeWarning"
 )  # the interpreter's numpy

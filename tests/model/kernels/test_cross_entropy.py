@@ -40,6 +40,13 @@ def test_cross_entropy_matches_reference(num_rows, vocab, dtype, device, assert_
     _check(num_rows, vocab, dtype, device, assert_close)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_at_gpt2_padded_vocabulary(dtype, device, assert_close):
+    # GPT-2's real padded vocabulary (50257 -> 50304): a row spans many blocks. Few rows, so the
+    # CPU interpreter runs it in seconds.
+    _check(2, 50304, dtype, device, assert_close)
+
+
 def test_target_outside_shard_contributes_no_gradient_spike(device):
     # On its own shard, a target owned by another rank gives grad = softmax (no -1 anywhere).
     logits = torch.randn(4, 10, device=device, requires_grad=True)

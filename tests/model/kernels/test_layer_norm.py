@@ -60,6 +60,12 @@ def test_add_layer_norm_matches_reference(shape, dtype, with_residual, device, a
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [1600, 2048])  # GPT-2 XL's, and a power of two above 1024
+def test_add_layer_norm_at_real_hidden_sizes(hidden, dtype, device, assert_close):
+    _check((3, hidden), dtype, device, assert_close, with_residual=True, grad_into_summed=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_layer_norm_only_normed_used(dtype, device, assert_close):
     # summed returned but unused: its gradient is None and must be treated as zero.
     _check((6, 96), dtype, device, assert_close, with_residual=True, grad_into_summed=False)

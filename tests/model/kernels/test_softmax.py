@@ -68,6 +68,12 @@ def test_softmax_with_boolean_mask(mask_shape, dtype, device, assert_close):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_at_gpt2_context_length(dtype, device, assert_close):
+    # GPT-2's 1024 keys, the last queries of a causal block (few rows for the interpreter).
+    _check((1, 2, 3, 1024), dtype, device, assert_close, causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 def test_softmax_long_rows_stream_in_blocks(dtype, causal, device, assert_close):
     # Sk > 8192 takes the two-pass blocked path; Sq < Sk is the cached-generation layout.

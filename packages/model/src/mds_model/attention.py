@@ -27,7 +27,40 @@ try:  # optional dependency: only used on CUDA with fp16/bf16
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (B, heads/TP, S_past, head_dim)
+
+class LayerKVCache:
+    """One layer's keys and values of the positions decoded so far, each (B, heads/TP, S, hd)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def num_positions(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Appends the new positions' keys and values; returns all of them, past and new."""
+        if self.keys is not None:
+            keys = torch.cat((self.keys, keys), dim=2)
+            values = torch.cat((self.values, values), dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class KVCache:
+    """The whole model's cache for `GPT.decode`: one `LayerKVCache` per transformer layer.
+
+    Starts empty; each decode call appends its tokens' keys and values, and the next call's
+    positions continue at `num_positions`.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [LayerKVCache() for _ in range(num_layers)]
+
+    @property
+    def num_positions(self) -> int:
+        return self.layers[0].num_positions if self.layers else 0
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -76,7 +109,7 @@ class ParallelSelfAttention(nn.Module):
         self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.head_dim = config.head_dim
-        sequence_parallel = config.sequence_parallel
+        sequence_parallel = config.sequence_parallel_active
         self.query_key_value = ColumnParallelLinear(
             h,
             3 * h,
@@ -113,15 +146,25 @@ class ParallelSelfAttention(nn.Module):
             )
         self.backend = backend
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        position_offset: int = 0,
-        past_kv: KVCache | None = None,
-        use_cache: bool = False,
-    ) -> tuple[torch.Tensor, KVCache | None]:
-        qkv, _ = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (S, B, H) [or its (S/TP, B, H) sequence-parallel slice] -> the same shape."""
+        q, k, v = self._qkv(x, position_offset=0)
+        if self.config.activation_checkpointing == "selective" and self.training:
+            context = checkpoint(self._core, q, k, v, rng_tracker=self.rng_tracker)
+        else:
+            context = self._core(q, k, v)
+        return self._project(context)
+
+    def decode(self, x: torch.Tensor, *, cache: LayerKVCache) -> torch.Tensor:
+        """x (S_new, B, H) at positions cache.num_positions onwards -> (S_new, B, H); the new
+        keys and values are appended to cache."""
+        q, k, v = self._qkv(x, position_offset=cache.num_positions)
+        k, v = cache.extend(k, v)
+        return self._project(self._core(q, k, v))
+
+    def _qkv(self, x: torch.Tensor, *, position_offset: int):
+        """Queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary."""
+        qkv = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
         qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
         # unbind, not three index ops: its backward writes one stacked gradient instead of three
@@ -129,16 +172,12 @@ class ParallelSelfAttention(nn.Module):
         q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
         if self.rotary is not None:
             q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
-        if past_kv is not None:
-            k, v = torch.cat((past_kv[0], k), dim=2), torch.cat((past_kv[1], v), dim=2)
-        present = (k, v) if use_cache else None
-        if self.config.activation_checkpointing == "selective" and self.training:
-            context = checkpoint(self._core, q, k, v, rng_tracker=self.rng_tracker)
-        else:
-            context = self._core(q, k, v)
+        return q, k, v
+
+    def _project(self, context: torch.Tensor) -> torch.Tensor:
+        seq, batch = context.shape[2], context.shape[0]
         context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
-        out, _ = self.dense(context)
-        return out, present
+        return self.dense(context)
 
     def _dropout_rng(self):
         return self.rng_tracker.fork() if self.rng_tracker is not None else contextlib.nullcontext()
@@ -151,7 +190,7 @@ class ParallelSelfAttention(nn.Module):
         p = self.config.attention_dropout if self.training else 0.0
         sq, sk = q.shape[2], k.shape[2]
         backend = self.backend
-        if self.alibi is not None or (sq != sk and sq > 1):
+        if self.config.explicit_attention_scores or (sq != sk and sq > 1):
             backend = "softmax"  # masks SDPA's is_causal cannot express (it aligns top-left)
         if backend == "flash" and not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
             backend = "sdpa"

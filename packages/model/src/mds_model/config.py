@@ -134,6 +134,19 @@ class GPTConfig:
             )
 
     @property
+    def sequence_parallel_active(self) -> bool:
+        """Sequence parallelism only splits anything over more than one tensor-parallel rank."""
+        return self.sequence_parallel and self.tensor_model_parallel_size > 1
+
+    @property
+    def explicit_attention_scores(self) -> bool:
+        """Attention materialises the (S, S) scores: ALiBi's bias, or the softmax backend chosen.
+
+        (Cached decoding also does for a query block shorter than its keys; that is per call.)
+        """
+        return self.position_embedding_type == "alibi" or self.attention_backend == "softmax"
+
+    @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
 

@@ -111,14 +111,11 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
     s, b, h, a = config.seq_length, micro_batch_size, config.hidden_size, config.num_attention_heads
     t = config.tensor_model_parallel_size
     mode = config.activation_checkpointing
-    sp = config.sequence_parallel and t > 1
+    sp = config.sequence_parallel_active
     if mode == "full":
         return 2 * s * b * h / (t if sp else 1)  # only the layer input is kept
     outside = 10 / t if sp else 10
-    explicit_scores = (
-        config.position_embedding_type == "alibi" or config.attention_backend == "softmax"
-    )
-    if mode == "selective" or not explicit_scores:
+    if mode == "selective" or not config.explicit_attention_scores:
         return s * b * h * (outside + 24 / t)
     return s * b * h * (outside + 24 / t + 5 * a * s / (h * t))
 

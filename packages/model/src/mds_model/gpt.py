@@ -1,5 +1,8 @@
 """The plain GPT `nn.Module` (single process, or tensor-parallel with explicit groups).
 
+`GPT.forward(tokens, labels)` is the training call and returns per-token losses; `GPT.logits`
+returns logits and `GPT.decode` continues a `KVCache`: one kind of result per method.
+
 Same layers as the pipeline (`pipeline.py`): Megatron's embedding (vocab-parallel words + learned
 positions [+ BLOOM's embed LayerNorm]), N transformer layers on (S, B, H), a final LayerNorm and the
 LM head tied to the word embeddings. Logits stay vocab-parallel (B, S, V/TP) and go straight into
@@ -141,8 +144,19 @@ def masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.T
     return (losses * mask).sum() / mask.sum()
 
 
+def check_groups(config: GPTConfig, groups: ParallelGroups) -> None:
+    """The config's tensor-parallel size must be the group's (the vocabulary padding uses it)."""
+    if groups.tp_size != config.tensor_model_parallel_size:
+        raise ValueError(
+            f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but "
+            f"the tensor-parallel group has {groups.tp_size} ranks"
+        )
+
+
 class GPT(nn.Module):
-    """Decoder-only GPT. forward(tokens) -> logits; forward(tokens, labels) -> per-token losses."""
+    """Decoder-only GPT: `forward(tokens, labels)` -> per-token losses (B, S) (the call DDP or a
+    DeepSpeed engine wraps); `logits(tokens)` -> vocab-parallel logits (B, S, V/TP);
+    `decode(tokens, cache=...)` -> logits of the new tokens, continuing a `KVCache`."""
 
     def __init__(
         self,
@@ -154,12 +168,7 @@ class GPT(nn.Module):
     ) -> None:
         super().__init__()
         groups = groups or ParallelGroups()
-        if groups.tp_size != config.tensor_model_parallel_size:
-            raise ValueError(
-                f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config "
-                f"but "
-                f"the tensor-parallel group has {groups.tp_size} ranks"
-            )
+        check_groups(config, groups)
         self.config, self.groups = config, groups
         self.embedding = Embedding(config, groups=groups, init_seed=init_seed)
         self.layers = nn.ModuleList(
@@ -172,53 +181,67 @@ class GPT(nn.Module):
             )
             for i in range(config.num_layers)
         )
-        self.sequence_parallel = config.sequence_parallel and groups.tp_size > 1
         # With sequence parallelism the final norm runs after the all-gather, on gradients that
         # are partial per rank (the head has no copy_to_tensor_parallel): sum them over TP.
+        sp = config.sequence_parallel_active
         self.final_layernorm = LayerNorm(
             config.hidden_size,
             eps=config.layernorm_epsilon,
             use_kernel=config.use_fused_kernels,
             dtype=config.torch_dtype,
-            sequence_parallel_group=groups.tp_group if self.sequence_parallel else None,
+            sequence_parallel_group=groups.tp_group if sp else None,
         )
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        *,
-        position_offset: int = 0,
-        past_kvs: list[KVCache] | None = None,
-        use_cache: bool = False,
-    ):
-        """tokens (B, S) int64. Returns losses (B, S) given labels, else vocab-parallel logits
-        (B, S, V/TP); with use_cache also the list of per-layer (keys, values) for generation,
-        whose positions continue at position_offset + S."""
-        sp = self.sequence_parallel
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """tokens, labels (B, S) int64 -> per-token cross-entropy (B, S) in fp32.
+
+        Reduce it with `masked_mean(losses, loss_mask)` (Megatron's loss).
+        """
+        return lm_losses(
+            self.logits(tokens),
+            labels,
+            groups=self.groups,
+            use_kernel=self.config.use_fused_kernels,
+        )
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, S) int64 -> this rank's vocab-parallel logits (B, S, padded V / TP).
+
+        `gather_logits` makes them whole; the padded columns past `config.vocab_size` are real
+        (trained-down) logits, as in Megatron: drop them before sampling.
+        """
+        sp = self.config.sequence_parallel_active
         x = to_sequence_first(
-            self.embedding(tokens, position_offset), groups=self.groups, sequence_parallel=sp
+            self.embedding(tokens), groups=self.groups, sequence_parallel=sp
         )  # (S, B, H), or (S/TP, B, H) with sp
-        presents = []
-        for i, layer in enumerate(self.layers):
-            past = past_kvs[i] if past_kvs is not None else None
-            if use_cache:
-                x, present = layer(x, position_offset=position_offset, past_kv=past, use_cache=True)
-                presents.append(present)
-            else:
-                x = layer(x, position_offset=position_offset, past_kv=past)
-        x, _ = self.final_layernorm(to_batch_first(x, groups=self.groups, sequence_parallel=sp))
-        logits = lm_logits(  # (B, S, V/TP)
-            x, self.embedding.word_embeddings.weight, self.groups, sequence_parallel=sp
-        )
-        out = (
-            logits
-            if labels is None
-            else lm_losses(
-                logits, labels, groups=self.groups, use_kernel=self.config.use_fused_kernels
+        for layer in self.layers:
+            x = layer(x)
+        return self._head(to_batch_first(x, groups=self.groups, sequence_parallel=sp))
+
+    def decode(self, tokens: torch.Tensor, *, cache: KVCache) -> torch.Tensor:
+        """tokens (B, S_new) at positions cache.num_positions onwards -> their vocab-parallel
+        logits (B, S_new, V/TP); appends their keys and values to cache.
+
+        Start with `KVCache(config.num_layers)` and the whole prompt, then feed one token at a
+        time. Needs sequence_parallel off (decoding runs on the whole, short sequence).
+        """
+        if len(cache.layers) != len(self.layers):
+            raise ValueError(
+                f"the cache has {len(cache.layers)} layers, the model {len(self.layers)}"
             )
+        x = self.embedding(tokens, position_offset=cache.num_positions).transpose(0, 1)
+        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = layer.decode(x, cache=layer_cache)  # (S_new, B, H)
+        return self._head(x.transpose(0, 1))
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""
+        return lm_logits(
+            self.final_layernorm(x),
+            self.embedding.word_embeddings.weight,
+            self.groups,
+            sequence_parallel=self.config.sequence_parallel_active,
         )
-        return (out, presents) if use_cache else out
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (B, S, V/TP) -> full padded logits (B, S, V) on every rank."""

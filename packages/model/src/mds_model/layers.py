@@ -57,7 +57,8 @@ def sequence_parallel_param(param: torch.Tensor, group: dist.ProcessGroup | None
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with an optional fused residual add; returns (normed, summed) as the kernel API.
+    """LayerNorm over the last dimension: `forward(x)` returns the normed tensor, and `add_norm(x,
+    residual)` fuses the residual add before it (Megatron's separate add, then apex's LayerNorm).
 
     sequence_parallel_group: set when the input is a sequence-parallel slice (its grads are summed).
     """
@@ -79,9 +80,23 @@ class LayerNorm(nn.Module):
         if sequence_parallel_group is not None:
             self.weight.sequence_parallel = self.bias.sequence_parallel = True
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., H) -> LayerNorm(x) * weight + bias, in x's dtype."""
+        normed, _ = self._add_layer_norm(x, None)
+        return normed
+
+    def add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed, summed): summed = x + residual (the next residual), normed = LayerNorm(summed).
+
+        Under autocast the residual stream (fp32) meets half-precision matmul outputs: both are
+        promoted to the wider dtype, as torch's `+` would.
+        """
+        dtype = torch.promote_types(x.dtype, residual.dtype)
+        return self._add_layer_norm(x.to(dtype), residual.to(dtype))
+
+    def _add_layer_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
         group = self.sequence_parallel_group
         weight = sequence_parallel_param(self.weight, group)
         bias = sequence_parallel_param(self.bias, group)
@@ -132,7 +147,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out = self._lookup(tokens)
-        return out if self.norm is None else self.norm(out)[0]
+        return out if self.norm is None else self.norm(out)
 
     def _lookup(self, tokens: torch.Tensor) -> torch.Tensor:
         self._check_ids(tokens)
@@ -159,7 +174,12 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ColumnParallelLinear(nn.Module):
-    """Y = X A^T + b with A split by rows (output features): each rank computes Y's own columns."""
+    """Y = X A^T + b with A split by rows (output features): each rank computes Y's own columns.
+
+    skip_bias_add: forward leaves this rank's bias slice out, for the caller to fuse it into the
+    next op (the MLP's bias+GeLU reads `.bias`), as Megatron's `skip_bias_add`.
+    sequence_parallel: the input is this rank's sequence slice, all-gathered before the matmul.
+    """
 
     def __init__(
         self,
@@ -175,7 +195,7 @@ class ColumnParallelLinear(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
+        self.sequence_parallel = sequence_parallel
         if out_features % groups.tp_size:
             raise ValueError(f"output size {out_features} is not divisible by {groups.tp_size}")
         self.groups, self.gather_output, self.skip_bias_add = groups, gather_output, skip_bias_add
@@ -197,23 +217,21 @@ class ColumnParallelLinear(nn.Module):
                 nn.Parameter(torch.zeros(out_features // groups.tp_size, dtype=dtype)), 0
             )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (S, B, in) [or its (S/TP, B, in) slice] -> (S, B, out/TP), or (S, B, out) gathered."""
         if self.sequence_parallel:  # x is this rank's sequence slice (S/TP, B, H)
             x = gather_from_sequence_parallel(x, self.groups.tp_group)
         else:
             x = copy_to_tensor_parallel(x, self.groups.tp_group)
-        add_bias = self.bias is not None and not self.skip_bias_add
-        y = F.linear(x, self.weight, self.bias if add_bias else None)
+        y = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             y = gather_from_tensor_parallel(y, self.groups.tp_group)
-        return y, (self.bias if self.skip_bias_add else None)
+        return y
 
 
 class RowParallelLinear(nn.Module):
-    """Y = X A^T + b with A split by columns (input features); partial products are all-reduced.
-
-    The bias is replicated and added after the reduction (or returned, with skip_bias_add, so the
-    caller can fuse it with dropout and the residual add as Megatron does).
+    """Y = X A^T + b with A split by columns (input features); partial products are all-reduced
+    (reduce-scattered along the sequence with sequence_parallel) and the replicated bias added.
     """
 
     def __init__(
@@ -225,19 +243,14 @@ class RowParallelLinear(nn.Module):
         init_std: float,
         bias: bool = True,
         input_is_parallel: bool = True,
-        skip_bias_add: bool = False,
         sequence_parallel: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
+        self.sequence_parallel = sequence_parallel
         if in_features % groups.tp_size:
             raise ValueError(f"input size {in_features} is not divisible by {groups.tp_size}")
-        self.groups, self.input_is_parallel, self.skip_bias_add = (
-            groups,
-            input_is_parallel,
-            skip_bias_add,
-        )
+        self.groups, self.input_is_parallel = groups, input_is_parallel
         self.weight = _mark_parallel(
             nn.Parameter(
                 _master_slice(
@@ -254,12 +267,13 @@ class RowParallelLinear(nn.Module):
         if self.bias is not None and self.sequence_parallel:
             self.bias.sequence_parallel = True
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (S, B, in/TP) -> (S, B, out) [or this rank's (S/TP, B, out) slice]."""
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel(x, self.groups.tp_group)
-        if self.groups.tp_size == 1 and not self.skip_bias_add:
+        if self.groups.tp_size == 1:
             # Nothing to reduce: let the GEMM add the bias (one pass over y fewer).
-            return F.linear(x, self.weight, self.bias), None
+            return F.linear(x, self.weight, self.bias)
         if self.sequence_parallel:  # out: this rank's sequence slice (S/TP, B, H)
             y = reduce_scatter_to_sequence_parallel(F.linear(x, self.weight), self.groups.tp_group)
             bias = (
@@ -270,6 +284,4 @@ class RowParallelLinear(nn.Module):
         else:
             y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
             bias = self.bias
-        if bias is None or self.skip_bias_add:
-            return y, bias
-        return y + bias, None
+        return y if bias is None else y + bias

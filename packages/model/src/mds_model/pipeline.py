@@ -18,6 +18,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from .config import GPTConfig
 from .gpt import (
     Embedding,
+    check_groups,
     lm_logits,
     lm_losses,
     masked_mean,
@@ -40,25 +41,20 @@ class EmbeddingPipe(Embedding):
 
 
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):
-    """A transformer layer taking and returning one tensor, as the pipeline engine passes them."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (S, B, H) -> (S, B, H)
-        return super().forward(x)
+    """A transformer layer in the pipeline, (S, B, H) -> (S, B, H); the class name is Megatron's."""
 
 
 class FinalLayerNormPipe(LayerNorm):
     """The final LayerNorm; its file holds plain `weight` and `bias`, as Megatron-DeepSpeed's."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)[0]
-
 
 def _lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
     """(B, S, H) -> vocab-parallel logits (B, S, V/TP) with the tied word embeddings."""
-    groups = embedding.word_embeddings.groups
-    sequence_parallel = embedding.config.sequence_parallel and groups.tp_size > 1
     return lm_logits(
-        hidden, embedding.word_embeddings.weight, groups, sequence_parallel=sequence_parallel
+        hidden,
+        embedding.word_embeddings.weight,
+        embedding.word_embeddings.groups,
+        sequence_parallel=embedding.config.sequence_parallel_active,
     )
 
 
@@ -79,7 +75,7 @@ class _Transpose:
 
     def __init__(self, *, to_sequence_first: bool, groups: ParallelGroups, sequence_parallel: bool):
         self.to_sequence_first, self.groups = to_sequence_first, groups
-        self.sequence_parallel = sequence_parallel and groups.tp_size > 1
+        self.sequence_parallel = sequence_parallel
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         move = to_sequence_first if self.to_sequence_first else to_batch_first
@@ -113,7 +109,7 @@ def gpt_layer_specs(
 ) -> list:
     """The N+7 entries of GPTModelPipe, in Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
-    sp = config.sequence_parallel and groups.tp_size > 1
+    sp = config.sequence_parallel_active
     specs: list[LayerSpec | Callable] = [
         _CastInputs(config.torch_dtype),
         TiedLayerSpec(
@@ -166,7 +162,7 @@ def pipeline_deepspeed_config(config: GPTConfig) -> dict:
     activations are replicated over TP; sequence-parallel activations are per-rank slices, so
     that must be off, else stages receive a mix of slices.
     """
-    if not config.sequence_parallel or config.tensor_model_parallel_size == 1:
+    if not config.sequence_parallel_active:
         return {}
     return {"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
 
@@ -180,12 +176,7 @@ def build_gpt_pipe(
     partition_method: str = "type:transformer",
 ) -> PipelineModule:
     """A PipelineModule over the groups' (pp, dp, tp) grid; layers spread evenly by default."""
-    if groups.tp_size != config.tensor_model_parallel_size:
-        raise ValueError(
-            f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config "
-            f"but the "
-            f"tensor-parallel group has {groups.tp_size} ranks"
-        )
+    check_groups(config, groups)
     if config.num_layers < groups.pp_size:
         raise ValueError(
             f"num_layers ({config.num_layers}) must be at least the pipeline size "

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import KVCache, ParallelSelfAttention
+from .attention import LayerKVCache, ParallelSelfAttention
 from .config import GPTConfig
 from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
 from .parallel import ParallelGroups
@@ -32,7 +32,7 @@ class ParallelMLP(nn.Module):
             groups=groups,
             init_std=config.init_method_std,
             skip_bias_add=True,
-            sequence_parallel=config.sequence_parallel,
+            sequence_parallel=config.sequence_parallel_active,
             dtype=config.torch_dtype,
         )
         self.dense_4h_to_h = RowParallelLinear(
@@ -40,15 +40,14 @@ class ParallelMLP(nn.Module):
             config.hidden_size,
             groups=groups,
             init_std=config.output_layer_init_std,
-            sequence_parallel=config.sequence_parallel,
+            sequence_parallel=config.sequence_parallel_active,
             dtype=config.torch_dtype,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, bias = self.dense_h_to_4h(x)  # (S, B, ffn/TP)
-        y = kernels.bias_gelu(y, bias, use_kernel=self.use_kernel)
-        out, _ = self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
-        return out
+        y = self.dense_h_to_4h(x)  # (S, B, ffn/TP), bias left out for the fused bias+GeLU
+        y = kernels.bias_gelu(y, self.dense_h_to_4h.bias, use_kernel=self.use_kernel)
+        return self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -72,7 +71,7 @@ class ParallelTransformerLayer(nn.Module):
         )
         self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
         # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
-        self.sequence_parallel = config.sequence_parallel and groups.tp_size > 1
+        self.sequence_parallel = config.sequence_parallel_active
         sp_group = groups.tp_group if self.sequence_parallel else None
         with init_rng(None if init_seed is None else init_seed + layer_number):
             self.input_layernorm = LayerNorm(
@@ -94,39 +93,29 @@ class ParallelTransformerLayer(nn.Module):
             )
             self.mlp = ParallelMLP(config, groups=groups)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        position_offset: int = 0,
-        past_kv: KVCache | None = None,
-        use_cache: bool = False,
-    ):
-        """Returns the new hidden states, or (hidden, present_kv) when use_cache."""
-        if use_cache and self.sequence_parallel:
-            raise ValueError("use_cache (generation) needs a config with sequence_parallel=False")
-        if self.config.activation_checkpointing == "full" and self.training and not use_cache:
-            out = checkpoint(
-                lambda t: self._block(t, position_offset, None, False)[0],
-                x,
-                rng_tracker=self.rng_tracker,
-            )
-            return out
-        out, present = self._block(x, position_offset, past_kv, use_cache)
-        return (out, present) if use_cache else out
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (S, B, H) [or its (S/TP, B, H) sequence-parallel slice] -> the same shape."""
+        if self.config.activation_checkpointing == "full" and self.training:
+            return checkpoint(self._block, x, rng_tracker=self.rng_tracker)
+        return self._block(x)
 
-    def _block(
-        self, x: torch.Tensor, position_offset: int, past_kv: KVCache | None, use_cache: bool
-    ):
+    def decode(self, x: torch.Tensor, *, cache: LayerKVCache) -> torch.Tensor:
+        """x (S_new, B, H) at positions cache.num_positions onwards; appends to cache."""
+        if self.sequence_parallel:
+            raise ValueError("decoding needs a config with sequence_parallel=False")
+        return self._block(x, cache=cache)
+
+    def _block(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0
-        normed, _ = self.input_layernorm(x)
-        attn, present = self.self_attention(
-            normed, position_offset=position_offset, past_kv=past_kv, use_cache=use_cache
-        )
+        normed = self.input_layernorm(x)
+        if cache is None:
+            attn = self.self_attention(normed)
+        else:
+            attn = self.self_attention.decode(normed, cache=cache)
         attn = self._dropout(attn, p)
-        normed, summed = self.post_attention_layernorm(attn, residual=x)  # summed = x + attn
+        normed, summed = self.post_attention_layernorm.add_norm(attn, x)  # summed = x + attn
         out = self._dropout(self.mlp(normed), p)
-        return summed + out, present
+        return summed + out
 
     def _dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
         if p == 0.0:

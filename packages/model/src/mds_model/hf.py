@@ -1,0 +1,175 @@
+"""Our GPT's weights <-> Hugging Face `transformers`' GPT2LMHeadModel, without importing it.
+
+Only the learned-position GPT-2 architecture has a Hugging Face twin: pre-LayerNorm blocks,
+tanh-GeLU ("gelu_new"), tied LM head. The differences are layout only: HF's `Conv1D` stores
+weights as (in, out) where our linears store (out, in); HF's fused QKV columns are
+[all q | all k | all v] where ours (Megatron checkpoint version >= 2) groups the rows per head as
+[heads, 3, head_dim]; and our word embeddings carry Megatron's padding rows past the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from .config import GPTConfig
+
+# Per-layer parameters: our name -> (HF name, transpose (out, in) <-> (in, out)).
+_LAYER_NAMES = {
+    "input_layernorm.weight": ("ln_1.weight", False),
+    "input_layernorm.bias": ("ln_1.bias", False),
+    "self_attention.dense.weight": ("attn.c_proj.weight", True),
+    "self_attention.dense.bias": ("attn.c_proj.bias", False),
+    "post_attention_layernorm.weight": ("ln_2.weight", False),
+    "post_attention_layernorm.bias": ("ln_2.bias", False),
+    "mlp.dense_h_to_4h.weight": ("mlp.c_fc.weight", True),
+    "mlp.dense_h_to_4h.bias": ("mlp.c_fc.bias", False),
+    "mlp.dense_4h_to_h.weight": ("mlp.c_proj.weight", True),
+    "mlp.dense_4h_to_h.bias": ("mlp.c_proj.bias", False),
+}
+_QKV = "self_attention.query_key_value"
+
+
+def _check_gpt2_shaped(config: GPTConfig) -> None:
+    if config.position_embedding_type != "learned":
+        raise ValueError(
+            f"GPT-2 has learned position embeddings; position_embedding_type "
+            f"{config.position_embedding_type!r} has no Hugging Face GPT-2 equivalent"
+        )
+    if config.embed_layernorm:
+        raise ValueError("GPT-2 has no embedding LayerNorm; embed_layernorm must be False")
+
+
+def hf_gpt2_config(config: GPTConfig, *, eos_token_id: int | None = None) -> dict:
+    """The `config.json` of the Hugging Face GPT-2 with this architecture (`GPT2Config(**d)`).
+
+    eos_token_id: the tokenizer's end-of-document id (50256 for GPT-2's), also used as BOS as
+    GPT-2 does; None leaves both unset.
+    """
+    _check_gpt2_shaped(config)
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,  # the tokenizer's: padding rows are dropped on export
+        "n_positions": config.max_positions,
+        "n_embd": config.hidden_size,
+        "n_layer": config.num_layers,
+        "n_head": config.num_attention_heads,
+        "n_inner": config.ffn_size,
+        "activation_function": "gelu_new",  # tanh approximation, as Megatron's bias_gelu
+        "layer_norm_epsilon": config.layernorm_epsilon,
+        "embd_pdrop": config.hidden_dropout,
+        "resid_pdrop": config.hidden_dropout,
+        "attn_pdrop": config.attention_dropout,
+        "initializer_range": config.init_method_std,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+
+
+def _get(state_dict: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...]):
+    if name not in state_dict:
+        raise ValueError(
+            f"the state dict has no {name!r}: expected a whole (TP=1 or merged) plain GPT state "
+            "dict, as GPT.state_dict() names it"
+        )
+    tensor = state_dict[name]
+    if tuple(tensor.shape) != shape:
+        raise ValueError(
+            f"{name} has shape {tuple(tensor.shape)}, expected {shape} for this config "
+            "(a tensor-parallel shard? merge the shards first)"
+        )
+    return tensor
+
+
+def to_hf_gpt2_state_dict(
+    state_dict: Mapping[str, torch.Tensor], config: GPTConfig
+) -> dict[str, torch.Tensor]:
+    """Our plain GPT's whole state dict -> a `GPT2LMHeadModel` state dict (new tensors, same dtype).
+
+    state_dict: `GPT.state_dict()` at TP=1, or TP shards merged along each parameter's
+    `partition_dim`; config: the model's (any tensor_model_parallel_size: padding rows past
+    `vocab_size` are dropped whatever their number). The tied `lm_head.weight` is left out, as
+    `save_pretrained` leaves it out: `from_pretrained` ties it to `transformer.wte.weight`.
+    """
+    _check_gpt2_shaped(config)
+    h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    words = state_dict.get("embedding.word_embeddings.weight")
+    if words is None or words.dim() != 2 or words.shape[0] < v or words.shape[1] != h:
+        raise ValueError(
+            f"embedding.word_embeddings.weight must be ({config.padded_vocab_size}, {h}), got "
+            f"{None if words is None else tuple(words.shape)}"
+        )
+    out = {
+        "transformer.wte.weight": words[:v].clone(),
+        "transformer.wpe.weight": _get(
+            state_dict, "embedding.position_embeddings.weight", (config.max_positions, h)
+        ).clone(),
+        "transformer.ln_f.weight": _get(state_dict, "final_layernorm.weight", (h,)).clone(),
+        "transformer.ln_f.bias": _get(state_dict, "final_layernorm.bias", (h,)).clone(),
+    }
+    shapes = {
+        "self_attention.dense.weight": (h, h),
+        "mlp.dense_h_to_4h.weight": (f, h),
+        "mlp.dense_h_to_4h.bias": (f,),
+        "mlp.dense_4h_to_h.weight": (h, f),
+    }
+    for i in range(config.num_layers):
+        ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
+        for name, (hf_name, transpose) in _LAYER_NAMES.items():
+            tensor = _get(state_dict, ours + name, shapes.get(name, (h,)))
+            out[theirs + hf_name] = (tensor.t() if transpose else tensor).contiguous().clone()
+        # Rows [heads, 3, head_dim] -> [3, heads, head_dim]: all q, then all k, then all v.
+        weight = _get(state_dict, f"{ours}{_QKV}.weight", (3 * h, h))
+        bias = _get(state_dict, f"{ours}{_QKV}.bias", (3 * h,))
+        weight = weight.view(heads, 3, head_dim, h).transpose(0, 1).reshape(3 * h, h)
+        out[theirs + "attn.c_attn.weight"] = weight.t().contiguous()
+        out[theirs + "attn.c_attn.bias"] = bias.view(heads, 3, head_dim).transpose(0, 1).flatten()
+    return out
+
+
+def from_hf_gpt2_state_dict(
+    hf_state_dict: Mapping[str, torch.Tensor], config: GPTConfig
+) -> dict[str, torch.Tensor]:
+    """A `GPT2LMHeadModel` state dict -> our plain GPT's (TP=1 layout) state dict.
+
+    The inverse of `to_hf_gpt2_state_dict`; config must describe the HF model (`vocab_size`, shape);
+    the padding rows of the word embeddings are zeros. Load with `GPT.load_state_dict`.
+    """
+    _check_gpt2_shaped(config)
+    h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    wte = _get(hf_state_dict, "transformer.wte.weight", (v, h))
+    words = wte.new_zeros(config.padded_vocab_size, h)
+    words[:v] = wte
+    out = {
+        "embedding.word_embeddings.weight": words,
+        "embedding.position_embeddings.weight": _get(
+            hf_state_dict, "transformer.wpe.weight", (config.max_positions, h)
+        ).clone(),
+        "final_layernorm.weight": _get(hf_state_dict, "transformer.ln_f.weight", (h,)).clone(),
+        "final_layernorm.bias": _get(hf_state_dict, "transformer.ln_f.bias", (h,)).clone(),
+    }
+    hf_shapes = {
+        "attn.c_proj.weight": (h, h),
+        "mlp.c_fc.weight": (h, f),
+        "mlp.c_fc.bias": (f,),
+        "mlp.c_proj.weight": (f, h),
+    }
+    for i in range(config.num_layers):
+        ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
+        for name, (hf_name, transpose) in _LAYER_NAMES.items():
+            tensor = _get(hf_state_dict, theirs + hf_name, hf_shapes.get(hf_name, (h,)))
+            out[ours + name] = (tensor.t() if transpose else tensor).contiguous().clone()
+        weight = _get(hf_state_dict, theirs + "attn.c_attn.weight", (h, 3 * h)).t()
+        bias = _get(hf_state_dict, theirs + "attn.c_attn.bias", (3 * h,))
+        weight = weight.reshape(3, heads, head_dim, h).transpose(0, 1).reshape(3 * h, h)
+        out[f"{ours}{_QKV}.weight"] = weight.contiguous()
+        out[f"{ours}{_QKV}.bias"] = bias.view(3, heads, head_dim).transpose(0, 1).flatten()
+    return out
