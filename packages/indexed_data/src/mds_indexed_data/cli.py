@@ -94,10 +94,11 @@ def build(
         seed=seed,
         cache_dir=None if cache_dir is None else str(cache_dir),
     )
+    built = build_train_valid_test_datasets(config)
     print(
         "target sizes: " + ", ".join(f"{n} {c}" for n, c in zip(SPLIT_NAMES, counts, strict=True))
     )
-    print(format_summary(build_train_valid_test_datasets(config)))
+    print(format_summary(built))
 
 
 @app.command()
