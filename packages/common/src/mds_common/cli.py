@@ -43,7 +43,6 @@ def configure_logging(level: int = logging.INFO) -> None:
 @dataclass
 class _Invocation:
     words: list[str]  # what the user typed to name the command: ["mds-tokenize", "learn"]
-    command: object  # the click command that runs
     args: list[str]  # the argv handed to the root click command
 
 
@@ -69,9 +68,9 @@ def _resolve(root, argv: list[str], prog: str, default_command: str | None) -> _
             tokens = tokens[1:]
             continue
         if head in (HELP, "-h"):
-            return _Invocation(words, command, [*args, HELP])
+            return _Invocation(words, [*args, HELP])
         if head == VERSION:
-            return _Invocation(words, command, [VERSION])
+            return _Invocation(words, [VERSION])
         default = command.commands.get(default_command) if command is root else None
         takes_arguments = default is not None and any(
             param.param_type_name == "argument" for param in default.params
@@ -93,8 +92,8 @@ def _resolve(root, argv: list[str], prog: str, default_command: str | None) -> _
     except ArgvError as error:
         raise _Usage(str(error)) from None
     if normalised.wants_version:
-        return _Invocation(words, command, [VERSION])
-    return _Invocation(words, command, [*args, *normalised.args])
+        return _Invocation(words, [VERSION])
+    return _Invocation(words, [*args, *normalised.args])
 
 
 def _error_message(error: BaseException) -> str:
