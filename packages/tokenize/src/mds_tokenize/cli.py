@@ -39,6 +39,7 @@ def encode(
             "extension.",
         ),
     ],
+    # A prefix, not a path: Megatron appends to the string as given (Path would drop a final "/").
     output_prefix: Annotated[
         str,
         typer.Option(
