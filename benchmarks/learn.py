@@ -22,8 +22,8 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 def run_ours(*, input_path: Path, vocab_size: int, output_dir: Path, workers: int) -> dict:
-    from mds_tokenize.learn import run
-    from mds_tokenize.learn_config import LearnConfig
+    from mds_tokenize.learn.config import LearnConfig
+    from mds_tokenize.learn.learner import run
 
     config = LearnConfig(
         inputs=(input_path,),

@@ -12,8 +12,8 @@ from mds_indexed_data import IndexedDatasetReader
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*command: str) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+def run(*command: str, stdin: str | None = None) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False, input=stdin)
     assert result.returncode == 0, f"{command} failed:\n{result.stderr}"
     return result.stdout
 
@@ -66,18 +66,10 @@ def test_corpus_to_training_samples(tmp_path: Path):
     )
     assert max(int(dataset[i].max()) for i in range(len(dataset))) < len(vocab)
 
-    doc = run(
-        "mds-index",
-        "show",
-        str(prefix),
-        "--doc",
-        "3",
-        "--vocab-file",
-        str(vocab_file),
-        "--merge-file",
-        str(merge_file),
-    )
-    assert texts[3] in doc
+    # `mds-index show ... | mds-tokenize decode ...`: the packages meet only through the pipe.
+    ids = run("mds-index", "show", str(prefix), "--doc", "3")
+    decode = ("mds-tokenize", "decode", "--vocab-file", str(vocab_file), "--merge-file")
+    assert run(*decode, str(merge_file), stdin=ids) == texts[3] + "<|endoftext|>\n"
 
     # `show --sample` must name the cache `build` made: the same index-determining flags.
     index_flags = (

@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import pickle
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,14 @@ def test_cache_files_next_to_data_and_description(dataset):
     assert len(names) == 8  # train and valid: 3 arrays + 1 description each
     assert all(not s.cache_hit for s in built.splits)
     description = json.loads(Path(built.splits[0].cache_file).read_text())
-    assert description["inputs"]["num_samples"] == 900 and description["inputs"]["seed"] == 5
+    determining = description["determining_inputs"]
+    assert determining["num_samples"] == 900 and determining["seed"] == 5
+    assert description["inputs"] == [str(dataset.resolve())]
     assert description["arrays"]["sample_idx"]["dtype"] == "int32"
     assert description["num_samples_available"] == len(built.train)
-    assert description["written_by"].startswith("mds-index ")
+    assert description["tool"] == "mds-index build" and description["version"] == version(
+        "mds-indexed-data"
+    )
 
 
 def test_second_build_is_a_pure_hit(dataset, monkeypatch):

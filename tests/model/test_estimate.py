@@ -136,9 +136,9 @@ def test_info_cli_bad_flag_is_one_line_naming_the_flag():
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "mds-model info: --num-attention-heads (4) must be divisible by "
+        "mds-model info: error: --num-attention-heads (4) must be divisible by "
         "--tensor-model-parallel-size (3)"
     )
     proc = subprocess.run(
@@ -157,8 +157,8 @@ def test_info_cli_bad_flag_is_one_line_naming_the_flag():
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "mds-model info: --zero-stage must be 0, 1, 2 or 3, got 5"
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "mds-model info: error: --zero-stage must be 0, 1, 2 or 3, got 5"
 
 
 def test_sequence_parallel_splits_the_activations_outside_tp_regions():
@@ -209,8 +209,8 @@ def test_info_cli_refuses_impossible_plans(tmp_path, flags, message):
         text=True,
         cwd=tmp_path,
     )
-    assert proc.returncode != 0 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [f"mds-model info: {message}"]
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"mds-model info: error: {message}"]
     assert list(tmp_path.iterdir()) == []
 
 

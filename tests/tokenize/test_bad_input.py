@@ -74,7 +74,7 @@ def test_complete_zst_keeps_every_document(shared_data, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     metadata = json.loads((tmp_path / "out_text_document.tokenize.json").read_text())
-    assert metadata["num_docs"] == NUM_DOCUMENTS
+    assert metadata["num_documents"] == NUM_DOCUMENTS
 
 
 @pytest.mark.parametrize("truncated_zst", ["at-block-end", "mid-block"], indirect=True)

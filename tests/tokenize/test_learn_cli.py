@@ -2,24 +2,40 @@
 one clear stderr line (exit 1, nothing written) for each user mistake."""
 
 import gzip
+import io
 import json
 import lzma
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import typer
 import zstandard
-from mds_tokenize import learn_counting
 from mds_tokenize.byte_level import END_OF_TEXT
-from mds_tokenize.learn_cli import learn
-from typer.testing import CliRunner
-
-app = typer.Typer()
-app.command()(learn)
+from mds_tokenize.cli import main
+from mds_tokenize.learn import counting as learn_counting
 
 
-def invoke(*args):
-    return CliRunner().invoke(app, [str(arg) for arg in args])
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def invoke(*args) -> Result:
+    """`mds-tokenize learn ARGS` in this process, through the real entry point."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        try:
+            main(["learn", *map(str, args)])
+        except SystemExit as exit_:
+            code = exit_.code
+    return Result(code, stdout.getvalue(), stderr.getvalue())
 
 
 def write_jsonl(path: Path, texts) -> Path:

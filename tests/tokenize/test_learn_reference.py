@@ -7,7 +7,7 @@ from collections import Counter
 
 import regex
 from mds_tokenize.byte_level import END_OF_TEXT, GPT2_SPLIT_PATTERN, bytes_to_unicode
-from mds_tokenize.learn import learn_vocabulary
+from mds_tokenize.learn.learner import learn_vocabulary
 
 
 def reference_learn(words: Counter, *, vocab_size: int, special_tokens: tuple, min_frequency: int):

@@ -95,8 +95,11 @@ def test_reproduces_megatron_golden_files(shared_data, tmp_path, workers):
     metadata = json.loads(
         (tmp_path / "meg-gpt2-openwebtext_text_document.tokenize.json").read_text()
     )
-    assert metadata["num_docs"] == 1000 and metadata["num_tokens"] == 1361845
+    assert metadata["num_documents"] == 1000 and metadata["num_tokens"] == 1361845
     assert metadata["tool"] == "mds-tokenize" and metadata["config"]["workers"] == workers
+    inputs = ("openwebtext-1000.jsonl", "megatron-golden/gpt2-tiny-vocab.json")
+    inputs += ("megatron-golden/gpt2-tiny-merges.txt",)
+    assert metadata["inputs"] == [str((shared_data / name).resolve()) for name in inputs]
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "meg-gpt2-openwebtext_text_document.bin",
         "meg-gpt2-openwebtext_text_document.idx",

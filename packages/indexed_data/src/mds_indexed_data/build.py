@@ -166,7 +166,7 @@ def _split_dataset(
             seed=config.seed,
             cutoff=SEPARATE_LAST_EPOCH_CUTOFF,
         )
-        extra = {"written_by": _tool_version(), "num_tokens_per_epoch": num_tokens}
+        extra = {"num_tokens_per_epoch": num_tokens}
         try:
             save_cache(key, cache_dir, built, extra)
         except OSError as error:
@@ -200,12 +200,6 @@ def _split_dataset(
         cache_hit=hit,
     )
     return dataset, summary
-
-
-def _tool_version() -> str:
-    from mds_indexed_data import __version__
-
-    return f"mds-index {__version__}"
 
 
 def format_summary(build: DatasetsBuild) -> str:

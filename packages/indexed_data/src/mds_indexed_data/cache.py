@@ -8,12 +8,12 @@ a JSON that matches its arrays' shapes marks a complete cache; anything else is 
 
 import hashlib
 import json
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from mds_common.files import atomic_write
+from mds_common.sidecar import sidecar, write_json
 
 from mds_indexed_data.sample_index import IndexMappings
 
@@ -73,7 +73,9 @@ def load_cache(key: CacheKey, cache_dir: Path) -> tuple[IndexMappings, dict] | N
         description = json.loads(paths["json"].read_text())
     except (OSError, ValueError):
         return None
-    if description.get("inputs") != key.determining_inputs():
+    # Caches written before the sidecar vocabulary kept the determining inputs under "inputs".
+    determining = description.get("determining_inputs", description.get("inputs"))
+    if determining != key.determining_inputs():
         return None
     arrays = {}
     for name in ARRAY_NAMES:
@@ -96,14 +98,18 @@ def load_cache(key: CacheKey, cache_dir: Path) -> tuple[IndexMappings, dict] | N
 
 
 def save_cache(key: CacheKey, cache_dir: Path, mappings: IndexMappings, extra: dict) -> dict:
-    """Writes the arrays then the description, each under a unique temporary name then renamed.
+    """Writes the arrays then the description, each under its temporary name (with this process's
+    PID and host) and renamed, with the common sidecar keys (tool, version, inputs) first.
 
     Concurrent builders of one key write identical bytes, so whichever rename lands last is right.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     paths = cache_paths(key, cache_dir)
     description = {
-        "inputs": key.determining_inputs(),
+        **sidecar(
+            tool="mds-index build", distribution="mds-indexed-data", inputs=[key.data_prefix]
+        ),
+        "determining_inputs": key.determining_inputs(),
         "data_prefix": key.data_prefix,
         "split_name": key.split_name,
         "num_epochs": mappings.num_epochs,
@@ -116,23 +122,8 @@ def save_cache(key: CacheKey, cache_dir: Path, mappings: IndexMappings, extra: d
         },
         **extra,
     }
-    tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     for name in ARRAY_NAMES:
-        array = getattr(mappings, name)
-        _write_atomically(paths[name], tag, lambda f, a=array: np.save(f, a))
-    _write_atomically(
-        paths["json"], tag, lambda f: f.write(json.dumps(description, indent=2).encode() + b"\n")
-    )
+        with atomic_write(paths[name]) as file:
+            np.save(file, getattr(mappings, name))
+    write_json(paths["json"], description)
     return description
-
-
-def _write_atomically(path: Path, tag: str, write) -> None:
-    temporary = path.with_name(path.name + tag)
-    try:
-        with open(temporary, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

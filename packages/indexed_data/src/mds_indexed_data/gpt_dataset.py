@@ -41,6 +41,14 @@ class GPTDataset:
         return self.sample_idx.shape[0] - 1
 
     def __getitem__(self, index: int) -> np.ndarray:
+        parts = [self.reader.get(*span) for span in self.sample_spans(index)]
+        if len(parts) == 1:
+            return parts[0].astype(np.int64)
+        return np.concatenate(parts).astype(np.int64, copy=False)
+
+    def sample_spans(self, index: int) -> list[tuple[int, int, int]]:
+        """(document, first token, number of tokens) of each document run that sample `index`
+        spans, in order; the sample is their tokens back to back."""
         length = len(self)
         if not -length <= index < length:
             raise IndexError(f"sample {index} out of range for {self.name} dataset of {length}")
@@ -48,14 +56,16 @@ class GPTDataset:
         first, first_offset = (int(v) for v in self.sample_idx[row])
         last, last_offset = (int(v) for v in self.sample_idx[row + 1])
         if first == last:
-            tokens = self.reader.get(
-                int(self.doc_idx[first]), first_offset, last_offset - first_offset + 1
-            )
-            return tokens.astype(np.int64)
-        parts = [self.reader.get(int(self.doc_idx[first]), first_offset)]
-        parts.extend(self.reader.get(int(self.doc_idx[k])) for k in range(first + 1, last))
-        parts.append(self.reader.get(int(self.doc_idx[last]), 0, last_offset + 1))
-        return np.concatenate(parts).astype(np.int64, copy=False)
+            return [(int(self.doc_idx[first]), first_offset, last_offset - first_offset + 1)]
+        first_document = int(self.doc_idx[first])
+        spans = [
+            (first_document, first_offset, int(self.reader.sizes[first_document]) - first_offset)
+        ]
+        for k in range(first + 1, last):
+            document = int(self.doc_idx[k])
+            spans.append((document, 0, int(self.reader.sizes[document])))
+        spans.append((int(self.doc_idx[last]), 0, last_offset + 1))
+        return spans
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

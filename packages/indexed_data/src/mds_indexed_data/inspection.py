@@ -1,12 +1,11 @@
-"""What `mds-index info` and `mds-index show` print: dataset statistics and one document or sample.
+"""What `mds-index info` and `mds-index show` print: dataset statistics, and the token ids of one
+document or training sample, one line per item or document run.
 
-Decoding uses the mds-tokenize public API
-(`GPT2BPETokenizer.from_files(vocab, merges).decode(ids)`), imported only when vocabulary files
-are given, so this package does not depend on it.
+Text is not this package's business (it depends on no tokenizer): `mds-index show ... |
+mds-tokenize decode --vocab-file V --merge-file M` turns each line of ids into its text.
 """
 
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -54,39 +53,17 @@ def info_text(prefix: str) -> str:
     return "\n".join(lines)
 
 
-def document_tokens(reader: IndexedDatasetReader, document: int) -> np.ndarray:
-    """All tokens of document `document` (its items back to back); ValueError naming --doc."""
+def document_items(reader: IndexedDatasetReader, document: int) -> list[np.ndarray]:
+    """The items of document `document` (one for GPT datasets, one per sentence for datasets
+    tokenized with sentence splitting); ValueError naming --doc."""
     if not 0 <= document < reader.num_documents:
         raise ValueError(
             f"--doc {document}: {reader.prefix} has documents 0..{reader.num_documents - 1}"
         )
     first, last = int(reader.doc_idx[document]), int(reader.doc_idx[document + 1])
-    if first == last:
-        return np.empty(0, dtype=np.int64)
-    return np.concatenate([reader.get(item) for item in range(first, last)]).astype(np.int64)
+    return [reader.get(item) for item in range(first, last)]
 
 
-def make_decoder(vocab_file: str | None, merge_file: str | None):
-    """A function ids -> text, or None when no vocabulary was given (ids are printed then)."""
-    if vocab_file is None and merge_file is None:
-        return None
-    if vocab_file is None or merge_file is None:
-        raise ValueError("--vocab-file and --merge-file go together; give both or neither")
-    for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
-        if not Path(path).is_file():
-            raise ValueError(f"{flag} {path}: file not found")
-    try:
-        from mds_tokenize import GPT2BPETokenizer
-    except ImportError:
-        raise ValueError(
-            "decoding needs mds-tokenize: pip install mds-tokenize (or mds-indexed-data[decode]), "
-            "or drop --vocab-file/--merge-file to print token ids"
-        ) from None
-    tokenizer = GPT2BPETokenizer.from_files(vocab_file, merge_file)
-    return lambda ids: tokenizer.decode([int(i) for i in ids])
-
-
-def render_tokens(tokens: Sequence[int], decoder) -> str:
-    if decoder is None:
-        return " ".join(str(int(token)) for token in tokens)
-    return decoder(tokens)
+def render_lines(runs: Iterable[np.ndarray]) -> str:
+    """One line of space-separated ids per run of tokens."""
+    return "\n".join(" ".join(map(str, np.asarray(run).tolist())) for run in runs)

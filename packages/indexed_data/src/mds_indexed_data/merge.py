@@ -5,10 +5,10 @@ pointers are recomputed, so merging shards of one input equals tokenizing the in
 Inputs whose sidecars record different vocabularies are refused (vocabulary.py).
 """
 
-import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
+
+from mds_common.sidecar import write_sidecar
 
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.reader import IndexedDatasetReader
@@ -58,23 +58,19 @@ def check_same_vocabulary(prefixes: Sequence[str | Path]) -> dict | None:
 def write_merge_metadata(prefixes: Sequence[str | Path], merged: IndexedDatasetReader) -> Path:
     """`OUT.merge.json` beside a merged dataset: the tool, its version, the inputs in order and the
     counts, written to a temporary name and renamed like the dataset itself."""
-    from mds_indexed_data import __version__
-
     path = Path(f"{merged.prefix}.merge.json")
-    description = {
-        "tool": "mds-index merge",
-        "version": __version__,
-        "inputs": [str(Path(prefix).resolve()) for prefix in prefixes],
-        "output_prefix": str(Path(merged.prefix).resolve()),
-        "num_documents": merged.num_documents,
-        "num_items": len(merged),
-        "num_tokens": merged.num_tokens,
-        "dtype": str(merged.dtype),
-    }
     vocabulary = check_same_vocabulary(prefixes)
-    if vocabulary is not None:
-        description["vocabulary"] = vocabulary  # so that merging this output is checked too
-    temporary = path.with_name(path.name + f".tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(description, indent=2) + "\n")
-    os.replace(temporary, path)
+    extra = {} if vocabulary is None else {"vocabulary": vocabulary}  # merging this is checked too
+    write_sidecar(
+        path,
+        tool="mds-index merge",
+        distribution="mds-indexed-data",
+        inputs=prefixes,
+        output_prefix=str(Path(merged.prefix).resolve()),
+        num_documents=merged.num_documents,
+        num_items=len(merged),
+        num_tokens=merged.num_tokens,
+        dtype=str(merged.dtype),
+        **extra,
+    )
     return path

@@ -1,14 +1,15 @@
 """Streaming `.bin`/`.idx` writer, byte-identical to Megatron's `MMapIndexedDatasetBuilder`.
 
-Both files are written under temporary names and renamed into place by `finalize()`, `.bin` first,
-so a visible `.idx` always means a complete dataset; a failure removes the temporaries.
+Both files are written under temporary names (`mds_common.files.AtomicFile`) and renamed into
+place by `finalize()`, `.bin` first, so a visible `.idx` always means a complete dataset; a failure
+removes the temporaries, and those of killed runs are removed by the next writer of the dataset.
 """
 
-import os
 from array import array
 from pathlib import Path
 
 import numpy as np
+from mds_common.files import AtomicFile
 
 from mds_indexed_data.mmap_format import data_file_path, encode_header, index_file_path
 from mds_indexed_data.reader import IndexedDatasetReader
@@ -21,11 +22,8 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         self.index_path = index_file_path(prefix)
         self.data_path = data_file_path(prefix)
-        self.index_path.parent.mkdir(parents=True, exist_ok=True)
-        suffix = f".tmp-{os.getpid()}"
-        self._temp_index = self.index_path.with_name(self.index_path.name + suffix)
-        self._temp_data = self.data_path.with_name(self.data_path.name + suffix)
-        self._data = open(self._temp_data, "wb")  # noqa: SIM115 - closed by finalize/abort
+        self._data_file = AtomicFile(self.data_path, "wb")
+        self._data = self._data_file.file
         self._sizes = array("i")
         self._doc_idx = array("q", [0])
         self._closed = False
@@ -79,12 +77,13 @@ class IndexedDatasetWriter:
         self._doc_idx.frombytes((np.asarray(reader.doc_idx[1:], dtype=np.int64) + offset).tobytes())
 
     def finalize(self) -> None:
-        self._data.close()
         sizes = np.frombuffer(self._sizes, dtype=np.int32)
         pointers = np.zeros(len(sizes), dtype=np.int64)
         np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
         pointers *= self.dtype.itemsize
-        with open(self._temp_index, "wb") as index:
+        index_file = AtomicFile(self.index_path, "wb")
+        try:
+            index = index_file.file
             index.write(
                 encode_header(
                     dtype=self.dtype, num_items=len(sizes), num_doc_idx=len(self._doc_idx)
@@ -93,14 +92,18 @@ class IndexedDatasetWriter:
             index.write(sizes.tobytes())
             index.write(pointers.tobytes())
             index.write(np.frombuffer(self._doc_idx, dtype=np.int64).tobytes())
-        os.replace(self._temp_data, self.data_path)
-        os.replace(self._temp_index, self.index_path)
+            self._data_file.commit()
+            index_file.commit()
+        except BaseException:
+            if not index_file.done:
+                index_file.abort()
+            self.abort()
+            raise
         self._closed = True
 
     def abort(self) -> None:
-        self._data.close()
-        for path in (self._temp_data, self._temp_index):
-            path.unlink(missing_ok=True)
+        if not self._data_file.done:
+            self._data_file.abort()
         self._closed = True
 
     def __enter__(self) -> "IndexedDatasetWriter":

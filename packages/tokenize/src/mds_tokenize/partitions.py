@@ -10,11 +10,11 @@ import logging
 import re
 from pathlib import Path
 
+from mds_common.sidecar import write_sidecar
 from mds_indexed_data import data_file_path, index_file_path, merge_datasets
 
-from mds_tokenize import __version__
 from mds_tokenize.config import MergeConfig, dataset_prefix, partition_suffix
-from mds_tokenize.pipeline import metadata_path, write_metadata
+from mds_tokenize.pipeline import metadata_path
 
 logger = logging.getLogger(__name__)
 
@@ -68,22 +68,17 @@ def merge(config: MergeConfig) -> dict[str, str]:
         output = dataset_prefix(config.output_prefix, key)
         merged = merge_datasets(shards, output)
         shard_metadata = [_read_metadata(shard) for shard in shards]
-        write_metadata(
+        write_sidecar(
             metadata_path(output),
-            {
-                "tool": "mds-tokenize merge",
-                "version": __version__,
-                "config": {
-                    "output_prefix": config.output_prefix,
-                    "json_keys": list(config.json_keys),
-                },
-                "json_key": key,
-                "num_partitions": len(shards),
-                "shards": shards,
-                "num_docs": len(merged),
-                "num_tokens": merged.num_tokens,
-                "shard_metadata": shard_metadata,
-            },
+            tool="mds-tokenize merge",
+            distribution="mds-tokenize",
+            inputs=shards,
+            config={"output_prefix": config.output_prefix, "json_keys": list(config.json_keys)},
+            json_key=key,
+            num_partitions=len(shards),
+            num_documents=merged.num_documents,
+            num_tokens=merged.num_tokens,
+            shard_metadata=shard_metadata,
         )
         logger.info(
             "merged %d shards -> %s.{bin,idx}: %s docs, %s tokens",

@@ -5,10 +5,8 @@ of whole lines: an ordered pool with a bounded number of blocks in flight (so me
 one numpy array per block and key back from each worker, and the writer's bulk `add_documents`.
 """
 
-import json
 import logging
 import multiprocessing
-import os
 import sys
 import time
 from collections import deque
@@ -18,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from mds_common.sidecar import sidecar, write_json
 from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype, describe_vocabulary
 
-from mds_tokenize import __version__
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.documents import BadLine, BlockResult, EncodeSettings, encode_block
 from mds_tokenize.input_reader import Block, InputReader
@@ -90,12 +88,6 @@ def _ordered_pool_results(
 def _pool_context():
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if "fork" in methods else None)
-
-
-def write_metadata(path: Path, metadata: dict) -> None:
-    temporary = path.with_name(path.name + f".tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(metadata, indent=2) + "\n")
-    os.replace(temporary, path)
 
 
 def metadata_path(dataset: str) -> Path:
@@ -168,7 +160,7 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
             )
     summary.seconds = time.monotonic() - started
     for key in config.json_keys:
-        write_metadata(metadata_path(summary.outputs[key]), _metadata(config, summary, key, dtype))
+        write_json(metadata_path(summary.outputs[key]), _metadata(config, summary, key, dtype))
     _log_summary(summary)
     return summary
 
@@ -194,20 +186,21 @@ def _metadata(config: TokenizeConfig, summary: TokenizeSummary, key: str, dtype:
     settings = {name: value for name, value in asdict(config).items() if name != "block_bytes"}
     for name in ("input", "vocab_file", "merge_file"):
         settings[name] = str(Path(settings[name]).resolve())
-    return {
-        "tool": "mds-tokenize",
-        "version": __version__,
-        "config": settings,
-        "json_key": key,
+    return sidecar(
+        tool="mds-tokenize",
+        distribution="mds-tokenize",
+        inputs=[config.input, config.vocab_file, config.merge_file],
+        config=settings,
+        json_key=key,
         # What `mds-index merge` compares before joining datasets.
-        "vocabulary": describe_vocabulary(config.vocab_file, config.merge_file),
-        "dtype": dtype.name,
-        "num_docs": summary.num_docs - summary.num_empty[key],
-        "num_tokens": summary.num_tokens[key],
-        "num_empty_docs_skipped": summary.num_empty[key],
-        "num_bad_lines_skipped": summary.num_bad_lines,
-        "input_bytes": summary.num_bytes,
-    }
+        vocabulary=describe_vocabulary(config.vocab_file, config.merge_file),
+        dtype=dtype.name,
+        num_documents=summary.num_docs - summary.num_empty[key],
+        num_tokens=summary.num_tokens[key],
+        num_empty_documents_skipped=summary.num_empty[key],
+        num_bad_lines_skipped=summary.num_bad_lines,
+        num_input_bytes=summary.num_bytes,
+    )
 
 
 def _log_summary(summary: TokenizeSummary) -> None:

@@ -1,8 +1,8 @@
 """`mds-tokenize learn`: the thin typer command that trains a GPT-2-format byte-level BPE
 vocabulary.
 
-The signature is the configuration (litgpt style); everything else lives in `learn.py`. Registered
-as a subcommand by `mds_tokenize.cli`.
+The signature is the configuration (litgpt style); everything else lives in `learner.py`.
+Registered as a subcommand by `mds_tokenize.cli`; errors are reported by `mds_common.cli`.
 """
 
 from pathlib import Path
@@ -19,8 +19,7 @@ def learn(
         typer.Option(
             "--input",
             help="jsonl corpus to learn from (.jsonl, .jsonl.gz, .jsonl.xz or .jsonl.zst by "
-            "extension); "
-            "repeat the flag for more files.",
+            "extension); several: --input a.jsonl b.jsonl.zst.",
         ),
     ],
     vocab_size: Annotated[
@@ -40,7 +39,8 @@ def learn(
     json_keys: Annotated[
         list[str],
         typer.Option(
-            "--json-keys", help="Keys of each jsonl object whose text is learned from; repeatable."
+            "--json-keys",
+            help="Keys of each jsonl object whose text is learned from: --json-keys text title.",
         ),
     ] = ["text"],  # noqa: B006 - typer reads the default, nothing mutates it
     min_frequency: Annotated[
@@ -54,7 +54,8 @@ def learn(
         list[str],
         typer.Option(
             "--special-tokens",
-            help=f"Special tokens appended after the merges, in order; repeatable. {END_OF_TEXT} "
+            help=f"Special tokens appended after the merges, in order: --special-tokens A B. "
+            f"{END_OF_TEXT} "
             "(the EOD) is always included, added last when not listed.",
         ),
     ] = [END_OF_TEXT],  # noqa: B006 - typer reads the default, nothing mutates it
@@ -68,20 +69,16 @@ def learn(
 ) -> None:
     """Learn a byte-level BPE vocabulary (GPT-2-format vocab.json + merges.txt) from jsonl."""
     # Imported here so that `mds-tokenize --help` does not pay for the learner's imports.
-    from mds_tokenize.learn import run
-    from mds_tokenize.learn_config import LearnConfig
+    from mds_tokenize.learn.config import LearnConfig
+    from mds_tokenize.learn.learner import run
 
-    try:
-        config = LearnConfig(
-            inputs=tuple(inputs),
-            json_keys=tuple(json_keys),
-            vocab_size=vocab_size,
-            output_dir=output_dir,
-            min_frequency=min_frequency,
-            special_tokens=tuple(special_tokens),
-            workers=workers,
-        )
-        run(config)
-    except ValueError as error:
-        typer.echo(f"mds-tokenize learn: error: {error}", err=True)
-        raise typer.Exit(code=1) from None
+    config = LearnConfig(
+        inputs=tuple(inputs),
+        json_keys=tuple(json_keys),
+        vocab_size=vocab_size,
+        output_dir=output_dir,
+        min_frequency=min_frequency,
+        special_tokens=tuple(special_tokens),
+        workers=workers,
+    )
+    run(config)

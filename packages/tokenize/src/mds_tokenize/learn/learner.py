@@ -14,13 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from mds_common.files import write_files_atomically
+from mds_common.sidecar import sidecar
 
-from mds_tokenize import __version__
-from mds_tokenize._learn_merge import learn_merges
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode
-from mds_tokenize.learn_config import LearnConfig
-from mds_tokenize.learn_counting import count_words
-from mds_tokenize.learn_progress import Progress
+from mds_tokenize.learn._merge import learn_merges
+from mds_tokenize.learn.config import LearnConfig
+from mds_tokenize.learn.counting import count_words
+from mds_tokenize.learn.progress import Progress
 
 logger = logging.getLogger("mds_tokenize.learn")
 
@@ -82,20 +83,6 @@ def learn_vocabulary(
     return vocab, merge_strings
 
 
-def write_atomically(files: dict[Path, str]) -> None:
-    """Writes every file under a temporary name first and renames them into place only when all are
-    complete, so that a failure never leaves a half-written vocabulary."""
-    temporaries = {path: path.with_name(f".{path.name}.tmp-{os.getpid()}") for path in files}
-    try:
-        for path, text in files.items():
-            temporaries[path].write_text(text, encoding="utf-8", newline="\n")
-        for path, temporary in temporaries.items():
-            os.replace(temporary, path)
-    finally:
-        for temporary in temporaries.values():
-            temporary.unlink(missing_ok=True)
-
-
 def write_vocabulary(
     *, output_dir: Path, vocab: dict[str, int], merges: list[tuple[str, str]], summary: dict
 ) -> None:
@@ -103,7 +90,7 @@ def write_vocabulary(
     drops the first line and the last split element) and the resolved config with run statistics."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(
+        write_files_atomically(
             {
                 output_dir / VOCAB_FILE: json.dumps(vocab),
                 output_dir / MERGES_FILE: MERGES_HEADER
@@ -121,8 +108,6 @@ def write_vocabulary(
 def run(config: LearnConfig) -> dict:
     """Counts words, learns the merges, writes the files and the resolved config; returns the
     summary that learn-config.json holds."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
     total_bytes = sum(os.path.getsize(path) for path in config.inputs)
     with Progress(label="counting words", unit="MB", total=total_bytes / 1e6) as progress:
@@ -164,17 +149,18 @@ def run(config: LearnConfig) -> dict:
             len(vocab),
             config.vocab_size,
         )
-    summary = {
-        "tool": "mds-tokenize learn",
-        "version": __version__,
-        "config": config.to_json_dict(),
-        "num_documents": num_documents,
-        "num_distinct_words": len(words),
-        "num_merges": len(merges),
-        "vocab_size": len(vocab),
-        "eod_id": vocab[END_OF_TEXT],
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    summary = sidecar(
+        tool="mds-tokenize learn",
+        distribution="mds-tokenize",
+        inputs=config.inputs,
+        config=config.to_json_dict(),
+        num_documents=num_documents,
+        num_distinct_words=len(words),
+        num_merges=len(merges),
+        vocab_size=len(vocab),
+        eod_id=vocab[END_OF_TEXT],
+        seconds=round(time.perf_counter() - started, 3),
+    )
     write_vocabulary(output_dir=config.output_dir, vocab=vocab, merges=merges, summary=summary)
     logger.info(
         "wrote %s and %s to %s: %d tokens, %d merges, in %.1fs",

@@ -1,0 +1,208 @@
+"""Atomic outputs: write under `NAME.tmp-PID-HOST`, fsync, rename into place; and removal of the
+temporaries that killed runs (`kill -9`, OOM, a lost node) leave behind.
+
+A reader never sees a half-written file: the final name appears only by `os.replace`, which is
+atomic on POSIX filesystems. The host is part of the temporary's name because on a shared
+filesystem a PID only identifies a process together with its host.
+"""
+
+import logging
+import os
+import re
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+_HOST = socket.gethostname().split(".")[0] or "localhost"
+# NAME.tmp-PID-HOST, or NAME.tmp-PID-HOST-old (a folder being replaced); the older outputs' names
+# NAME.tmp-PID and NAME.tmp-PID-RANDOM8 (without a host) are recognised too.
+_TEMPORARY = re.compile(r"\.tmp-(?P<pid>\d+)(?:-(?P<host>.+?))?(?:-old)?$")
+_LEGACY_TAG = re.compile(r"[0-9a-f]{8}")
+
+
+def temporary_path(path: str | os.PathLike) -> Path:
+    """The name this process writes `path` under before renaming it into place."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}-{_HOST}")
+
+
+def _process_is_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Removes the temporaries of `path` (files or folders `NAME.tmp-PID[-HOST]` beside it) whose
+    writer is gone: a PID that is not alive on this host. Temporaries of live processes and of
+    other hosts are kept. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f"{_glob_escape(path.name)}.tmp-*"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        match = _TEMPORARY.fullmatch(candidate.name[len(path.name) :])
+        if match is None:
+            continue
+        host = match.group("host")
+        if host is not None and host != _HOST and not _LEGACY_TAG.fullmatch(host):
+            continue
+        if _process_is_alive(int(match.group("pid"))):
+            continue
+        try:
+            size = _remove(candidate)
+        except OSError as error:
+            logger.warning("could not remove stale temporary %s: %s", candidate, error)
+            continue
+        logger.info("removed %s, left by an interrupted run (%s bytes)", candidate, f"{size:,}")
+        removed.append(candidate)
+    return removed
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _remove(path: Path) -> int:
+    if path.is_dir() and not path.is_symlink():
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path)
+        return size
+    size = path.stat().st_size
+    path.unlink()
+    return size
+
+
+class AtomicFile:
+    """A file written under its temporary name and renamed into place by `commit()`; `abort()` (or
+    leaving the `with` block by an exception) removes it. Stale temporaries of the same name are
+    removed when it is opened.
+
+    Use `commit()` directly when several files must appear in a chosen order (a dataset's `.bin`
+    before its `.idx`)."""
+
+    def __init__(self, path: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None):
+        if mode not in ("wb", "w"):
+            raise ValueError(f"AtomicFile mode {mode!r}: use 'wb' or 'w'")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.path)
+        self.temporary = temporary_path(self.path)
+        if mode == "w":
+            encoding = encoding or "utf-8"
+        newline = "\n" if mode == "w" else None
+        self.file: IO = open(self.temporary, mode, encoding=encoding, newline=newline)  # noqa: SIM115
+        self.done = False
+
+    def commit(self) -> Path:
+        """Flushes, fsyncs and closes the temporary, then renames it to the final name."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.temporary, self.path)
+        self.done = True
+        return self.path
+
+    def abort(self) -> None:
+        self.file.close()
+        self.temporary.unlink(missing_ok=True)
+        self.done = True
+
+    def __enter__(self) -> IO:
+        return self.file
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if self.done:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+@contextmanager
+def atomic_write(
+    path: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None
+) -> Iterator[IO]:
+    """`with atomic_write(path, "w") as f: f.write(...)`: `path` appears complete or not at all."""
+    with AtomicFile(path, mode, encoding=encoding) as file:
+        yield file
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    with atomic_write(path, "w") as file:
+        file.write(text)
+    return Path(path)
+
+
+def write_bytes_atomically(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_write(path, "wb") as file:
+        file.write(data)
+    return Path(path)
+
+
+def write_files_atomically(files: dict[Path, str | bytes]) -> None:
+    """Writes every file under its temporary name first and renames them only when all are written,
+    so a failure leaves none of them half-written (a vocabulary and its merges)."""
+    pending = []
+    try:
+        for path, content in files.items():
+            pending.append(AtomicFile(path, "w" if isinstance(content, str) else "wb"))
+            pending[-1].file.write(content)
+        for atomic in pending:
+            atomic.commit()
+    finally:
+        for atomic in pending:
+            if not atomic.done:
+                atomic.abort()
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """`with atomic_directory(out) as tmp: write files into tmp`: on success `tmp` is renamed to
+    `out` (an existing `out` is replaced); on an exception it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    temporary = temporary_path(path)
+    if temporary.exists():
+        _remove(temporary)
+    temporary.mkdir()
+    try:
+        yield temporary
+        for file in temporary.rglob("*"):
+            if file.is_file():
+                _fsync_path(file)
+        if path.exists():
+            # A folder cannot be renamed over a non-empty one: move the old one aside (under a
+            # temporary name, so a crash here is cleaned up later) and remove it after the rename.
+            old = path.with_name(f"{path.name}.tmp-{os.getpid()}-{_HOST}-old")
+            os.replace(path, old)
+            os.replace(temporary, path)
+            _remove(old)
+        else:
+            os.replace(temporary, path)
+    except BaseException:
+        if temporary.exists():
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _fsync_path(path: Path) -> None:
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
