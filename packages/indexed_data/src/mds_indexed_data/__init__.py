@@ -20,8 +20,6 @@ from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, ind
 from mds_indexed_data.reader import IndexedDatasetReader
 from mds_indexed_data.writer import IndexedDatasetWriter
 
-__version__ = "0.1.0"
-
 __all__ = [
     "BlendSummary",
     "BlendedDataset",

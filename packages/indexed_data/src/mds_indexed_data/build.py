@@ -6,6 +6,7 @@ the cache when a complete matching one exists (no build at all), else are built 
 `build_missing=False` a miss is an error, for ranks that wait on rank 0 or an offline build.
 """
 
+import importlib.metadata
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -203,9 +204,7 @@ def _split_dataset(
 
 
 def _tool_version() -> str:
-    from mds_indexed_data import __version__
-
-    return f"mds-index {__version__}"
+    return f"mds-index {importlib.metadata.version('mds-indexed-data')}"
 
 
 def format_summary(build: DatasetsBuild) -> str:

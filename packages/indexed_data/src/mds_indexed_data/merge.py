@@ -4,6 +4,7 @@ Items and documents keep their order; doc_idx entries are shifted by the items a
 pointers are recomputed, so merging shards of one input equals tokenizing the input in one run.
 """
 
+import importlib.metadata
 import json
 import os
 from collections.abc import Sequence
@@ -37,12 +38,10 @@ def merge_datasets(
 def write_merge_metadata(prefixes: Sequence[str | Path], merged: IndexedDatasetReader) -> Path:
     """`OUT.merge.json` beside a merged dataset: the tool, its version, the inputs in order and the
     counts, written to a temporary name and renamed like the dataset itself."""
-    from mds_indexed_data import __version__
-
     path = Path(f"{merged.prefix}.merge.json")
     description = {
         "tool": "mds-index merge",
-        "version": __version__,
+        "version": importlib.metadata.version("mds-indexed-data"),
         "inputs": [str(Path(prefix).resolve()) for prefix in prefixes],
         "output_prefix": str(Path(merged.prefix).resolve()),
         "num_documents": merged.num_documents,

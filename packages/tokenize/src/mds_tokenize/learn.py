@@ -6,6 +6,7 @@ then one id per new merge result in merge order, then the special tokens. Files:
 `a b` lines).
 """
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mds_tokenize import __version__
 from mds_tokenize._learn_merge import learn_merges
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode
 from mds_tokenize.learn_config import LearnConfig
@@ -166,7 +166,7 @@ def run(config: LearnConfig) -> dict:
         )
     summary = {
         "tool": "mds-tokenize learn",
-        "version": __version__,
+        "version": importlib.metadata.version("mds-tokenize"),
         "config": config.to_json_dict(),
         "num_documents": num_documents,
         "num_distinct_words": len(words),

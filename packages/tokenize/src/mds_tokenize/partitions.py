@@ -5,6 +5,7 @@ concatenated in K order (Megatron's serial merge, megatron-reference.md 1.9), wh
 byte-identical to a single run over the whole input.
 """
 
+import importlib.metadata
 import json
 import logging
 import re
@@ -12,7 +13,6 @@ from pathlib import Path
 
 from mds_indexed_data import data_file_path, index_file_path, merge_datasets
 
-from mds_tokenize import __version__
 from mds_tokenize.config import MergeConfig, dataset_prefix, partition_suffix
 from mds_tokenize.pipeline import metadata_path, write_metadata
 
@@ -72,7 +72,7 @@ def merge(config: MergeConfig) -> dict[str, str]:
             metadata_path(output),
             {
                 "tool": "mds-tokenize merge",
-                "version": __version__,
+                "version": importlib.metadata.version("mds-tokenize"),
                 "config": {
                     "output_prefix": config.output_prefix,
                     "json_keys": list(config.json_keys),

@@ -5,6 +5,7 @@ of whole lines: an ordered pool with a bounded number of blocks in flight (so me
 one numpy array per block and key back from each worker, and the writer's bulk `add_documents`.
 """
 
+import importlib.metadata
 import json
 import logging
 import multiprocessing
@@ -20,7 +21,6 @@ from pathlib import Path
 import numpy as np
 from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype
 
-from mds_tokenize import __version__
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.documents import BadLine, BlockResult, EncodeSettings, encode_block
 from mds_tokenize.input_reader import Block, InputReader
@@ -196,7 +196,7 @@ def _metadata(config: TokenizeConfig, summary: TokenizeSummary, key: str, dtype:
         settings[name] = str(Path(settings[name]).resolve())
     return {
         "tool": "mds-tokenize",
-        "version": __version__,
+        "version": importlib.metadata.version("mds-tokenize"),
         "config": settings,
         "json_key": key,
         "dtype": dtype.name,
