@@ -1,7 +1,7 @@
 """`mds-tokenize`: the typer app. Plain `mds-tokenize --input ...` runs `encode`; `merge` joins
 partition shards; `learn` trains a vocabulary (learn_cli.py).
 
-Accepts Megatron's `tools/preprocess_data.py` spellings (megatron-reference.md 2.1): `--vocab`,
+Accepts Megatron's `preprocess_data.py` spellings (README: "Megatron's flags"): `--vocab`,
 `--tokenizer-type GPT2BPETokenizer`, `--dataset-impl mmap`, `--log-interval`, `--json-keys a b`.
 """
 

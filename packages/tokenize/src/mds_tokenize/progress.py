@@ -1,6 +1,6 @@
 """Progress of a long tokenization: a redrawn bar on a terminal, periodic log lines otherwise.
 
-Like Megatron's `Processed N documents (x docs/s, y MB/s).` lines (megatron-reference.md 2.3), with
+Like Megatron's `Processed N documents (x docs/s, y MB/s).` lines (README: "Progress lines"), with
 the ETA added; MB are input bytes (decompressed), MB = 10^6 bytes.
 """
 
