@@ -10,20 +10,14 @@ Shapes are those of the 345M GPT (micro-batch 16, seq 1024, hidden 1024, ffn 409
     python3 benchmarks/model_kernels.py [--json results.json]
 """
 
+import argparse
+import json
+import math
 import sys
-from pathlib import Path
 
-# Run as a script, this folder leads sys.path, and its tokenize.py (the mds-tokenize benchmark)
-# would shadow the standard library's `tokenize`, which torch needs.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from mds_model.kernels import (  # noqa: E402
+import torch
+import torch.nn.functional as F
+from mds_model.kernels import (
     add_layer_norm,
     bias_gelu,
     scaled_masked_softmax,

@@ -14,18 +14,13 @@ Usage: python benchmarks/model_step.py [--reference PATH] [--steps 20] [--mbs 16
 
 from __future__ import annotations
 
+import argparse
+import json
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
-
-# Run as a script, this folder leads sys.path, and its tokenize.py (the mds-tokenize benchmark)
-# would shadow the standard library's `tokenize`, which torch needs.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REFERENCES = (

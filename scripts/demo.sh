@@ -4,10 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# Run the tools and Python from the environment install.sh used (.venv/ or the active one).
+PATH="$(dirname "$(bash scripts/install.sh --print-python)"):$PATH"
 out=${MDS_DEMO_DIR:-demo-output}
 rm -rf "$out" && mkdir -p "$out"
 
-python3 scripts/demo_corpus.py --output "$out/corpus.jsonl"
+python scripts/demo_corpus.py --output "$out/corpus.jsonl"
 mds-tokenize learn --input "$out/corpus.jsonl" --vocab-size 4096 --output-dir "$out/vocab"
 mds-tokenize --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
     --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" --append-eod --workers 2

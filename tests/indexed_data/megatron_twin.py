@@ -1,4 +1,4 @@
-"""A slow pure-Python twin of bigscience's GPT index construction, from megatron-reference.md §4.
+"""A slow pure-Python twin of bigscience's GPT index construction (README: "Upstream behaviour").
 
 Deliberately independent of the implementation under test: its own MT19937 (seeded as numpy's legacy
 `RandomState(int)`), its own Fisher-Yates with masked rejection, plain loops and lists everywhere.

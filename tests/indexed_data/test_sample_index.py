@@ -38,7 +38,7 @@ def _assert_matches_twin(twin, sizes, document_range, num_samples, seq_length, s
 @pytest.mark.parametrize(
     "split, seq_length, num_samples, seed, expect_epochs, expect_separate",
     [
-        # The worked example of the reference, section 4.11.
+        # README: "Worked example".
         ("949,50,1", 1024, 1600, 1234, 2, True),
         ("949,50,1", 128, 10180, 1, 1, False),  # exactly one epoch
         ("969, 30, 1", 512, 7695, 42, 3, False),  # 3 epochs, last one almost complete: not separate

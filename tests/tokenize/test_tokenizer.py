@@ -12,7 +12,7 @@ from mds_tokenize.byte_level import GPT2_SPLIT_PATTERN, bytes_to_unicode
 
 
 def megatron_encode(text: str, vocab: dict[str, int], merges: list[tuple[str, str]]) -> list[int]:
-    """Reference: gpt2_tokenization.py's encode (megatron-reference.md 3.2-3.4), no cache."""
+    """Reference: gpt2_tokenization.py's encode, no cache (README: "GPT-2 byte-level BPE")."""
     ranks = {pair: rank for rank, pair in enumerate(merges)}
     byte_encoder = bytes_to_unicode()
     ids = []
@@ -39,7 +39,7 @@ def megatron_encode(text: str, vocab: dict[str, int], merges: list[tuple[str, st
 
 def test_known_vectors(gpt2_tokenizer):
     assert gpt2_tokenizer.encode("Hello world!") == [15496, 995, 0]
-    # The literal "<|endoftext|>" in text is ordinary characters (megatron-reference.md 3.5).
+    # The literal "<|endoftext|>" in text is ordinary characters (README: "GPT-2 byte-level BPE").
     assert gpt2_tokenizer.encode("Hello world! <|endoftext|> It's 2024.") == [
         15496,
         995,

@@ -2,7 +2,7 @@
 
 Layout (little endian, no padding): magic[9] | version u64 | dtype code u8 | N u64 | D u64 |
 sizes int32[N] | pointers int64[N] (byte offsets into .bin) | doc_idx int64[D].
-See ../README.md for the prose spec and megatron-reference.md section 1 for the upstream facts.
+Spec: README, "Format 1: the indexed dataset"; upstream facts: README, "The mmap format upstream".
 """
 
 import struct

@@ -22,8 +22,6 @@ from .hf import from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, model_parallel_seed
 
-__version__ = "0.1.0"
-
 _PIPELINE_NAMES = ("PipeLoss", "build_gpt_pipe", "gpt_layer_specs", "pipeline_deepspeed_config")
 
 __all__ = [

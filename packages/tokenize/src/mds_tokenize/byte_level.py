@@ -1,6 +1,6 @@
 """GPT-2 byte-level BPE constants: the pretokenizer pattern and the byte-to-unicode alphabet.
 
-Follows OpenAI's gpt-2 `encoder.py` (megatron-reference.md section 3.2-3.3); shared by the encoder
+Follows OpenAI's gpt-2 `encoder.py` (README: "GPT-2 byte-level BPE"); shared by the encoder
 and the vocabulary learner so both see exactly the same words and symbols.
 """
 

@@ -1,7 +1,7 @@
 """`mds-tokenize`: the typer app. Plain `mds-tokenize --input ...` runs `encode`; `merge` joins
 partition shards; `learn` trains a vocabulary (learn/cli.py); `decode` turns ids back into text.
 
-Accepts Megatron's `tools/preprocess_data.py` spellings (see the README): `--vocab`,
+Accepts Megatron's `preprocess_data.py` spellings (README: "Megatron's flags"): `--vocab`,
 `--tokenizer-type GPT2BPETokenizer`, `--dataset-impl mmap`, `--log-interval`, `--json-keys a b`.
 Parsing, errors and exit codes follow the shared dialect (`mds_common.cli`, docs/cli.md).
 """

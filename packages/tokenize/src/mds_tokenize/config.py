@@ -1,7 +1,7 @@
 """Frozen, validated configurations of `mds-tokenize` (encode) and `mds-tokenize merge`.
 
 Errors name the flag to fix. Flag spellings follow Megatron's `tools/preprocess_data.py`
-(megatron-reference.md 2.1); `--partition K/N` is 0-based so `--array=0-(N-1)` task ids fit.
+(README: "Megatron's flags"); `--partition K/N` is 0-based so `--array=0-(N-1)` fits.
 """
 
 from dataclasses import dataclass

@@ -1,6 +1,6 @@
 """Turns one block of jsonl lines into token arrays: parse, validate, encode (runs in the workers).
 
-Follows Megatron's `Encoder.encode` at document level (megatron-reference.md 1.8, 2.2): one document
+Follows Megatron's `Encoder.encode` at document level (README: "Documents and EOD"): one document
 per line and key, EOD appended to non-empty documents, documents with no tokens skipped. Bad lines
 (not UTF-8, not JSON, not an object, missing key, non-string value) are reported with their line.
 """

@@ -1,7 +1,7 @@
 """`mds-tokenize merge`: joins the shards of `--partition K/N` runs into one dataset per key.
 
 Shard K of N of key `text` is `{prefix}_text_document.part-0000K-of-0000N.{bin,idx}`; shards are
-concatenated in K order (Megatron's serial merge, megatron-reference.md 1.9), which gives files
+concatenated in K order (Megatron's serial merge, README: "Merging shards"), which gives files
 byte-identical to a single run over the whole input.
 """
 

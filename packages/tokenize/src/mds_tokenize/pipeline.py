@@ -1,6 +1,6 @@
 """`mds-tokenize` end to end: jsonl -> `{prefix}_{key}_document.bin/.idx`, in input order.
 
-Megatron's `tools/preprocess_data.py` (megatron-reference.md 2.2) with the work cut into byte blocks
+Megatron's `preprocess_data.py` (README: "Documents and EOD") with the work cut into byte blocks
 of whole lines: an ordered pool with a bounded number of blocks in flight (so memory stays flat),
 one numpy array per block and key back from each worker, and the writer's bulk `add_documents`.
 """

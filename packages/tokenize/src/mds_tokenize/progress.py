@@ -1,7 +1,7 @@
 """Progress of a long tokenization: a redrawn bar on a terminal, periodic log lines otherwise.
 
-Like Megatron's `Processed N documents (x docs/s, y MB/s).` lines (see the README, "Progress"),
-with the ETA added; MB are input bytes (decompressed), MB = 10^6 bytes. When and where it shows is
+Like Megatron's `Processed N documents (x docs/s, y MB/s).` lines (README: "Progress lines"), with
+the ETA added; MB are input bytes (decompressed), MB = 10^6 bytes. When and where it shows is
 `mds_common.progress.Meter`'s business.
 """
 

@@ -1,6 +1,6 @@
 """GPT-2 byte-level BPE tokenizer built from `vocab.json` + `merges.txt`: encode, decode, EOD.
 
-Follows Megatron's `_GPT2BPETokenizer` (megatron-reference.md 3.2-3.5): the GPT-2 pretokenizer
+Follows Megatron's `_GPT2BPETokenizer` (README: "GPT-2 byte-level BPE"): the GPT-2 pretokenizer
 pattern, the byte-to-unicode map, merge ranks by line, unknown symbols -> id 0, `<|endoftext|>` as
 EOD (never special inside text). The hot path is the Cython `BPECore`; this class interns symbols.
 """

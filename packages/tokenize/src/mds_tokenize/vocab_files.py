@@ -1,6 +1,6 @@
 """Readers of the GPT-2 tokenizer files: `vocab.json` (token -> id), `merges.txt` (ranked pairs).
 
-Follows Megatron's `gpt2_tokenization.py` (megatron-reference.md 3.1) with two deliberate fixes,
+Follows Megatron's `gpt2_tokenization.py` (README: "vocab.json and merges.txt") with two fixes,
 each logged as a warning: a merges file without a `#` header keeps its first merge, and one
 without a trailing newline keeps its last merge (Megatron silently drops both). `check_pair` refuses
 a vocab and merges file that do not belong together (Megatron would map the gaps to id 0).

@@ -2,8 +2,8 @@
 pretokenized words -> Counter, in parallel worker processes. Only the table of distinct words is
 held in memory.
 
-Words are the matches of GPT-2's split pattern (megatron-reference.md 3.2), counted as raw text; the
-byte-level mapping is applied once per distinct word afterwards.
+Words are the matches of GPT-2's split pattern (README: "GPT-2 byte-level BPE"), counted as raw
+text; the byte-level mapping is applied once per distinct word afterwards.
 """
 
 import itertools
