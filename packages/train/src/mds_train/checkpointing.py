@@ -1,0 +1,226 @@
+"""Saving and resuming: DeepSpeed's checkpoint layout, made atomic, with a meta.json that describes it.
+
+Layout (README: "Checkpoints"): `{save}/global_stepN/` holds DeepSpeed's files (layer_XX-model_YY
+and mp_rank_XX files, ZeRO partitions), `rng_state_rankRRRRR.pt` per global rank, and `meta.json`
+(model config, topology, progress, tokenizer, versions); `{save}/latest` names the newest complete
+one. Every rank writes into `global_stepN.partial`; rank 0 renames it into place and only then
+rewrites `latest`, so a run killed mid-save leaves `latest` on the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .state import TrainingState, capture_rng_states, restore_rng_states
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+META = "meta.json"
+PARTIAL_SUFFIX = ".partial"
+CHECKPOINT_FORMAT = "mds-train checkpoint"
+CHECKPOINT_VERSION = 1
+CLIENT_KEY = "mds_train"
+# meta.json's model fields that must match to load weights (TP/PP are checked separately).
+SHAPE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "ffn_size",
+    "padded_vocab_size",
+    "max_positions",
+    "position_embedding_type",
+    "embed_layernorm",
+)
+
+
+def tag_for(iteration: int) -> str:
+    return f"global_step{iteration}"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_state_rank{rank:05d}.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointContext:
+    """What save and load need from the run, passed explicitly."""
+
+    engine: Any
+    rank: int
+    world_size: int
+    barrier: Callable[[], None]
+    rng_tracker: Any
+    meta: dict[str, Any]  # the run's description; progress is added per save
+
+
+def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: Path) -> Path:
+    """Writes `{save_dir}/global_stepN` completely, then points `latest` at it."""
+    tag = tag_for(state.iteration)
+    partial = save_dir / (tag + PARTIAL_SUFFIX)
+    if context.rank == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        for stale in save_dir.glob("*" + PARTIAL_SUFFIX):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a run killed while saving
+    context.barrier()
+    client_state = {CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION}}
+    context.engine.save_checkpoint(
+        str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
+    )
+    torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
+    context.barrier()
+    final = save_dir / tag
+    if context.rank == 0:
+        meta = {**context.meta, **state.to_dict(), "tag": tag}
+        _write_atomic(partial / META, json.dumps(meta, indent=2) + "\n")
+        _fsync_tree(partial)
+        replaced = None
+        if final.exists():  # saving the same iteration again: keep the old one until the swap
+            replaced = final.with_name(final.name + ".old" + PARTIAL_SUFFIX)
+            os.replace(final, replaced)
+        os.replace(partial, final)
+        _write_atomic(save_dir / LATEST, tag)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+    context.barrier()
+    logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
+    return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def find_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint `latest` names and its meta.json; None when there is none yet."""
+    if not load_dir.is_dir():
+        raise ValueError(f"{load_dir}: --load folder does not exist")
+    latest = load_dir / LATEST
+    if not latest.is_file():
+        partial = sorted(p.name for p in load_dir.glob("*" + PARTIAL_SUFFIX))
+        note = f" (only unfinished saves: {', '.join(partial)})" if partial else ""
+        logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
+        return None
+    tag = latest.read_text().strip()
+    path = load_dir / tag
+    if not path.is_dir():
+        raise ValueError(
+            f"{latest}: names {tag!r}, which is not a folder in {load_dir}; "
+            "point --load at a complete checkpoint folder"
+        )
+    meta_path = path / META
+    if not meta_path.is_file():
+        raise ValueError(
+            f"{path}: no {META}; this is not a complete mds-train checkpoint "
+            "(convert other checkpoints with mds-merge-mp)"
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{meta_path}: not an mds-train checkpoint description")
+    return path, meta
+
+
+def check_compatible(
+    meta: dict[str, Any], run_meta: dict[str, Any], *, path: Path, loads_optimizer: bool
+) -> None:
+    """The checkpoint's model and topology against this run's; one line says what differs."""
+    for name in SHAPE_FIELDS:
+        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
+        if theirs != ours:
+            raise ValueError(
+                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
+                "train with the checkpoint's model flags"
+            )
+    saved, current = meta["parallel"], run_meta["parallel"]
+    for key, flag in (
+        ("tensor_parallel", "--tensor-model-parallel-size"),
+        ("pipeline_parallel", "--pipeline-model-parallel-size"),
+    ):
+        if saved[key] != current[key]:
+            raise ValueError(
+                f"{path}: saved with TP={saved['tensor_parallel']}, PP={saved['pipeline_parallel']}"
+                f" but this run has TP={current['tensor_parallel']}, "
+                f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
+            )
+    if loads_optimizer and saved["zero_stage"] > 0 and saved["data_parallel"] != current[
+        "data_parallel"
+    ]:
+        raise ValueError(
+            f"{path}: its ZeRO optimizer state is split over {saved['data_parallel']} data-parallel "
+            f"ranks, this run has {current['data_parallel']}; add --no-load-optim or reshape it "
+            "with mds-merge-mp --with-optimizer"
+        )
+
+
+def load_checkpoint(
+    context: CheckpointContext,
+    load_dir: Path,
+    *,
+    load_optimizer: bool,
+    load_rng: bool,
+    finetune: bool,
+) -> TrainingState | None:
+    """Restores weights (and optimizer, progress, RNG as asked); None when there is nothing."""
+    found = find_checkpoint(load_dir)
+    if found is None:
+        return None
+    path, meta = found
+    load_optimizer = load_optimizer and not finetune
+    check_compatible(meta, context.meta, path=path, loads_optimizer=load_optimizer)
+    _, client_state = context.engine.load_checkpoint(
+        str(load_dir),
+        tag=path.name,
+        load_optimizer_states=load_optimizer,
+        load_lr_scheduler_states=False,
+        load_module_only=not load_optimizer,
+    )
+    if finetune:
+        logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
+        return TrainingState()
+    if client_state is None or CLIENT_KEY not in client_state:
+        raise ValueError(f"{path}: the DeepSpeed files hold no mds-train progress")
+    state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
+    if load_rng:
+        rng_path = path / rng_file(context.rank)
+        if meta["parallel"]["world_size"] != context.world_size or not rng_path.is_file():
+            raise ValueError(
+                f"{path}: no RNG state for rank {context.rank} of {context.world_size} (saved by "
+                f"{meta['parallel']['world_size']} ranks); add --no-load-rng"
+            )
+        restore_rng_states(torch.load(rng_path, weights_only=False), context.rng_tracker)
+    logger.info("resumed from %s at iteration %d", path, state.iteration)
+    return state

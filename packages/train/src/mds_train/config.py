@@ -1,0 +1,395 @@
+"""The trainer's frozen configuration: one section per concern, each field a Megatron flag.
+
+Spellings and defaults are Megatron-DeepSpeed's `arguments.py` where it has the flag (README:
+"Flags"); `TrainConfig.validate()` checks what involves several sections, naming the flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mds_model.config import GPTConfig
+
+from .options import flag
+from .schedule import DECAY_STYLES, BatchSizeSchedule, LearningRateSchedule
+
+POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    num_layers: int = flag("--num-layers", required=True, help="Transformer layers.")
+    hidden_size: int = flag("--hidden-size", required=True, help="Hidden size.")
+    num_attention_heads: int = flag(
+        "--num-attention-heads", required=True, help="Attention heads."
+    )
+    ffn_hidden_size: int | None = flag("--ffn-hidden-size", help="MLP width (4 x hidden).")
+    seq_length: int = flag("--seq-length", required=True, help="Tokens per sample.")
+    max_position_embeddings: int | None = flag(
+        "--max-position-embeddings", help="Learned position table size (seq length)."
+    )
+    make_vocab_size_divisible_by: int = flag(
+        "--make-vocab-size-divisible-by", default=128, help="Vocabulary padding multiple (x TP)."
+    )
+    pad_vocab_size_to: int | None = flag("--pad-vocab-size-to", help="Pad the vocabulary to this.")
+    layernorm_epsilon: float = flag("--layernorm-epsilon", default=1e-5, help="LayerNorm eps.")
+    init_method_std: float = flag("--init-method-std", default=0.02, help="Weight init std.")
+    hidden_dropout: float = flag("--hidden-dropout", default=0.1, help="Dropout on hidden states.")
+    attention_dropout: float = flag(
+        "--attention-dropout", default=0.1, help="Dropout on attention probabilities."
+    )
+    position_embedding_type: str = flag(
+        "--position-embedding-type",
+        default="learned",
+        choices=POSITION_TYPES,
+        help="Positions: learned (Megatron's 'absolute'), rotary or alibi.",
+    )
+    embed_layernorm: bool = flag(
+        "--embed-layernorm", default=False, help="LayerNorm after the word embeddings (BLOOM)."
+    )
+    checkpoint_activations: bool = flag(
+        "--checkpoint-activations", default=False, help="Recompute each layer in backward."
+    )
+    recompute_granularity: str | None = flag(
+        "--recompute-granularity",
+        choices=("full", "selective"),
+        help="Activation recomputation: full layers, or only attention's core.",
+    )
+    use_flash_attn: bool = flag(
+        "--use-flash-attn", default=False, help="Attention through flash-attn (must be installed)."
+    )
+    sequence_parallel: bool = flag(
+        "--sequence-parallel", default=False, help="Split norms and dropout along the sequence."
+    )
+    no_fused_kernels: bool = flag(
+        "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
+    )
+
+    def gpt_config(
+        self, *, vocab_size: int, tensor_model_parallel_size: int, params_dtype: str
+    ) -> GPTConfig:
+        checkpointing = self.recompute_granularity or (
+            "full" if self.checkpoint_activations else "none"
+        )
+        return GPTConfig(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            vocab_size=vocab_size,
+            seq_length=self.seq_length,
+            ffn_hidden_size=self.ffn_hidden_size,
+            max_position_embeddings=self.max_position_embeddings,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            pad_vocab_size_to=self.pad_vocab_size_to,
+            layernorm_epsilon=self.layernorm_epsilon,
+            hidden_dropout=self.hidden_dropout,
+            attention_dropout=self.attention_dropout,
+            init_method_std=self.init_method_std,
+            position_embedding_type=(
+                "learned"
+                if self.position_embedding_type == "absolute"
+                else self.position_embedding_type
+            ),
+            embed_layernorm=self.embed_layernorm,
+            use_fused_kernels=not self.no_fused_kernels,
+            attention_backend="flash" if self.use_flash_attn else "auto",
+            activation_checkpointing=checkpointing,
+            params_dtype=params_dtype,
+            sequence_parallel=self.sequence_parallel,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSection:
+    tensor_model_parallel_size: int = flag(
+        "--tensor-model-parallel-size", default=1, help="Tensor-parallel ranks (TP)."
+    )
+    pipeline_model_parallel_size: int = flag(
+        "--pipeline-model-parallel-size", default=1, help="Pipeline stages (PP)."
+    )
+    zero_stage: int = flag("--zero-stage", default=0, help="ZeRO stage 0-3 (PP > 1: 0 or 1).")
+    distributed_backend: str | None = flag(
+        "--distributed-backend",
+        choices=("nccl", "gloo"),
+        help="Collectives backend; default nccl on GPUs, gloo on CPU.",
+    )
+    deepspeed_config: Path | None = flag(
+        "--deepspeed_config",
+        "--deepspeed-config",
+        help="DeepSpeed JSON merged over the one derived from these flags.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSection:
+    micro_batch_size: int = flag("--micro-batch-size", required=True, help="Samples per GPU step.")
+    global_batch_size: int | None = flag(
+        "--global-batch-size", help="Samples per iteration (micro x DP when omitted)."
+    )
+    rampup_batch_size: tuple[int, int, int] | None = flag(
+        "--rampup-batch-size",
+        nargs=3,
+        help="START INCREMENT SAMPLES: grow the global batch linearly (with --train-samples).",
+    )
+    train_iters: int | None = flag("--train-iters", help="Iterations to train.")
+    train_samples: int | None = flag("--train-samples", help="Samples to train.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSection:
+    optimizer: str = flag("--optimizer", default="adam", choices=("adam", "sgd"), help="AdamW or SGD.")
+    lr: float = flag("--lr", required=True, help="Peak learning rate.")
+    min_lr: float = flag("--min-lr", default=0.0, help="Learning rate at the end of the decay.")
+    lr_decay_style: str = flag(
+        "--lr-decay-style", default="linear", choices=DECAY_STYLES, help="Decay after the warmup."
+    )
+    lr_decay_iters: int | None = flag("--lr-decay-iters", help="Decay length in iterations.")
+    lr_decay_samples: int | None = flag("--lr-decay-samples", help="Decay length in samples.")
+    lr_warmup_fraction: float | None = flag(
+        "--lr-warmup-fraction", help="Warmup as a fraction of the decay length."
+    )
+    lr_warmup_iters: int = flag("--lr-warmup-iters", default=0, help="Warmup in iterations.")
+    lr_warmup_samples: int = flag("--lr-warmup-samples", default=0, help="Warmup in samples.")
+    weight_decay: float = flag(
+        "--weight-decay", default=0.01, help="Decoupled decay (not on biases and norms)."
+    )
+    clip_grad: float = flag("--clip-grad", default=1.0, help="Global gradient-norm clip (0: off).")
+    adam_beta1: float = flag("--adam-beta1", default=0.9, help="Adam beta1.")
+    adam_beta2: float = flag("--adam-beta2", default=0.999, help="Adam beta2.")
+    adam_eps: float = flag("--adam-eps", default=1e-8, help="Adam epsilon.")
+    sgd_momentum: float = flag("--sgd-momentum", default=0.9, help="SGD momentum.")
+    override_lr_scheduler: bool = flag(
+        "--override-lr-scheduler",
+        default=False,
+        help="Accepted: the schedule always comes from these flags; a checkpoint gives progress.",
+    )
+    use_checkpoint_lr_scheduler: bool = flag(
+        "--use-checkpoint-lr-scheduler",
+        default=False,
+        help="Take the schedule's flags from the loaded checkpoint's meta.json.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionSection:
+    fp16: bool = flag("--fp16", default=False, help="fp16 with dynamic loss scaling.")
+    bf16: bool = flag("--bf16", default=False, help="bf16 with fp32 master weights.")
+    loss_scale: float | None = flag("--loss-scale", help="Static fp16 loss scale (dynamic if unset).")
+    initial_loss_scale: float = flag(
+        "--initial-loss-scale", default=2.0**32, help="First dynamic loss scale."
+    )
+    min_loss_scale: float = flag("--min-loss-scale", default=1.0, help="Smallest dynamic scale.")
+    loss_scale_window: int = flag(
+        "--loss-scale-window", default=1000, help="Clean steps before the scale grows."
+    )
+    hysteresis: int = flag("--hysteresis", default=2, help="Overflows tolerated before shrinking.")
+    seed: int = flag("--seed", default=1234, help="Seed of weights, dropout and data order.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSection:
+    data_path: tuple[str, ...] = flag(
+        "--data-path",
+        multiple=True,
+        required=True,
+        help="Dataset prefix, or weight/prefix pairs: --data-path 0.3 A 0.7 B.",
+    )
+    split: str = flag("--split", default="969, 30, 1", help="Train/valid/test document split.")
+    vocab_file: Path = flag("--vocab-file", required=True, help="GPT-2 style vocab.json.")
+    merge_file: Path | None = flag("--merge-file", help="GPT-2 style merges.txt.")
+    tokenizer_type: str = flag(
+        "--tokenizer-type",
+        default="GPT2BPETokenizer",
+        choices=("GPT2BPETokenizer",),
+        help="Tokenizer of the dataset.",
+    )
+    data_cache_path: Path | None = flag(
+        "--data-cache-path", help="Where sample-index caches live (beside the data)."
+    )
+    eod_mask_loss: bool = flag(
+        "--eod-mask-loss", default=False, help="No loss on end-of-document positions."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSection:
+    save: Path | None = flag("--save", help="Checkpoint folder.")
+    load: Path | None = flag("--load", help="Resume from this folder's `latest` checkpoint.")
+    save_interval: int | None = flag("--save-interval", help="Save every N iterations.")
+    no_load_optim: bool = flag("--no-load-optim", default=False, help="Load weights, fresh optimizer.")
+    no_load_rng: bool = flag("--no-load-rng", default=False, help="Do not restore RNG states.")
+    finetune: bool = flag(
+        "--finetune", default=False, help="Load weights only; iteration and data restart at 0."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingSection:
+    log_interval: int = flag("--log-interval", default=100, help="Iterations between log lines.")
+    eval_interval: int = flag("--eval-interval", default=1000, help="Iterations between evals.")
+    eval_iters: int = flag("--eval-iters", default=100, help="Batches per evaluation.")
+    tensorboard_dir: Path | None = flag("--tensorboard-dir", help="Write TensorBoard events here.")
+    tensorboard_queue_size: int = flag(
+        "--tensorboard-queue-size", default=1000, help="Events queued before a flush."
+    )
+    log_timers_to_tensorboard: bool = flag(
+        "--log-timers-to-tensorboard", default=False, help="Iteration time and throughput too."
+    )
+    log_batch_size_to_tensorboard: bool = flag(
+        "--log-batch-size-to-tensorboard", default=False, help="Global batch size too."
+    )
+    log_validation_ppl_to_tensorboard: bool = flag(
+        "--log-validation-ppl-to-tensorboard", default=False, help="Validation perplexity too."
+    )
+    output_dir: Path | None = flag(
+        "--output-dir", help="metrics.jsonl and the resolved config (default: --save)."
+    )
+    peak_tflops: float | None = flag(
+        "--peak-tflops", help="Per-GPU peak for MFU (default: known GPUs' dense bf16/fp16)."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExitSection:
+    exit_interval: int | None = flag("--exit-interval", help="Save and exit at iteration % N == 0.")
+    exit_duration_in_mins: float | None = flag(
+        "--exit-duration-in-mins", help="Save and exit after this many minutes."
+    )
+    kill_switch_path: Path | None = flag(
+        "--kill-switch-path", help="Save and exit when this file appears."
+    )
+    max_nan_iterations: int = flag(
+        "--max-nan-iterations",
+        default=10,
+        help="Stop (without saving) after this many NaN-loss iterations in a row.",
+    )
+
+
+SECTIONS = {
+    "model": ModelSection,
+    "parallel": ParallelSection,
+    "batch": BatchSection,
+    "optimizer": OptimizerSection,
+    "precision": PrecisionSection,
+    "data": DataSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+    "exit": ExitSection,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """Where the ranks go: world = pp x dp x tp."""
+
+    world_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: ModelSection
+    parallel: ParallelSection
+    batch: BatchSection
+    optimizer: OptimizerSection
+    precision: PrecisionSection
+    data: DataSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    exit: ExitSection
+
+    @property
+    def params_dtype(self) -> str:
+        return "float16" if self.precision.fp16 else "bfloat16" if self.precision.bf16 else "float32"
+
+    def topology(self, world_size: int) -> Topology:
+        tp = self.parallel.tensor_model_parallel_size
+        pp = self.parallel.pipeline_model_parallel_size
+        if tp < 1 or pp < 1 or world_size % (tp * pp):
+            raise ValueError(
+                f"the world of {world_size} processes is not divisible by "
+                f"--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp})"
+            )
+        return Topology(world_size=world_size, tensor_parallel=tp, pipeline_parallel=pp)
+
+    def global_batch_size(self, topology: Topology) -> int:
+        return self.batch.global_batch_size or self.batch.micro_batch_size * topology.data_parallel
+
+    def batch_schedule(self, topology: Topology) -> BatchSizeSchedule:
+        return BatchSizeSchedule(
+            global_batch_size=self.global_batch_size(topology),
+            micro_batch_size=self.batch.micro_batch_size,
+            data_parallel_size=topology.data_parallel,
+            rampup=self.batch.rampup_batch_size,
+        )
+
+    def train_iters(self, topology: Topology) -> int:
+        if self.batch.train_iters is not None:
+            return self.batch.train_iters
+        return self.batch_schedule(topology).iterations_for(self.batch.train_samples)
+
+    def lr_schedule(self, topology: Topology) -> LearningRateSchedule:
+        """Megatron's AnnealingLR lengths, in samples (README: "Learning-rate schedule")."""
+        opt, gbs = self.optimizer, self.global_batch_size(topology)
+        if self.batch.train_iters is not None:
+            decay = (opt.lr_decay_iters or self.batch.train_iters) * gbs
+            warmup = opt.lr_warmup_iters * gbs
+        else:
+            decay = opt.lr_decay_samples or self.batch.train_samples
+            warmup = opt.lr_warmup_samples
+        if opt.lr_warmup_fraction is not None:
+            warmup = int(opt.lr_warmup_fraction * decay)
+        return LearningRateSchedule(
+            max_lr=opt.lr,
+            min_lr=opt.min_lr,
+            warmup_samples=warmup,
+            decay_samples=decay,
+            decay_style=opt.lr_decay_style,
+        )
+
+    def validate(self, topology: Topology) -> None:
+        """Cross-flag checks; each error names the flags to change."""
+        batch, opt, precision = self.batch, self.optimizer, self.precision
+        if (batch.train_iters is None) == (batch.train_samples is None):
+            raise ValueError("give exactly one of --train-iters and --train-samples")
+        if batch.rampup_batch_size is not None and batch.train_iters is not None:
+            raise ValueError("--rampup-batch-size needs --train-samples (as Megatron)")
+        if batch.train_iters is not None and opt.lr_decay_samples is not None:
+            raise ValueError("with --train-iters give --lr-decay-iters, not --lr-decay-samples")
+        if batch.train_samples is not None and opt.lr_decay_iters is not None:
+            raise ValueError("with --train-samples give --lr-decay-samples, not --lr-decay-iters")
+        if opt.lr_warmup_fraction is not None and (opt.lr_warmup_iters or opt.lr_warmup_samples):
+            raise ValueError("give --lr-warmup-fraction or --lr-warmup-iters/samples, not both")
+        if precision.fp16 and precision.bf16:
+            raise ValueError("give --fp16 or --bf16, not both")
+        if self.parallel.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
+        if topology.pipeline_parallel > 1 and self.parallel.zero_stage > 1:
+            raise ValueError(
+                "the pipeline engine supports --zero-stage 0 or 1; "
+                "use --pipeline-model-parallel-size 1 for ZeRO-2/3"
+            )
+        if topology.pipeline_parallel > self.model.num_layers:
+            raise ValueError(
+                f"--pipeline-model-parallel-size ({topology.pipeline_parallel}) is larger than "
+                f"--num-layers ({self.model.num_layers})"
+            )
+        for name in ("log_interval", "eval_interval"):
+            if getattr(self.logging, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
+            raise ValueError("--save-interval needs --save")
+        self.batch_schedule(topology)
+        self.lr_schedule(topology)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))

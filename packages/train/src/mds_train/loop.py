@@ -1,0 +1,395 @@
+"""The training loop: iterations, evaluation, checkpoints and every way a run ends.
+
+Per iteration (Megatron's `train`): set the global batch for the consumed samples (ramp-up),
+run its micro-batches through the engine, count samples and tokens, step the learning rate by the
+samples of an applied step, log every --log-interval, evaluate every --eval-interval, save every
+--save-interval, then check the exits (--exit-interval, --exit-duration-in-mins, the kill switch,
+SIGTERM/SIGUSR1) on every rank at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpointing import CheckpointContext, save_checkpoint
+from .config import TrainConfig, Topology
+from .data import MicroBatches, pipeline_batches
+from .metrics import (
+    IntervalStats,
+    MetricsWriter,
+    interval_line,
+    megatron_flops_per_iteration,
+    validation_lines,
+)
+from .model_setup import TrainingSetup, set_learning_rate
+from .schedule import BatchSizeSchedule, LearningRateSchedule
+from .state import TrainingState
+
+logger = logging.getLogger(__name__)
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class TrainingDiverged(ValueError):
+    """The loss stayed NaN/inf; the last good checkpoint is left as it was."""
+
+
+@dataclass
+class StepResult:
+    loss: float
+    applied: bool
+    grad_norm: float | None
+    loss_scale: float | None
+
+
+@dataclass
+class Trainer:
+    config: TrainConfig
+    topology: Topology
+    setup: TrainingSetup
+    state: TrainingState
+    train_iters: int
+    lr_schedule: LearningRateSchedule
+    batch_schedule: BatchSizeSchedule
+    datasets: object  # mds_indexed_data.DatasetsBuild
+    checkpoint: CheckpointContext
+    metrics: MetricsWriter
+    rank: int
+    device: torch.device
+    eod_mask_id: int | None
+    started: float = field(default_factory=time.time)
+    _signal: int = 0
+    _num_micro: int = 0
+
+    # --- set-up -----------------------------------------------------------------------------
+    def _batches(self, dataset, consumed: int) -> MicroBatches:
+        return MicroBatches(
+            dataset,
+            consumed_samples=consumed,
+            micro_batch_size=self.config.batch.micro_batch_size,
+            dp_rank=self.setup.groups.dp_rank,
+            dp_size=self.topology.data_parallel,
+            device=self.device,
+            eod_mask_id=self.eod_mask_id,
+        )
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        self._signal = signum
+
+    # --- the loop ---------------------------------------------------------------------------
+    def train(self) -> int:
+        """Runs to --train-iters (or an exit); returns the process exit code."""
+        for signum in EXIT_SIGNALS:
+            signal.signal(signum, self._on_signal)
+        if self._kill_switch_present():
+            logger.info("Detected kill switch at %s. Exiting", self.config.exit.kill_switch_path)
+            return 0
+        state, engine = self.state, self.setup.engine
+        set_learning_rate(self.setup.optimizer, self.lr_schedule.lr(state.lr_samples))
+        train_batches = self._batches(self.datasets.train, state.consumed_train_samples)
+        if self.setup.is_pipeline:
+            train_batches = pipeline_batches(train_batches)
+        valid_batches = None
+        if self.datasets.valid is not None and self.config.logging.eval_iters > 0:
+            valid_batches = self._batches(self.datasets.valid, state.consumed_valid_samples)
+        stats, consecutive_nan = IntervalStats(), 0
+        last = StepResult(loss=float("nan"), applied=True, grad_norm=None, loss_scale=None)
+        engine.train()
+        while state.iteration < self.train_iters:
+            self._set_num_micro_batches(state.consumed_train_samples)
+            last = self._train_step(train_batches)
+            global_batch = self._num_micro * self.config.batch.micro_batch_size
+            global_batch *= self.topology.data_parallel
+            state.iteration += 1
+            state.consumed_train_samples += global_batch
+            state.consumed_train_tokens += global_batch * self.config.model.seq_length
+            if last.applied:
+                state.lr_samples += global_batch
+                set_learning_rate(self.setup.optimizer, self.lr_schedule.lr(state.lr_samples))
+            else:
+                state.skipped_iterations += 1
+            finite = math.isfinite(last.loss)
+            consecutive_nan = 0 if finite else consecutive_nan + 1
+            state.nan_iterations += 0 if finite else 1
+            stats.add(loss=last.loss, skipped=not last.applied)
+            if state.iteration % self.config.logging.log_interval == 0:
+                self._log_interval(stats, last, global_batch)
+                stats = IntervalStats()
+            if consecutive_nan >= self.config.exit.max_nan_iterations:
+                raise TrainingDiverged(
+                    f"the loss was NaN or inf for {consecutive_nan} iterations in a row (up to "
+                    f"iteration {state.iteration}); stopping without saving, the last good "
+                    "checkpoint is untouched; lower --lr or raise --clip-grad and --load it"
+                )
+            if valid_batches is not None and state.iteration % self.config.logging.eval_interval == 0:
+                self._evaluate(valid_batches, f"iteration {state.iteration}", "validation")
+            saved = False
+            interval = self.config.checkpoint.save_interval
+            if interval and state.iteration % interval == 0:
+                saved = self._save(finite)
+            reason = self._exit_reason()
+            if reason:
+                if not saved:
+                    self._save(finite)
+                logger.info("%s: exiting at iteration %d", reason, state.iteration)
+                return 0
+        if self.config.checkpoint.save is not None and self.train_iters > 0:
+            interval = self.config.checkpoint.save_interval
+            if not interval or state.iteration % interval:
+                self._save(math.isfinite(last.loss))
+        if valid_batches is not None:
+            self._evaluate(valid_batches, "the end of training for val data", "validation")
+        if self.datasets.test is not None and self.config.logging.eval_iters > 0:
+            test_batches = self._batches(self.datasets.test, 0)
+            self._evaluate(test_batches, "the end of training for test data", "test")
+        return 0
+
+    def _set_num_micro_batches(self, consumed: int) -> None:
+        num_micro = self.batch_schedule.num_micro_batches_at(consumed)
+        if num_micro != self._num_micro:
+            micro = self.config.batch.micro_batch_size * self.topology.data_parallel
+            self.setup.engine.set_train_batch_size(num_micro * micro)
+            self._num_micro = num_micro
+
+    def _train_step(self, batches) -> StepResult:
+        engine, grad_norm = self.setup.engine, None
+        if self.setup.is_pipeline:
+            loss = engine.train_batch(data_iter=batches).float()
+        else:
+            total = torch.zeros((), device=self.device)
+            for micro in range(self._num_micro):
+                tokens, labels, loss_mask = next(batches)
+                loss = engine(tokens, labels, loss_mask)
+                engine.backward(loss)
+                if micro == self._num_micro - 1 and self._engine_hides_grad_norm():
+                    grad_norm = global_grad_norm(engine.module, self.setup.groups)
+                engine.step()
+                total += loss.detach().float()
+            loss = total / self._num_micro
+            if self.setup.groups.dp_size > 1:
+                dist.all_reduce(loss, group=self.setup.groups.dp_group)
+                loss /= self.setup.groups.dp_size
+        if grad_norm is None:
+            grad_norm = engine.get_global_grad_norm()
+        return StepResult(
+            loss=loss.item(),
+            applied=engine.was_step_applied(),
+            grad_norm=_as_float(grad_norm),
+            loss_scale=_loss_scale(engine),
+        )
+
+    def _engine_hides_grad_norm(self) -> bool:
+        """DeepSpeed clips plain fp32 (ZeRO-0) gradients without keeping the norm."""
+        engine = self.setup.engine
+        return not (engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization())
+
+    # --- reporting --------------------------------------------------------------------------
+    def _log_interval(self, stats: IntervalStats, last: StepResult, global_batch: int) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - stats.started
+        ms = 1000.0 * elapsed / max(1, stats.num_iterations)
+        model = self.setup.gpt_config
+        flops = megatron_flops_per_iteration(
+            global_batch=global_batch,
+            seq_length=model.seq_length,
+            num_layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            padded_vocab_size=model.padded_vocab_size,
+            recompute=model.activation_checkpointing == "full",
+        )
+        tflops = flops / (ms / 1000.0 * self.topology.world_size * 1e12)
+        peak = self.config.logging.peak_tflops
+        mfu = tflops / peak if peak else None
+        remaining = (self.train_iters - self.state.iteration) * ms / 1000.0
+        lr = self.setup.optimizer.param_groups[0]["lr"]
+        state = self.state
+        if self.rank == 0:
+            logger.info(
+                interval_line(
+                    iteration=state.iteration,
+                    train_iters=self.train_iters,
+                    consumed_samples=state.consumed_train_samples,
+                    consumed_tokens=state.consumed_train_tokens,
+                    ms_per_iteration=ms,
+                    learning_rate=lr,
+                    global_batch=global_batch,
+                    stats=stats,
+                    loss_scale=last.loss_scale,
+                    grad_norm=last.grad_norm,
+                    seq_length=model.seq_length,
+                    tflops=tflops,
+                    mfu=mfu,
+                    eta_seconds=remaining,
+                )
+            )
+            loss = stats.mean_loss if stats.num_loss_iterations else None
+            self.metrics.record(
+                {
+                    "event": "train",
+                    "iteration": state.iteration,
+                    "consumed_samples": state.consumed_train_samples,
+                    "consumed_tokens": state.consumed_train_tokens,
+                    "lm_loss": loss,
+                    "learning_rate": lr,
+                    "global_batch_size": global_batch,
+                    "loss_scale": last.loss_scale,
+                    "grad_norm": last.grad_norm,
+                    "skipped_iterations": stats.num_skipped,
+                    "nan_iterations": stats.num_nan,
+                    "ms_per_iteration": ms,
+                    "tokens_per_second": global_batch * model.seq_length / (ms / 1000.0),
+                    "tflops_per_gpu": tflops,
+                    "mfu": mfu,
+                }
+            )
+            self._tensorboard_training(loss, lr, global_batch, last, ms, tflops)
+
+    def _tensorboard_training(self, loss, lr, global_batch, last, ms, tflops) -> None:
+        state, options = self.state, self.config.logging
+        steps = {
+            "iteration": state.iteration,
+            "samples": state.consumed_train_samples,
+            "tokens": state.consumed_train_tokens,
+        }
+        scalars = {
+            "learning-rate/learning-rate": lr,
+            "lm-loss-training/lm loss": loss,
+            "grad-norm/grad-norm": last.grad_norm,
+            "loss-scale/loss-scale": last.loss_scale,
+        }
+        if options.log_batch_size_to_tensorboard:
+            scalars["batch-size/batch-size"] = global_batch
+        for axis, step in steps.items():
+            suffix = "" if axis == "iteration" else f" vs {axis}"
+            self.metrics.scalars({tag + suffix: v for tag, v in scalars.items()}, step=step)
+        if options.log_timers_to_tensorboard:
+            seconds = ms / 1000.0
+            self.metrics.scalars(
+                {
+                    "iteration-time/iteration-time": seconds,
+                    "iteration-time/samples per second": global_batch / seconds,
+                    "iteration-time/tokens per second": global_batch
+                    * self.config.model.seq_length
+                    / seconds,
+                    "iteration-time/TFLOPs per gpu (estimated)": tflops,
+                },
+                step=state.iteration,
+            )
+
+    def _evaluate(self, batches, prefix: str, name: str) -> float:
+        """Mean loss over --eval-iters global batches of the continuing iterator."""
+        engine, eval_iters = self.setup.engine, self.config.logging.eval_iters
+        engine.eval()
+        total = torch.zeros((), device=self.device)
+        with torch.no_grad():
+            for _ in range(eval_iters):
+                if self.setup.is_pipeline:
+                    loss = engine.eval_batch(
+                        data_iter=pipeline_batches(batches), num_micro_batches=self._num_micro
+                    )
+                    total += loss.float()
+                else:
+                    step = torch.zeros((), device=self.device)
+                    for _ in range(self._num_micro):
+                        step += engine(*next(batches)).float()
+                    total += step / self._num_micro
+        engine.train()
+        loss = total / eval_iters
+        if not self.setup.is_pipeline and self.setup.groups.dp_size > 1:
+            dist.all_reduce(loss, group=self.setup.groups.dp_group)
+            loss /= self.setup.groups.dp_size
+        value = loss.item()
+        if name == "validation":
+            global_batch = self._num_micro * self.config.batch.micro_batch_size
+            self.state.consumed_valid_samples += eval_iters * global_batch * self.topology.data_parallel
+        if self.rank == 0:
+            for line in validation_lines(prefix, value):
+                logger.info(line)
+            self.metrics.record(
+                {"event": name, "iteration": self.state.iteration, "lm_loss": value, "at": prefix}
+            )
+            tag = f"lm-loss-validation/lm loss {name}"
+            scalars = {tag: value}
+            if self.config.logging.log_validation_ppl_to_tensorboard:
+                scalars[tag + " ppl"] = math.exp(min(20.0, value))
+            self.metrics.scalars(scalars, step=self.state.iteration)
+        return value
+
+    # --- checkpoints and exits --------------------------------------------------------------
+    def _save(self, loss_is_finite: bool) -> bool:
+        save_dir = self.config.checkpoint.save
+        if save_dir is None:
+            return False
+        if not loss_is_finite:
+            logger.warning(
+                "not saving at iteration %d: the loss is NaN or inf, the last checkpoint stays",
+                self.state.iteration,
+            )
+            return False
+        save_checkpoint(self.checkpoint, self.state, Path(save_dir))
+        return True
+
+    def _kill_switch_present(self) -> bool:
+        path = self.config.exit.kill_switch_path
+        return path is not None and Path(path).exists()
+
+    def _exit_reason(self) -> str | None:
+        """Every rank agrees on whether and why to stop (one small all-reduce per iteration)."""
+        options, iteration = self.config.exit, self.state.iteration
+        minutes = (time.time() - self.started) / 60.0
+        flags = torch.tensor(
+            [
+                float(self._signal),
+                float(self._kill_switch_present()),
+                float(options.exit_duration_in_mins is not None and minutes > options.exit_duration_in_mins),
+            ],
+            device=self.device,
+        )
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        received, kill_switch, over_time = (int(v) for v in flags.tolist())
+        if received:
+            return f"received {signal.Signals(received).name}, checkpoint saved"
+        if kill_switch:
+            return f"Detected kill switch at {options.kill_switch_path}, iteration={iteration}"
+        if over_time:
+            return f"exceeded --exit-duration-in-mins {options.exit_duration_in_mins}"
+        if options.exit_interval and iteration % options.exit_interval == 0:
+            return f"--exit-interval {options.exit_interval} reached"
+        return None
+
+
+def global_grad_norm(module: torch.nn.Module, groups) -> torch.Tensor:
+    """L2 norm of every gradient of the model, each TP-replicated one counted once."""
+    squares = torch.zeros((), dtype=torch.float32)
+    for param in module.parameters():
+        if param.grad is None:
+            continue
+        if groups.tp_rank == 0 or getattr(param, "tensor_model_parallel", False):
+            squares = squares.to(param.grad.device) + param.grad.detach().float().pow(2).sum()
+    if groups.tp_size > 1:
+        dist.all_reduce(squares, group=groups.tp_group)
+    return squares.sqrt()
+
+
+def _as_float(value) -> float | None:
+    if value is None:
+        return None
+    return float(value.item() if torch.is_tensor(value) else value)
+
+
+def _loss_scale(engine) -> float | None:
+    if not engine.fp16_enabled():
+        return None
+    optimizer = engine.optimizer
+    scale = getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
+    return _as_float(scale)

@@ -1,0 +1,198 @@
+"""The model, its optimizer and the DeepSpeed engine, built from the config in a fixed order.
+
+PP > 1 uses DeepSpeed's pipeline engine over `build_gpt_pipe` (ZeRO 0-1); PP = 1 the plain engine
+over the GPT (ZeRO 0-3, CPU offload). Parameter groups follow Megatron: no weight decay on biases
+and LayerNorm parameters. The optimizer is torch's AdamW (fused on GPUs) unless the user's
+DeepSpeed config names one, or DeepSpeed's CPU Adam when the optimizer is offloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from mds_model.config import GPTConfig
+from mds_model.gpt import GPT, masked_mean
+from mds_model.layers import LayerNorm
+from mds_model.parallel import ParallelGroups
+from mds_model.pipeline import build_gpt_pipe, pipeline_deepspeed_config
+from mds_model.rng import RNGStatesTracker, model_parallel_seed
+
+from .config import TrainConfig, Topology
+from .ds_config import (
+    check_user_optimizer,
+    derive_deepspeed_config,
+    load_user_config,
+    merge_deepspeed_config,
+    offloads_optimizer,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingGPT(GPT):
+    """The GPT whose forward is the masked mean loss: DeepSpeed's engine calls forward, and ZeRO-3
+    gathers parameters in forward hooks."""
+
+    def forward(self, tokens, labels, loss_mask):  # noqa: D102 - (B, S) x3 -> scalar
+        return masked_mean(super().forward(tokens, labels), loss_mask)
+
+
+class DeepSpeedMPU:
+    """The model-parallel view DeepSpeed's plain engine asks for, over our explicit groups."""
+
+    def __init__(self, groups: ParallelGroups) -> None:
+        self.groups = groups
+        self._data_parallel_group = _data_parallel_group(groups)
+
+    def get_model_parallel_rank(self) -> int:
+        return self.groups.tp_rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.groups.tp_size
+
+    def get_model_parallel_group(self):
+        return self.groups.tp_group
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_data_parallel_rank(self) -> int:
+        return self.groups.dp_rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.groups.dp_size
+
+    def get_data_parallel_group(self):
+        return self._data_parallel_group
+
+
+def _data_parallel_group(groups: ParallelGroups):
+    """The DP group, or this rank's own one-member group (DeepSpeed reduces over it either way);
+    collective: every rank creates every singleton, in the same order."""
+    if groups.dp_group is not None:
+        return groups.dp_group
+    import torch.distributed as dist
+
+    mine = None
+    for rank in range(dist.get_world_size()):
+        group = dist.new_group([rank])
+        if rank == dist.get_rank():
+            mine = group
+    return mine
+
+
+@dataclass
+class TrainingSetup:
+    engine: Any
+    optimizer: torch.optim.Optimizer  # the one whose param groups carry the learning rate
+    groups: ParallelGroups
+    rng_tracker: RNGStatesTracker
+    gpt_config: GPTConfig
+    ds_config: dict[str, Any]
+    is_pipeline: bool
+
+
+def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Megatron's `_get_params_for_weight_decay_optimization`: norms and biases get no decay."""
+    decay, no_decay, seen = [], [], set()
+    for submodule in module.modules():
+        is_norm = isinstance(submodule, (LayerNorm, torch.nn.LayerNorm))
+        for name, param in submodule.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            (no_decay if is_norm or name == "bias" else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def _client_optimizer(config: TrainConfig, params: list[dict], *, offload: bool):
+    opt = config.optimizer
+    if opt.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=0.0, momentum=opt.sgd_momentum)
+    betas = (opt.adam_beta1, opt.adam_beta2)
+    if offload:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=0.0, betas=betas, eps=opt.adam_eps, adamw_mode=True)
+    fused = torch.cuda.is_available()
+    return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=opt.adam_eps, fused=fused)
+
+
+def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size: int):
+    import deepspeed
+
+    seed = config.precision.seed
+    groups = ParallelGroups.build(
+        tensor_parallel_size=topology.tensor_parallel,
+        pipeline_parallel_size=topology.pipeline_parallel,
+    )
+    random.seed(seed)
+    np.random.seed(seed)
+    tracker = model_parallel_seed(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
+    gpt_config = config.model.gpt_config(
+        vocab_size=vocab_size,
+        tensor_model_parallel_size=topology.tensor_parallel,
+        params_dtype=config.params_dtype,
+    )
+    is_pipeline = topology.pipeline_parallel > 1
+    if is_pipeline:
+        module = build_gpt_pipe(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)
+    else:
+        module = TrainingGPT(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)
+    if torch.cuda.is_available():
+        module = module.cuda()
+
+    user: dict[str, Any] = {}
+    source = str(config.parallel.deepspeed_config)
+    if config.parallel.deepspeed_config is not None:
+        user = load_user_config(config.parallel.deepspeed_config)
+        check_user_optimizer(user, config, source=source)
+    client = "optimizer" not in user
+    derived = derive_deepspeed_config(
+        config,
+        topology,
+        pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
+        client_optimizer=client,
+    )
+    ds_config = merge_deepspeed_config(derived, user, source=source) if user else derived
+    params = parameter_groups(module, config.optimizer.weight_decay)
+    optimizer = (
+        _client_optimizer(config, params, offload=offloads_optimizer(ds_config)) if client else None
+    )
+    if not is_pipeline and config.parallel.zero_stage == 3:
+        # The LM head reads the word embeddings outside their module's forward.
+        deepspeed.zero.register_external_parameter(
+            module, module.embedding.word_embeddings.weight
+        )
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        optimizer=optimizer,
+        model_parameters=params if optimizer is None else None,
+        config=ds_config,
+        mpu=DeepSpeedMPU(groups) if not is_pipeline and groups.tp_size > 1 else None,
+    )
+    base_optimizer = optimizer or engine.basic_optimizer  # DeepSpeed built it from the file
+    return TrainingSetup(
+        engine=engine,
+        optimizer=base_optimizer,
+        groups=groups,
+        rng_tracker=tracker,
+        gpt_config=gpt_config,
+        ds_config=ds_config,
+        is_pipeline=is_pipeline,
+    )
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,147 @@
+"""Command-line flags declared on the config dataclasses themselves (the signature is the config).
+
+`flag(...)` is a dataclass field whose metadata names its spellings and help; `click_params`
+turns a section's fields into click options, and `section_from_values` builds the frozen section
+back from the parsed values. Megatron's flags that we accept but do not need are in `IGNORED`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+_SPEC = "mds_train_flag"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    names: tuple[str, ...]
+    help: str
+    choices: tuple[str, ...] | None = None
+    multiple: bool = False  # argparse nargs='+': `--data-path 0.3 A 0.7 B`
+    nargs: int = 1  # a fixed count, e.g. 3 for --rampup-batch-size
+    is_flag: bool = False
+    required: bool = False
+
+
+def flag(
+    *names: str,
+    help: str,  # noqa: A002 - mirrors click's own keyword
+    default: Any = None,
+    choices: tuple[str, ...] | None = None,
+    multiple: bool = False,
+    nargs: int = 1,
+    required: bool = False,
+) -> Any:
+    spec = FlagSpec(
+        names=names,
+        help=help,
+        choices=choices,
+        multiple=multiple,
+        nargs=nargs,
+        is_flag=isinstance(default, bool),
+        required=required,
+    )
+    return dataclasses.field(default=default, metadata={_SPEC: spec})
+
+
+def _click_type(annotation: str, spec: FlagSpec):
+    if spec.choices:
+        return click.Choice(spec.choices)
+    base = annotation.split("|")[0].strip()
+    base = base.removeprefix("tuple[").split(",")[0].strip()
+    return {"int": int, "float": float, "Path": click.Path(path_type=Path)}.get(base, str)
+
+
+def click_params(section: type) -> list[click.Option]:
+    """One click option per flagged field of a config section, named by the field."""
+    params = []
+    for field in dataclasses.fields(section):
+        spec: FlagSpec | None = field.metadata.get(_SPEC)
+        if spec is None:
+            continue
+        kwargs: dict[str, Any] = {"help": spec.help, "required": spec.required}
+        if spec.is_flag:
+            kwargs.update(is_flag=True, default=field.default)
+        else:
+            kwargs.update(type=_click_type(str(field.type), spec), show_default=True)
+            if spec.multiple:
+                kwargs.update(multiple=True, default=field.default or ())
+            elif spec.nargs > 1:
+                kwargs.update(nargs=spec.nargs, default=field.default)
+            else:
+                kwargs.update(default=field.default)
+            if field.default is None and not spec.multiple:
+                kwargs["show_default"] = False
+        params.append(click.Option([*spec.names, field.name], **kwargs))
+    return params
+
+
+def section_from_values(section: type, values: dict[str, Any]):
+    """The frozen section built from the parsed values of its flagged fields."""
+    kwargs = {}
+    for field in dataclasses.fields(section):
+        if _SPEC not in field.metadata or field.name not in values:
+            continue
+        value = values[field.name]
+        if field.metadata[_SPEC].multiple or field.metadata[_SPEC].nargs > 1:
+            value = tuple(value) if value else (None if field.default is None else ())
+        kwargs[field.name] = value
+    return section(**kwargs)
+
+
+def flag_names(section: type) -> dict[str, str]:
+    """Field name -> its first spelling, for error messages."""
+    return {
+        f.name: f.metadata[_SPEC].names[0] for f in dataclasses.fields(section) if _SPEC in f.metadata
+    }
+
+
+# Megatron-DeepSpeed flags whose job is done another way here: accepted, and each named once in a
+# warning. Value-taking flags map to True; plain switches to False.
+IGNORED: dict[str, tuple[bool, str]] = {
+    "--deepspeed": (False, "DeepSpeed is always on"),
+    "--data-impl": (True, "mmap is the only dataset format"),
+    "--dataset-impl": (True, "mmap is the only dataset format"),
+    "--DDP-impl": (True, "DeepSpeed's engine does data parallelism"),
+    "--local_rank": (True, "ranks come from the launcher's environment"),
+    "--local-rank": (True, "ranks come from the launcher's environment"),
+    "--codecarbon-dir": (True, "energy tracking is not built in"),
+    "--partition-activations": (False, "activation checkpointing is mds_model's own"),
+    "--deepspeed-activation-checkpointing": (False, "activation checkpointing is mds_model's own"),
+    "--contigious-checkpointing": (False, "activation checkpointing is mds_model's own"),
+    "--checkpoint-in-cpu": (False, "activation checkpointing is mds_model's own"),
+    "--synchronize-each-layer": (False, "activation checkpointing is mds_model's own"),
+    "--no-masked-softmax-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
+    "--no-bias-gelu-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
+    "--no-bias-dropout-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
+    "--tensorboard-log-interval": (True, "TensorBoard scalars are written every --log-interval"),
+    "--num-workers": (True, "the data loader reads memory-mapped samples in the main process"),
+    "--pipeline-model-parallel-impl": (True, "the DeepSpeed pipeline engine is the only one"),
+    "--no-pipeline-parallel": (False, "--pipeline-model-parallel-size 1 uses the plain engine"),
+    "--cpu-optimizer": (False, "offload the optimizer in the DeepSpeed config"),
+}
+
+
+def ignored_params() -> list[click.Option]:
+    params = []
+    for name, (takes_value, _) in IGNORED.items():
+        dest = "ignored_" + name.lstrip("-").replace("-", "_").lower()
+        if takes_value:
+            params.append(click.Option([name, dest], default=None, hidden=True))
+        else:
+            params.append(click.Option([name, dest], is_flag=True, default=False, hidden=True))
+    return params
+
+
+def ignored_flags_given(values: dict[str, Any]) -> list[str]:
+    """The ignored flags present on the command line, with why each is ignored."""
+    given = []
+    for name, (_, why) in IGNORED.items():
+        dest = "ignored_" + name.lstrip("-").replace("-", "_").lower()
+        if values.get(dest) not in (None, False):
+            given.append(f"{name} is accepted and ignored: {why}")
+    return given

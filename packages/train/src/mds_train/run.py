@@ -1,0 +1,176 @@
+"""`run(config)`: one training run from a resolved config, on every rank of the job."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpointing import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointContext, load_checkpoint
+from .config import TrainConfig, Topology
+from .data import build_datasets, read_vocabulary
+from .distributed import device, init_distributed
+from .loop import Trainer
+from .metrics import MetricsWriter, default_peak_tflops
+from .model_setup import TrainingSetup, build_training_setup
+from .state import TrainingState
+
+logger = logging.getLogger(__name__)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def run_description(
+    config: TrainConfig, topology: Topology, setup: TrainingSetup, vocab
+) -> dict:
+    """meta.json's fixed part: what the checkpoint is, whatever iteration it holds."""
+    model = setup.gpt_config
+    model_fields = dataclasses.asdict(model)
+    model_fields.update(
+        ffn_size=model.ffn_size,
+        padded_vocab_size=model.padded_vocab_size,
+        max_positions=model.max_positions,
+    )
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "tool": "mds-train",
+        "version": _version("mds-train"),
+        "versions": {name: _version(name) for name in ("mds-model", "deepspeed", "torch")},
+        "model": model_fields,
+        "parallel": {
+            "world_size": topology.world_size,
+            "tensor_parallel": topology.tensor_parallel,
+            "pipeline_parallel": topology.pipeline_parallel,
+            "data_parallel": topology.data_parallel,
+            "zero_stage": config.parallel.zero_stage,
+            "engine": "pipeline" if setup.is_pipeline else "plain",
+        },
+        "precision": config.params_dtype,
+        "tokenizer": {
+            "type": config.data.tokenizer_type,
+            "vocab_file": vocab.vocab_file,
+            "merge_file": vocab.merge_file,
+            "vocab_size": vocab.size,
+            "eod_id": vocab.eod_id,
+        },
+        "data_path": list(config.data.data_path),
+    }
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(message)s" if rank == 0 else f"[rank {rank}] %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
+    launch = init_distributed(config.parallel.distributed_backend)
+    _configure_logging(launch.rank)
+    for warning in warnings:
+        logger.warning("%s", warning)
+    topology = config.topology(launch.world_size)
+    config.validate(topology)
+    if config.logging.peak_tflops is None:
+        peak = default_peak_tflops(config.params_dtype)
+        config = dataclasses.replace(
+            config, logging=dataclasses.replace(config.logging, peak_tflops=peak)
+        )
+    vocab = read_vocabulary(config.data.vocab_file, config.data.merge_file)
+    logger.info(
+        "mds-train %s: %d processes (%s), TP=%d PP=%d DP=%d, ZeRO-%d, %s",
+        _version("mds-train"),
+        topology.world_size,
+        launch.launcher,
+        topology.tensor_parallel,
+        topology.pipeline_parallel,
+        topology.data_parallel,
+        config.parallel.zero_stage,
+        config.params_dtype,
+    )
+    setup = build_training_setup(config, topology, vocab_size=vocab.size)
+    description = run_description(config, topology, setup, vocab)
+    checkpoint = CheckpointContext(
+        engine=setup.engine,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        barrier=dist.barrier,
+        rng_tracker=setup.rng_tracker,
+        meta=description,
+    )
+    state = TrainingState()
+    if config.checkpoint.load is not None:
+        loaded = load_checkpoint(
+            checkpoint,
+            Path(config.checkpoint.load),
+            load_optimizer=not config.checkpoint.no_load_optim,
+            load_rng=not config.checkpoint.no_load_rng,
+            finetune=config.checkpoint.finetune,
+        )
+        state = loaded or state
+    train_iters = config.train_iters(topology)
+    datasets = build_datasets(
+        config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier
+    )
+    output_dir = config.logging.output_dir or config.checkpoint.save
+    if launch.rank == 0 and output_dir is not None:
+        _write_resolved_config(Path(output_dir), config, description, setup.ds_config)
+    metrics = MetricsWriter(
+        output_dir=Path(output_dir) if launch.rank == 0 and output_dir else None,
+        tensorboard_dir=config.logging.tensorboard_dir if launch.rank == 0 else None,
+        queue_size=config.logging.tensorboard_queue_size,
+    )
+    trainer = Trainer(
+        config=config,
+        topology=topology,
+        setup=setup,
+        state=state,
+        train_iters=train_iters,
+        lr_schedule=config.lr_schedule(topology),
+        batch_schedule=config.batch_schedule(topology),
+        datasets=datasets,
+        checkpoint=checkpoint,
+        metrics=metrics,
+        rank=launch.rank,
+        device=device(),
+        eod_mask_id=vocab.eod_id if config.data.eod_mask_loss else None,
+    )
+    try:
+        return trainer.train()
+    finally:
+        metrics.close()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+def _write_resolved_config(
+    output_dir: Path, config: TrainConfig, description: dict, ds_config: dict
+) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    resolved = {
+        **{key: description[key] for key in ("tool", "version", "versions", "parallel")},
+        "config": config.to_dict(),
+        "deepspeed_config": ds_config,
+        "argv": sys.argv,
+    }
+    path = output_dir / "config.json"
+    temporary = path.with_name(f"config.json.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    os.replace(temporary, path)

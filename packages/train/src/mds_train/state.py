@@ -1,0 +1,57 @@
+"""Mutable training progress in one object, checkpointed whole, and every rank's RNG states.
+
+Megatron keeps these in `args` and module globals; here `TrainingState` is the single record of
+iteration, consumed samples and tokens, the schedule's sample count and the NaN/skip counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from mds_model.rng import RNGStatesTracker
+
+
+@dataclass
+class TrainingState:
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    consumed_train_tokens: int = 0
+    lr_samples: int = 0  # AnnealingLR's num_steps: samples of the steps that were applied
+    skipped_iterations: int = 0
+    nan_iterations: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingState:
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: int(value) for key, value in values.items() if key in names})
+
+
+def capture_rng_states(tracker: RNGStatesTracker | None) -> dict[str, Any]:
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tracker.get_states() if tracker is not None else None,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any], tracker: RNGStatesTracker | None) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+    if tracker is not None and states.get("tracker") is not None:
+        tracker.set_states(states["tracker"])
