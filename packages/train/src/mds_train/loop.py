@@ -160,36 +160,27 @@ class Trainer:
             self._num_micro = num_micro
 
     def _train_step(self, batches) -> StepResult:
-        engine, grad_norm = self.setup.engine, None
+        engine = self.setup.engine
         if self.setup.is_pipeline:
-            loss = engine.train_batch(data_iter=batches).float()
+            loss = engine.train_batch(data_iter=batches).float().reshape(())
         else:
             total = torch.zeros((), device=self.device)
-            for micro in range(self._num_micro):
+            for _ in range(self._num_micro):
                 tokens, labels, loss_mask = next(batches)
                 loss = engine(tokens, labels, loss_mask)
                 engine.backward(loss)
-                if micro == self._num_micro - 1 and self._engine_hides_grad_norm():
-                    grad_norm = global_grad_norm(engine.module, self.setup.groups)
                 engine.step()
                 total += loss.detach().float()
             loss = total / self._num_micro
             if self.setup.groups.dp_size > 1:
                 dist.all_reduce(loss, group=self.setup.groups.dp_group)
                 loss /= self.setup.groups.dp_size
-        if grad_norm is None:
-            grad_norm = engine.get_global_grad_norm()
         return StepResult(
             loss=loss.item(),
             applied=engine.was_step_applied(),
-            grad_norm=_as_float(grad_norm),
+            grad_norm=_as_float(engine.get_global_grad_norm()),
             loss_scale=_loss_scale(engine),
         )
-
-    def _engine_hides_grad_norm(self) -> bool:
-        """DeepSpeed clips plain fp32 (ZeRO-0) gradients without keeping the norm."""
-        engine = self.setup.engine
-        return not (engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization())
 
     # --- reporting --------------------------------------------------------------------------
     def _log_interval(self, stats: IntervalStats, last: StepResult, global_batch: int) -> None:
@@ -296,7 +287,7 @@ class Trainer:
                     loss = engine.eval_batch(
                         data_iter=pipeline_batches(batches), num_micro_batches=self._num_micro
                     )
-                    total += loss.float()
+                    total += loss.float().reshape(())
                 else:
                     step = torch.zeros((), device=self.device)
                     for _ in range(self._num_micro):
@@ -366,19 +357,6 @@ class Trainer:
         if options.exit_interval and iteration % options.exit_interval == 0:
             return f"--exit-interval {options.exit_interval} reached"
         return None
-
-
-def global_grad_norm(module: torch.nn.Module, groups) -> torch.Tensor:
-    """L2 norm of every gradient of the model, each TP-replicated one counted once."""
-    squares = torch.zeros((), dtype=torch.float32)
-    for param in module.parameters():
-        if param.grad is None:
-            continue
-        if groups.tp_rank == 0 or getattr(param, "tensor_model_parallel", False):
-            squares = squares.to(param.grad.device) + param.grad.detach().float().pow(2).sum()
-    if groups.tp_size > 1:
-        dist.all_reduce(squares, group=groups.tp_group)
-    return squares.sqrt()
 
 
 def _as_float(value) -> float | None:

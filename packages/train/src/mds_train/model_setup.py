@@ -23,6 +23,7 @@ from mds_model.pipeline import build_gpt_pipe, pipeline_deepspeed_config
 from mds_model.rng import RNGStatesTracker, model_parallel_seed
 
 from .config import TrainConfig, Topology
+from .gradients import install_fp32_clipping
 from .ds_config import (
     check_user_optimizer,
     derive_deepspeed_config,
@@ -181,6 +182,13 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
         config=ds_config,
         mpu=DeepSpeedMPU(groups) if not is_pipeline and groups.tp_size > 1 else None,
     )
+    if not (config.precision.fp16 or config.precision.bf16 or config.parallel.zero_stage):
+        model_parallel_group = engine.mpu.get_model_parallel_group() if is_pipeline else None
+        install_fp32_clipping(
+            engine,
+            tp_rank=groups.tp_rank,
+            model_parallel_group=model_parallel_group or groups.tp_group,
+        )
     base_optimizer = optimizer or engine.basic_optimizer  # DeepSpeed built it from the file
     return TrainingSetup(
         engine=engine,

@@ -107,8 +107,8 @@ IGNORED: dict[str, tuple[bool, str]] = {
     "--data-impl": (True, "mmap is the only dataset format"),
     "--dataset-impl": (True, "mmap is the only dataset format"),
     "--DDP-impl": (True, "DeepSpeed's engine does data parallelism"),
-    "--local_rank": (True, "ranks come from the launcher's environment"),
-    "--local-rank": (True, "ranks come from the launcher's environment"),
+    "--local_rank": (True, ""),  # the deepspeed launcher adds it; ranks come from the environment
+    "--local-rank": (True, ""),
     "--codecarbon-dir": (True, "energy tracking is not built in"),
     "--partition-activations": (False, "activation checkpointing is mds_model's own"),
     "--deepspeed-activation-checkpointing": (False, "activation checkpointing is mds_model's own"),
@@ -139,9 +139,9 @@ def ignored_params() -> list[click.Option]:
 
 def ignored_flags_given(values: dict[str, Any]) -> list[str]:
     """The ignored flags present on the command line, with why each is ignored."""
-    given = []
+    given = {}
     for name, (_, why) in IGNORED.items():
         dest = "ignored_" + name.lstrip("-").replace("-", "_").lower()
-        if values.get(dest) not in (None, False):
-            given.append(f"{name} is accepted and ignored: {why}")
-    return given
+        if why and values.get(dest) not in (None, False):
+            given.setdefault(dest, f"{name} is accepted and ignored: {why}")
+    return list(given.values())

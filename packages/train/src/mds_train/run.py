@@ -158,6 +158,8 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         metrics.close()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _write_resolved_config(
