@@ -188,21 +188,18 @@ def check_compatible(
 
 def load_checkpoint(
     context: CheckpointContext,
-    load_dir: Path,
+    found: tuple[Path, dict[str, Any]],
     *,
     load_optimizer: bool,
     load_rng: bool,
     finetune: bool,
-) -> TrainingState | None:
-    """Restores weights (and optimizer, progress, RNG as asked); None when there is nothing."""
-    found = find_checkpoint(load_dir)
-    if found is None:
-        return None
+) -> TrainingState:
+    """Restores weights (and optimizer, progress, RNG as asked) from `find_checkpoint`'s result,
+    already checked with `check_compatible`."""
     path, meta = found
     load_optimizer = load_optimizer and not finetune
-    check_compatible(meta, context.meta, path=path, loads_optimizer=load_optimizer)
     _, client_state = context.engine.load_checkpoint(
-        str(load_dir),
+        str(path.parent),
         tag=path.name,
         load_optimizer_states=load_optimizer,
         load_lr_scheduler_states=False,

@@ -7,6 +7,7 @@ supplies defaults by flag name (the command line wins). Run under `deepspeed`, `
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"mds-train: error: {error.format_message()}", file=sys.stderr)
         sys.exit(2)
     except (ValueError, OSError) as error:
-        print(f"mds-train: error: {error}", file=sys.stderr)
+        rank = int(os.environ.get("RANK", "0"))
+        where = f"[rank {rank}] " if rank else ""
+        print(f"{where}mds-train: error: {error}", file=sys.stderr)
         sys.exit(1)
     sys.exit(code or 0)

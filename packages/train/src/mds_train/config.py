@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_model.config import GPTConfig
+from mds_model import GPTConfig
 
 from .options import flag
 from .schedule import DECAY_STYLES, BatchSizeSchedule, LearningRateSchedule
@@ -69,8 +69,14 @@ class ModelSection:
     )
 
     def gpt_config(
-        self, *, vocab_size: int, tensor_model_parallel_size: int, params_dtype: str
+        self,
+        *,
+        vocab_size: int,
+        tensor_model_parallel_size: int,
+        params_dtype: str,
+        kernels_available: bool = True,
     ) -> GPTConfig:
+        """The model's config; Triton kernels only where they can run (a GPU) and not refused."""
         checkpointing = self.recompute_granularity or (
             "full" if self.checkpoint_activations else "none"
         )
@@ -95,7 +101,7 @@ class ModelSection:
                 else self.position_embedding_type
             ),
             embed_layernorm=self.embed_layernorm,
-            use_fused_kernels=not self.no_fused_kernels,
+            use_fused_kernels=kernels_available and not self.no_fused_kernels,
             attention_backend="flash" if self.use_flash_attn else "auto",
             activation_checkpointing=checkpointing,
             params_dtype=params_dtype,

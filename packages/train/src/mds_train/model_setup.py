@@ -15,12 +15,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from mds_model.config import GPTConfig
-from mds_model.gpt import GPT, masked_mean
-from mds_model.layers import LayerNorm
-from mds_model.parallel import ParallelGroups
-from mds_model.pipeline import build_gpt_pipe, pipeline_deepspeed_config
-from mds_model.rng import RNGStatesTracker, model_parallel_seed
+from mds_model import (
+    GPT,
+    GPTConfig,
+    ParallelGroups,
+    RNGStatesTracker,
+    build_gpt_pipe,
+    masked_mean,
+    model_parallel_seed,
+    pipeline_deepspeed_config,
+)
 
 from .config import TrainConfig, Topology
 from .gradients import install_fp32_clipping
@@ -100,15 +104,14 @@ class TrainingSetup:
 
 
 def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Megatron's `_get_params_for_weight_decay_optimization`: norms and biases get no decay."""
-    decay, no_decay, seen = [], [], set()
-    for submodule in module.modules():
-        is_norm = isinstance(submodule, (LayerNorm, torch.nn.LayerNorm))
-        for name, param in submodule.named_parameters(recurse=False):
-            if id(param) in seen or not param.requires_grad:
-                continue
-            seen.add(id(param))
-            (no_decay if is_norm or name == "bias" else decay).append(param)
+    """Megatron's `_get_params_for_weight_decay_optimization`: norms and biases get no decay.
+
+    In the GPT those are exactly the 1-D parameters; embeddings and linear weights are 2-D.
+    """
+    decay, no_decay = [], []
+    for param in module.parameters():  # tied parameters come once
+        if param.requires_grad:
+            (no_decay if param.dim() < 2 else decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -144,6 +147,7 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
         vocab_size=vocab_size,
         tensor_model_parallel_size=topology.tensor_parallel,
         params_dtype=config.params_dtype,
+        kernels_available=torch.cuda.is_available(),  # CPU runs take the pure-torch paths
     )
     is_pipeline = topology.pipeline_parallel > 1
     if is_pipeline:

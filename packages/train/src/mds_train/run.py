@@ -13,13 +13,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpointing import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointContext, load_checkpoint
+from .checkpointing import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    CheckpointContext,
+    check_compatible,
+    find_checkpoint,
+    load_checkpoint,
+)
 from .config import TrainConfig, Topology
 from .data import build_datasets, read_vocabulary
 from .distributed import device, init_distributed
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
-from .model_setup import TrainingSetup, build_training_setup
+from .model_setup import build_training_setup
 from .state import TrainingState
 
 logger = logging.getLogger(__name__)
@@ -32,11 +39,13 @@ def _version(distribution: str) -> str:
         return "unknown"
 
 
-def run_description(
-    config: TrainConfig, topology: Topology, setup: TrainingSetup, vocab
-) -> dict:
+def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
     """meta.json's fixed part: what the checkpoint is, whatever iteration it holds."""
-    model = setup.gpt_config
+    model = config.model.gpt_config(
+        vocab_size=vocab.size,
+        tensor_model_parallel_size=topology.tensor_parallel,
+        params_dtype=config.params_dtype,
+    )
     model_fields = dataclasses.asdict(model)
     model_fields.update(
         ffn_size=model.ffn_size,
@@ -56,7 +65,7 @@ def run_description(
             "pipeline_parallel": topology.pipeline_parallel,
             "data_parallel": topology.data_parallel,
             "zero_stage": config.parallel.zero_stage,
-            "engine": "pipeline" if setup.is_pipeline else "plain",
+            "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
         },
         "precision": config.params_dtype,
         "tokenizer": {
@@ -105,8 +114,14 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         config.parallel.zero_stage,
         config.params_dtype,
     )
+    description = run_description(config, topology, vocab)
+    found = None
+    if config.checkpoint.load is not None:
+        found = find_checkpoint(Path(config.checkpoint.load))
+        if found is not None:  # before the model is built: a mismatch fails at once
+            loads_optimizer = not (config.checkpoint.no_load_optim or config.checkpoint.finetune)
+            check_compatible(found[1], description, path=found[0], loads_optimizer=loads_optimizer)
     setup = build_training_setup(config, topology, vocab_size=vocab.size)
-    description = run_description(config, topology, setup, vocab)
     checkpoint = CheckpointContext(
         engine=setup.engine,
         rank=launch.rank,
@@ -116,15 +131,14 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         meta=description,
     )
     state = TrainingState()
-    if config.checkpoint.load is not None:
-        loaded = load_checkpoint(
+    if found is not None:
+        state = load_checkpoint(
             checkpoint,
-            Path(config.checkpoint.load),
+            found,
             load_optimizer=not config.checkpoint.no_load_optim,
             load_rng=not config.checkpoint.no_load_rng,
             finetune=config.checkpoint.finetune,
         )
-        state = loaded or state
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
         config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier

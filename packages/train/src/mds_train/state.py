@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mds_model.rng import RNGStatesTracker
+from mds_model import RNGStatesTracker
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""Launching mds-train for the tests: one plain process, or N under the deepspeed launcher (gloo).
+
+The tiny model trains on Megatron's golden dataset (tiny GPT-2 vocabulary, 5000 tokens); every
+run writes metrics.jsonl, whose per-iteration losses the tests compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GOLDEN = "megatron-golden/meg-gpt2-openwebtext_text_document"
+SEED = 1234
+# 2 layers (PP=2 gets one each), 4 heads (TP=2 gets two), 8 samples per iteration.
+MODEL = (
+    "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+    "--micro-batch-size 2 --global-batch-size 8"
+).split()
+OPTIMIZER = (
+    "--lr 5e-3 --min-lr 5e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1 "
+    "--clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --seed 1234"
+).split()
+NO_DROPOUT = "--hidden-dropout 0 --attention-dropout 0".split()
+
+
+def data_flags(shared_data: Path, cache: Path) -> list[str]:
+    return [
+        "--data-path",
+        str(shared_data / GOLDEN),
+        "--vocab-file",
+        str(shared_data / "megatron-golden/gpt2-tiny-vocab.json"),
+        "--merge-file",
+        str(shared_data / "megatron-golden/gpt2-tiny-merges.txt"),
+        "--data-cache-path",
+        str(cache),
+        "--split",
+        "949,50,1",
+    ]
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # CPU training takes the pure-torch paths
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def command(flags: list[str], *, nproc: int = 1) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "mds_train", *flags]
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
+    return [
+        launcher,
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(_free_port()),
+        "--module",
+        "mds_train",
+        *flags,
+    ]
+
+
+def train(flags: list[str], *, nproc: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(flags, nproc=nproc),
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start(flags: list[str], log: Path) -> subprocess.Popen:
+    handle = open(log, "w")  # noqa: SIM115 - closed with the process by the caller's wait
+    return subprocess.Popen(
+        command(flags), env=_environment(), stdout=handle, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def train_records(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == "train"]
+
+
+def losses(output_dir: Path) -> dict[int, float]:
+    return {r["iteration"]: r["lm_loss"] for r in train_records(output_dir)}
+
+
+def wait_for_iteration(output_dir: Path, iteration: int, process, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if losses(output_dir) and max(losses(output_dir)) >= iteration:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"training ended (exit {process.returncode}) before {iteration}")
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    raise AssertionError(f"iteration {iteration} not reached in {timeout} s")

@@ -1,0 +1,173 @@
+"""Flags, presets and the DeepSpeed config: Megatron's command lines parse unchanged, contradictions
+between the flags and a user's DeepSpeed file are errors, deprecated keys are translated."""
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from mds_train.cli import build_config, make_command
+from mds_train.config import Topology
+from mds_train.ds_config import (
+    derive_deepspeed_config,
+    load_user_config,
+    merge_deepspeed_config,
+    offloads_optimizer,
+)
+from mds_train.options import ignored_flags_given
+
+DATA = ["--data-path", "D", "--vocab-file", "v.json", "--merge-file", "m.txt"]
+
+# GPT-2 345M walk-through (Megatron-DeepSpeed's examples), pretrain_gpt.py replaced by mds-train.
+WALKTHROUGH_345M = """
+--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --num-layers 24 --hidden-size 1024
+--num-attention-heads 16 --micro-batch-size 8 --global-batch-size 64 --seq-length 1024
+--max-position-embeddings 1024 --train-iters 500000 --lr-decay-iters 320000 --save ckpt --load ckpt
+--data-path my-gpt2_text_document --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+--data-impl mmap --split 949,50,1 --distributed-backend nccl --lr 0.00015 --lr-decay-style cosine
+--min-lr 1.0e-5 --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01 --checkpoint-activations
+--log-interval 100 --save-interval 10000 --eval-interval 1000 --eval-iters 10 --fp16
+--deepspeed --deepspeed_config ds_zero_stage_3_config.json --zero-stage 3 --partition-activations
+--deepspeed-activation-checkpointing
+""".split()
+
+# bigscience's tiny test_training run.
+BIGSCIENCE_TINY = """
+--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 256
+--max-position-embeddings 1024 --micro-batch-size 1 --rampup-batch-size 2 2 80
+--global-batch-size 16 --train-samples 160 --embed-layernorm --position-embedding-type alibi
+--optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --lr 1e-4
+--lr-warmup-samples 5 --clip-grad 1.0 --weight-decay 1e-1 --fp16 --log-interval 5
+--save-interval 10 --eval-interval 10 --eval-iters 5 --checkpoint-activations --exit-interval 20
+--merge-file gpt2-merges.txt --vocab-file gpt2-vocab.json --save out --load out
+--data-path meg-gpt2_text_document --tensorboard-dir tb --tensorboard-queue-size 5
+--log-timers-to-tensorboard --log-batch-size-to-tensorboard --log-validation-ppl-to-tensorboard
+--deepspeed --deepspeed_config ds_config.json --zero-stage 1 --deepspeed-activation-checkpointing
+--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --distributed-backend nccl
+--kill-switch-path kill --codecarbon-dir cc --local_rank=0
+""".split()
+
+
+def parse(argv: list[str]) -> dict:
+    command = make_command()
+    with command.make_context("mds-train", list(argv)) as ctx:
+        return dict(ctx.params)
+
+
+@pytest.mark.parametrize(
+    ("argv", "world"), [(WALKTHROUGH_345M, 8), (BIGSCIENCE_TINY, 2)], ids=["345m", "bs-tiny"]
+)
+def test_seed_command_lines_parse(argv, world):
+    values = parse(argv)
+    config = build_config(values)
+    topology = Topology(world_size=world, tensor_parallel=1, pipeline_parallel=1)
+    config.validate(topology)
+    warnings = ignored_flags_given(values)
+    assert any(w.startswith("--deepspeed-activation-checkpointing is accepted") for w in warnings)
+    assert not any("local_rank" in w for w in warnings)
+
+
+def test_walkthrough_values():
+    config = build_config(parse(WALKTHROUGH_345M))
+    topology = Topology(world_size=8, tensor_parallel=1, pipeline_parallel=1)
+    gpt = config.model.gpt_config(
+        vocab_size=50257, tensor_model_parallel_size=1, params_dtype=config.params_dtype
+    )
+    assert gpt.padded_vocab_size == 50304 and gpt.activation_checkpointing == "full"
+    lr = config.lr_schedule(topology)
+    assert lr.decay_samples == 320000 * 64 and lr.warmup_samples == int(0.01 * 320000 * 64)
+    assert config.train_iters(topology) == 500000
+
+
+def test_bigscience_tiny_values():
+    config = build_config(parse(BIGSCIENCE_TINY))
+    topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=1)
+    assert config.batch.rampup_batch_size == (2, 2, 80)
+    assert config.data.data_path == ("meg-gpt2_text_document",)
+    assert config.lr_schedule(topology).warmup_samples == 5
+    assert config.batch_schedule(topology).global_batch_at(0) == 2
+
+
+def test_cross_flag_errors_name_the_flags():
+    base = [
+        *DATA,
+        *"--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8".split(),
+        *"--micro-batch-size 2 --lr 1e-3".split(),
+    ]
+    topology = Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1)
+    for extra, message in [
+        ([], "--train-iters"),
+        (["--train-iters", "5", "--train-samples", "9"], "--train-iters"),
+        (["--train-iters", "5", "--rampup-batch-size", "2", "2", "8"], "--train-samples"),
+        (["--train-iters", "5", "--fp16", "--bf16"], "--fp16"),
+        (["--train-iters", "5", "--global-batch-size", "3"], "--global-batch-size"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build_config(parse(base + extra)).validate(topology)
+    with pytest.raises(ValueError, match="--pipeline-model-parallel-size"):
+        build_config(parse(base + ["--train-iters", "5", "--zero-stage", "2"])).validate(
+            Topology(world_size=2, tensor_parallel=1, pipeline_parallel=2)
+        )
+
+
+def test_unknown_flag_is_a_usage_error():
+    with pytest.raises(click.NoSuchOption):
+        parse([*DATA, "--hiden-size", "8"])
+
+
+def test_toml_preset_gives_defaults_and_the_command_line_wins(tmp_path: Path):
+    preset = tmp_path / "run.toml"
+    preset.write_text('num-layers = 4\nhidden_size = 64\n"--lr" = 0.5\n')
+    values = parse(
+        ["--config", str(preset), "--lr", "0.25", "--num-attention-heads", "4", *DATA]
+        + "--seq-length 8 --micro-batch-size 1 --train-iters 1".split()
+    )
+    assert (values["num_layers"], values["hidden_size"], values["lr"]) == (4, 64, 0.25)
+
+
+def derived(argv: list[str], world: int = 2, **kwargs) -> dict:
+    config = build_config(parse(argv))
+    topology = Topology(world_size=world, tensor_parallel=1, pipeline_parallel=1)
+    return derive_deepspeed_config(
+        config, topology, pipeline_entries={}, client_optimizer=True, **kwargs
+    )
+
+
+def test_derived_deepspeed_config():
+    ds = derived(BIGSCIENCE_TINY)
+    assert ds["train_micro_batch_size_per_gpu"] == 1
+    assert ds["gradient_accumulation_steps"] == 1  # the ramp starts at 2 = 1 x DP 2
+    assert ds["fp16"]["initial_scale_power"] == 32 and ds["fp16"]["loss_scale"] == 0
+    assert ds["gradient_clipping"] == 1.0 and ds["zero_optimization"] == {"stage": 1}
+
+
+def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
+    ds = derived(WALKTHROUGH_345M, world=8)
+    # The seed's ZeRO-3 file: deprecated cpu_offload, an agreeing batch and fp16 section.
+    seed_file = tmp_path / "ds.json"
+    seed_file.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 64,
+                "gradient_accumulation_steps": 1,
+                "steps_per_print": 1,
+                "zero_optimization": {"stage": 3, "cpu_offload": True, "overlap_comm": True},
+                "gradient_clipping": 1.0,
+                "fp16": {"enabled": True, "loss_scale": 0, "hysteresis": 2, "min_loss_scale": 1},
+                "wall_clock_breakdown": True,
+            }
+        )
+    )
+    user = load_user_config(seed_file)
+    merged = merge_deepspeed_config(ds, user, source=str(seed_file))
+    assert merged["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert offloads_optimizer(merged) and merged["zero_optimization"]["overlap_comm"]
+    assert merged["steps_per_print"] == 1
+    with pytest.raises(ValueError, match=r"'gradient_accumulation_steps' is 4 .* but 1"):
+        merge_deepspeed_config(ds, {"gradient_accumulation_steps": 4}, source="f.json")
+    with pytest.raises(ValueError, match="stage"):
+        merge_deepspeed_config(ds, {"zero_optimization": {"stage": 2}}, source="f.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\n  'x': 1\n}")
+    with pytest.raises(ValueError, match=r"broken.json:2: not valid JSON"):
+        load_user_config(broken)
