@@ -29,7 +29,10 @@ def megatron_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         is_norm = "LayerNorm" in type(module).__name__
         for name, param in module.named_parameters(recurse=False):
             (no_decay if is_norm or name == "bias" else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0},
+    ]
 
 
 def plain_pytorch_losses(shared_data: Path, cache: Path) -> list[float]:
@@ -47,9 +50,7 @@ def plain_pytorch_losses(shared_data: Path, cache: Path) -> list[float]:
         use_fused_kernels=False,
     )
     model = GPT(config, init_seed=1234)
-    optimizer = torch.optim.AdamW(
-        megatron_groups(model, 0.1), lr=0.0, betas=(0.9, 0.95), eps=1e-8
-    )
+    optimizer = torch.optim.AdamW(megatron_groups(model, 0.1), lr=0.0, betas=(0.9, 0.95), eps=1e-8)
     # Megatron's sample counts: train iters x batch; valid (iters // interval + 1) x eval iters.
     counts = (ITERATIONS * GLOBAL, (ITERATIONS // 10 + 1) * 1 * GLOBAL, 1 * GLOBAL)
     data = GPTDataConfig.from_data_path(

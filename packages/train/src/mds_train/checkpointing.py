@@ -1,4 +1,4 @@
-"""Saving and resuming: DeepSpeed's checkpoint layout, made atomic, with a meta.json that describes it.
+"""Saving and resuming: DeepSpeed's checkpoint layout, made atomic, described by a meta.json.
 
 Layout (README: "Checkpoints"): `{save}/global_stepN/` holds DeepSpeed's files (layer_XX-model_YY
 and mp_rank_XX files, ZeRO partitions), `rng_state_rankRRRRR.pt` per global rank, and `meta.json`
@@ -176,12 +176,15 @@ def check_compatible(
                 f" but this run has TP={current['tensor_parallel']}, "
                 f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
             )
-    if loads_optimizer and saved["zero_stage"] > 0 and saved["data_parallel"] != current[
-        "data_parallel"
-    ]:
+    if (
+        loads_optimizer
+        and saved["zero_stage"] > 0
+        and saved["data_parallel"] != current["data_parallel"]
+    ):
         raise ValueError(
-            f"{path}: its ZeRO optimizer state is split over {saved['data_parallel']} data-parallel "
-            f"ranks, this run has {current['data_parallel']}; add --no-load-optim or reshape it "
+            f"{path}: its ZeRO optimizer state is split over {saved['data_parallel']} "
+            f"data-parallel ranks, this run has {current['data_parallel']}; add --no-load-optim "
+            "or reshape it "
             "with mds-merge-mp --with-optimizer"
         )
 

@@ -23,9 +23,7 @@ POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
 class ModelSection:
     num_layers: int = flag("--num-layers", required=True, help="Transformer layers.")
     hidden_size: int = flag("--hidden-size", required=True, help="Hidden size.")
-    num_attention_heads: int = flag(
-        "--num-attention-heads", required=True, help="Attention heads."
-    )
+    num_attention_heads: int = flag("--num-attention-heads", required=True, help="Attention heads.")
     ffn_hidden_size: int | None = flag("--ffn-hidden-size", help="MLP width (4 x hidden).")
     seq_length: int = flag("--seq-length", required=True, help="Tokens per sample.")
     max_position_embeddings: int | None = flag(
@@ -147,7 +145,9 @@ class BatchSection:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerSection:
-    optimizer: str = flag("--optimizer", default="adam", choices=("adam", "sgd"), help="AdamW or SGD.")
+    optimizer: str = flag(
+        "--optimizer", default="adam", choices=("adam", "sgd"), help="AdamW or SGD."
+    )
     lr: float = flag("--lr", required=True, help="Peak learning rate.")
     min_lr: float = flag("--min-lr", default=0.0, help="Learning rate at the end of the decay.")
     lr_decay_style: str = flag(
@@ -168,23 +168,15 @@ class OptimizerSection:
     adam_beta2: float = flag("--adam-beta2", default=0.999, help="Adam beta2.")
     adam_eps: float = flag("--adam-eps", default=1e-8, help="Adam epsilon.")
     sgd_momentum: float = flag("--sgd-momentum", default=0.9, help="SGD momentum.")
-    override_lr_scheduler: bool = flag(
-        "--override-lr-scheduler",
-        default=False,
-        help="Accepted: the schedule always comes from these flags; a checkpoint gives progress.",
-    )
-    use_checkpoint_lr_scheduler: bool = flag(
-        "--use-checkpoint-lr-scheduler",
-        default=False,
-        help="Take the schedule's flags from the loaded checkpoint's meta.json.",
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionSection:
     fp16: bool = flag("--fp16", default=False, help="fp16 with dynamic loss scaling.")
     bf16: bool = flag("--bf16", default=False, help="bf16 with fp32 master weights.")
-    loss_scale: float | None = flag("--loss-scale", help="Static fp16 loss scale (dynamic if unset).")
+    loss_scale: float | None = flag(
+        "--loss-scale", help="Static fp16 loss scale (dynamic if unset)."
+    )
     initial_loss_scale: float = flag(
         "--initial-loss-scale", default=2.0**32, help="First dynamic loss scale."
     )
@@ -226,7 +218,9 @@ class CheckpointSection:
     save: Path | None = flag("--save", help="Checkpoint folder.")
     load: Path | None = flag("--load", help="Resume from this folder's `latest` checkpoint.")
     save_interval: int | None = flag("--save-interval", help="Save every N iterations.")
-    no_load_optim: bool = flag("--no-load-optim", default=False, help="Load weights, fresh optimizer.")
+    no_load_optim: bool = flag(
+        "--no-load-optim", default=False, help="Load weights, fresh optimizer."
+    )
     no_load_rng: bool = flag("--no-load-rng", default=False, help="Do not restore RNG states.")
     finetune: bool = flag(
         "--finetune", default=False, help="Load weights only; iteration and data restart at 0."
@@ -315,7 +309,9 @@ class TrainConfig:
 
     @property
     def params_dtype(self) -> str:
-        return "float16" if self.precision.fp16 else "bfloat16" if self.precision.bf16 else "float32"
+        return (
+            "float16" if self.precision.fp16 else "bfloat16" if self.precision.bf16 else "float32"
+        )
 
     def topology(self, world_size: int) -> Topology:
         tp = self.parallel.tensor_model_parallel_size

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from mds_indexed_data import GPTDataConfig, build_train_valid_test_datasets
 
-from .config import TrainConfig, Topology
+from .config import Topology, TrainConfig
 
 EOD_TOKEN = "<|endoftext|>"
 

@@ -1,4 +1,4 @@
-"""The DeepSpeed JSON, derived from the training flags by one function, with the user's file over it.
+"""The DeepSpeed JSON: derived from the training flags by one function, the user's file over it.
 
 A user's `--deepspeed_config` may add what the flags do not say (offload, bucket sizes, overlap);
 a key it shares with the derived config must hold the same value, or the run stops naming both.
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, Topology
+from .config import Topology, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def check_user_optimizer(user: dict[str, Any], config: TrainConfig, *, source: s
         return
     if "scheduler" in user:
         raise ValueError(
-            f"{source}: remove \"scheduler\"; the learning-rate schedule comes from --lr-* flags"
+            f'{source}: remove "scheduler"; the learning-rate schedule comes from --lr-* flags'
         )
     if config.optimizer.optimizer != "adam" or "adam" not in str(section.get("type", "")).lower():
         raise ValueError(

@@ -1,4 +1,4 @@
-"""Gradient norm and clipping for fp32 runs, where DeepSpeed's own `clip_fp32_gradients` falls short.
+"""Gradient norm and clipping for fp32 runs, where DeepSpeed's `clip_fp32_gradients` falls short.
 
 DeepSpeed clips fp32 (no ZeRO) gradients with `clip_grad_norm_`, which counts the pipeline's tied
 embedding copy on the last stage a second time (its fp16/bf16 paths skip `ds_pipe_replicated`

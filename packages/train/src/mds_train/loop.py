@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpointing import CheckpointContext, save_checkpoint
-from .config import TrainConfig, Topology
+from .config import Topology, TrainConfig
 from .data import MicroBatches, pipeline_batches
 from .metrics import (
     IntervalStats,
@@ -129,7 +129,10 @@ class Trainer:
                     f"iteration {state.iteration}); stopping without saving, the last good "
                     "checkpoint is untouched; lower --lr or raise --clip-grad and --load it"
                 )
-            if valid_batches is not None and state.iteration % self.config.logging.eval_interval == 0:
+            if (
+                valid_batches is not None
+                and state.iteration % self.config.logging.eval_interval == 0
+            ):
                 self._evaluate(valid_batches, f"iteration {state.iteration}", "validation")
             saved = False
             interval = self.config.checkpoint.save_interval
@@ -301,7 +304,9 @@ class Trainer:
         value = loss.item()
         if name == "validation":
             global_batch = self._num_micro * self.config.batch.micro_batch_size
-            self.state.consumed_valid_samples += eval_iters * global_batch * self.topology.data_parallel
+            self.state.consumed_valid_samples += (
+                eval_iters * global_batch * self.topology.data_parallel
+            )
         if self.rank == 0:
             for line in validation_lines(prefix, value):
                 logger.info(line)
@@ -341,7 +346,10 @@ class Trainer:
             [
                 float(self._signal),
                 float(self._kill_switch_present()),
-                float(options.exit_duration_in_mins is not None and minutes > options.exit_duration_in_mins),
+                float(
+                    options.exit_duration_in_mins is not None
+                    and minutes > options.exit_duration_in_mins
+                ),
             ],
             device=self.device,
         )

@@ -1,4 +1,4 @@
-"""What a run reports: Megatron's interval and validation lines, TFLOPs, MFU, metrics.jsonl, TensorBoard.
+"""What a run reports: Megatron's interval and validation lines, TFLOPs, MFU, metrics, TensorBoard.
 
 The interval line keeps Megatron-DeepSpeed's field names and formats (README: "Log lines") and adds
 tokens per second, MFU and an ETA at its end; TensorBoard scalars use Megatron's tag names.
@@ -27,7 +27,7 @@ def megatron_flops_per_iteration(
     padded_vocab_size: int,
     recompute: bool,
 ) -> float:
-    """Narayanan et al. (2021) eq. 3, as BS Megatron's TFLOPs: 24 f B s l h^2 (1 + s/6h + V/16lh)."""
+    """Narayanan et al. (2021) eq. 3, as BS Megatron: 24 f B s l h^2 (1 + s/6h + V/16lh)."""
     f = 4 if recompute else 3
     s, h, layers = seq_length, hidden_size, num_layers
     return (
@@ -144,7 +144,7 @@ def validation_lines(prefix: str, loss: float) -> list[str]:
 
 
 class MetricsWriter:
-    """metrics.jsonl (one JSON object per event) and, with --tensorboard-dir, TensorBoard scalars."""
+    """metrics.jsonl (a JSON object per event) and, with --tensorboard-dir, TensorBoard scalars."""
 
     def __init__(self, *, output_dir: Path | None, tensorboard_dir: Path | None, queue_size: int):
         self._jsonl = None

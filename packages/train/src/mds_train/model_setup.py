@@ -26,8 +26,7 @@ from mds_model import (
     pipeline_deepspeed_config,
 )
 
-from .config import TrainConfig, Topology
-from .gradients import install_fp32_clipping
+from .config import Topology, TrainConfig
 from .ds_config import (
     check_user_optimizer,
     derive_deepspeed_config,
@@ -35,6 +34,7 @@ from .ds_config import (
     merge_deepspeed_config,
     offloads_optimizer,
 )
+from .gradients import install_fp32_clipping
 
 logger = logging.getLogger(__name__)
 
@@ -176,9 +176,7 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
     )
     if not is_pipeline and config.parallel.zero_stage == 3:
         # The LM head reads the word embeddings outside their module's forward.
-        deepspeed.zero.register_external_parameter(
-            module, module.embedding.word_embeddings.weight
-        )
+        deepspeed.zero.register_external_parameter(module, module.embedding.word_embeddings.weight)
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         optimizer=optimizer,

@@ -1,17 +1,19 @@
 """Command-line flags declared on the config dataclasses themselves (the signature is the config).
 
-`flag(...)` is a dataclass field whose metadata names its spellings and help; `click_params`
-turns a section's fields into click options, and `section_from_values` builds the frozen section
-back from the parsed values. Megatron's flags that we accept but do not need are in `IGNORED`.
+`flag(...)` is a dataclass field whose metadata names its spellings and help; `typer_parameters`
+turns a section's fields into the keyword parameters of the typer command, and
+`section_from_values` builds the frozen section back from the parsed values. Megatron's flags
+that we accept but do not need are in `IGNORED`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any
+import inspect
+import typing
+from typing import Annotated, Any
 
-import click
+import typer
 
 _SPEC = "mds_train_flag"
 
@@ -48,36 +50,40 @@ def flag(
     return dataclasses.field(default=default, metadata={_SPEC: spec})
 
 
-def _click_type(annotation: str, spec: FlagSpec):
-    if spec.choices:
-        return click.Choice(spec.choices)
-    base = annotation.split("|")[0].strip()
-    base = base.removeprefix("tuple[").split(",")[0].strip()
-    return {"int": int, "float": float, "Path": click.Path(path_type=Path)}.get(base, str)
-
-
-def click_params(section: type) -> list[click.Option]:
-    """One click option per flagged field of a config section, named by the field."""
-    params = []
+def typer_parameters(section: type) -> list[inspect.Parameter]:
+    """One keyword parameter per flagged field, annotated for typer: the command's signature."""
+    hints = typing.get_type_hints(section)
+    parameters = []
     for field in dataclasses.fields(section):
         spec: FlagSpec | None = field.metadata.get(_SPEC)
         if spec is None:
             continue
-        kwargs: dict[str, Any] = {"help": spec.help, "required": spec.required}
-        if spec.is_flag:
-            kwargs.update(is_flag=True, default=field.default)
-        else:
-            kwargs.update(type=_click_type(str(field.type), spec), show_default=True)
-            if spec.multiple:
-                kwargs.update(multiple=True, default=field.default or ())
-            elif spec.nargs > 1:
-                kwargs.update(nargs=spec.nargs, default=field.default)
-            else:
-                kwargs.update(default=field.default)
-            if field.default is None and not spec.multiple:
-                kwargs["show_default"] = False
-        params.append(click.Option([*spec.names, field.name], **kwargs))
-    return params
+        annotation = hints[field.name]
+        if spec.choices:
+            annotation = typing.Literal[spec.choices]  # shown as [a|b|c] in --help
+            if field.default is None:
+                annotation = annotation | None
+        elif spec.multiple:
+            annotation = list[str]
+        option = typer.Option(
+            *spec.names,
+            help=spec.help,
+            show_default=not (
+                field.default is None or field.default is False or field.default == ()
+            ),
+        )
+        default = inspect.Parameter.empty if spec.required else field.default
+        if spec.multiple and not spec.required:
+            default = list(field.default or ())
+        parameters.append(
+            inspect.Parameter(
+                field.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=Annotated[annotation, option],
+            )
+        )
+    return parameters
 
 
 def section_from_values(section: type, values: dict[str, Any]):
@@ -96,7 +102,9 @@ def section_from_values(section: type, values: dict[str, Any]):
 def flag_names(section: type) -> dict[str, str]:
     """Field name -> its first spelling, for error messages."""
     return {
-        f.name: f.metadata[_SPEC].names[0] for f in dataclasses.fields(section) if _SPEC in f.metadata
+        f.name: f.metadata[_SPEC].names[0]
+        for f in dataclasses.fields(section)
+        if _SPEC in f.metadata
     }
 
 
@@ -123,25 +131,41 @@ IGNORED: dict[str, tuple[bool, str]] = {
     "--pipeline-model-parallel-impl": (True, "the DeepSpeed pipeline engine is the only one"),
     "--no-pipeline-parallel": (False, "--pipeline-model-parallel-size 1 uses the plain engine"),
     "--cpu-optimizer": (False, "offload the optimizer in the DeepSpeed config"),
+    "--override-lr-scheduler": (False, "the schedule always comes from the flags"),
+    "--use-checkpoint-lr-scheduler": (False, "the schedule always comes from the flags"),
 }
 
 
-def ignored_params() -> list[click.Option]:
-    params = []
+def _ignored_dest(name: str) -> str:
+    return "ignored_" + name.lstrip("-").replace("-", "_").lower()
+
+
+def ignored_parameters() -> list[inspect.Parameter]:
+    """Hidden options for IGNORED; `--local_rank` and `--local-rank` share one."""
+    parameters, seen = [], set()
     for name, (takes_value, _) in IGNORED.items():
-        dest = "ignored_" + name.lstrip("-").replace("-", "_").lower()
-        if takes_value:
-            params.append(click.Option([name, dest], default=None, hidden=True))
-        else:
-            params.append(click.Option([name, dest], is_flag=True, default=False, hidden=True))
-    return params
+        dest = _ignored_dest(name)
+        if dest in seen:
+            continue
+        seen.add(dest)
+        names = [n for n in IGNORED if _ignored_dest(n) == dest]
+        annotation = str | None if takes_value else bool
+        parameters.append(
+            inspect.Parameter(
+                dest,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if takes_value else False,
+                annotation=Annotated[annotation, typer.Option(*names, hidden=True)],
+            )
+        )
+    return parameters
 
 
 def ignored_flags_given(values: dict[str, Any]) -> list[str]:
     """The ignored flags present on the command line, with why each is ignored."""
     given = {}
     for name, (_, why) in IGNORED.items():
-        dest = "ignored_" + name.lstrip("-").replace("-", "_").lower()
+        dest = _ignored_dest(name)
         if why and values.get(dest) not in (None, False):
             given.setdefault(dest, f"{name} is accepted and ignored: {why}")
     return list(given.values())

@@ -21,7 +21,7 @@ from .checkpointing import (
     find_checkpoint,
     load_checkpoint,
 )
-from .config import TrainConfig, Topology
+from .config import Topology, TrainConfig
 from .data import build_datasets, read_vocabulary
 from .distributed import device, init_distributed
 from .loop import Trainer

@@ -16,7 +16,7 @@ DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 @dataclass(frozen=True, kw_only=True)
 class LearningRateSchedule:
-    """lr(num_samples): `warmup_samples` and `decay_samples` count samples, as AnnealingLR's steps."""
+    """lr(num_samples); `warmup_samples` and `decay_samples` count samples as AnnealingLR's steps."""
 
     max_lr: float
     min_lr: float
@@ -46,7 +46,9 @@ class LearningRateSchedule:
             return self.max_lr
         if self.decay_style == "inverse-square-root":
             warmup = max(self.warmup_samples, 1)
-            return max(self.min_lr, self.max_lr * math.sqrt(warmup) / math.sqrt(max(num_samples, 1)))
+            return max(
+                self.min_lr, self.max_lr * math.sqrt(warmup) / math.sqrt(max(num_samples, 1))
+            )
         if num_samples > self.decay_samples:
             return self.min_lr
         ratio = (num_samples - self.warmup_samples) / (self.decay_samples - self.warmup_samples)
