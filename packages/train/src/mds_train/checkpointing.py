@@ -122,9 +122,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
-def find_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint `latest` names and its meta.json; None when there is none yet."""
+def find_checkpoint(
+    load_dir: Path, *, save_dir: Path | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint `latest` names and its meta.json; None when there is none yet (a missing
+    --load folder is fine when it is also --save, as launch scripts that resume pass both)."""
     if not load_dir.is_dir():
+        if save_dir is not None and load_dir.resolve() == save_dir.resolve():
+            logger.info("no checkpoint in %s yet; starting from scratch", load_dir)
+            return None
         raise ValueError(f"{load_dir}: --load folder does not exist")
     latest = load_dir / LATEST
     if not latest.is_file():

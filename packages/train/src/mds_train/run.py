@@ -117,7 +117,8 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
     description = run_description(config, topology, vocab)
     found = None
     if config.checkpoint.load is not None:
-        found = find_checkpoint(Path(config.checkpoint.load))
+        save = config.checkpoint.save
+        found = find_checkpoint(Path(config.checkpoint.load), save_dir=save and Path(save))
         if found is not None:  # before the model is built: a mismatch fails at once
             loads_optimizer = not (config.checkpoint.no_load_optim or config.checkpoint.finetune)
             check_compatible(found[1], description, path=found[0], loads_optimizer=loads_optimizer)

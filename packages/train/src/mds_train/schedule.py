@@ -16,7 +16,7 @@ DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 @dataclass(frozen=True, kw_only=True)
 class LearningRateSchedule:
-    """lr(num_samples); `warmup_samples` and `decay_samples` count samples as AnnealingLR's steps."""
+    """lr(num_samples); warmup and decay lengths count samples, as AnnealingLR's steps."""
 
     max_lr: float
     min_lr: float

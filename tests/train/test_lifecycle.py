@@ -1,0 +1,202 @@
+"""How runs end and resume: kill -9 then --load continues exactly; a save killed midway leaves
+`latest` on the previous checkpoint; SIGTERM, the kill switch and --exit-interval save and exit
+cleanly; a run whose loss stays NaN stops without touching the last checkpoint; a checkpoint of
+another shape or a missing one gets one clear line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def flags(runs, shared_data, cache, out: Path, *extra: str, iterations: int = 16) -> list[str]:
+    return [
+        *runs.MODEL,
+        *runs.OPTIMIZER,  # dropout stays on (0.1): resuming must restore every RNG
+        *runs.data_flags(shared_data, cache),
+        *f"--train-iters {iterations} --log-interval 1 --eval-interval 6 --eval-iters 1".split(),
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
+
+
+def latest(save: Path) -> str:
+    return (save / "latest").read_text()
+
+
+def test_kill_9_then_load_continues_exactly(runs, shared_data, data_cache, tmp_path):
+    whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
+    result = runs.train(flags(runs, shared_data, data_cache, whole))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    process = runs.start(
+        flags(runs, shared_data, data_cache, parts, "--save", str(save), "--save-interval", "4"),
+        tmp_path / "killed.log",
+    )
+    runs.wait_for_iteration(parts, 10, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert latest(save) == "global_step8"
+    resumed = runs.train(
+        flags(runs, shared_data, data_cache, parts, "--save", str(save), "--load", str(save))
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "global_step8 at iteration 8" in resumed.stderr
+    # metrics.jsonl holds the killed run's lines 1..10+ and the resumed run's 9..16 after them.
+    records = runs.train_records(parts)
+    restart = next(i for i in range(1, len(records)) if records[i]["iteration"] == 9)
+    after = {r["iteration"]: r for r in records[restart:]}
+    reference = {r["iteration"]: r for r in runs.train_records(whole)}
+    assert sorted(after) == list(range(9, 17))
+    for iteration, record in after.items():
+        for key in ("lm_loss", "learning_rate", "grad_norm", "consumed_samples"):
+            assert record[key] == reference[iteration][key], (iteration, key)
+    validation = [json.loads(line) for line in (parts / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lm_loss"] for r in validation if r["event"] == "validation"][-1] == [
+        json.loads(line)["lm_loss"]
+        for line in (whole / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "validation"
+    ][-1]  # the validation stream resumed at the same position too
+    meta = json.loads((save / "global_step16" / "meta.json").read_text())
+    assert meta["iteration"] == 16 and meta["consumed_train_samples"] == 128
+    assert meta["model"]["padded_vocab_size"] == 5120 and meta["parallel"]["tensor_parallel"] == 1
+
+
+def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
+    runs, shared_data, data_cache, tmp_path
+):
+    save, out, switch = tmp_path / "ckpt", tmp_path / "out", tmp_path / "stop-now"
+    common = ["--save", str(save), "--load", str(save), "--kill-switch-path", str(switch)]
+    exited = runs.train(flags(runs, shared_data, data_cache, out, *common, "--exit-interval", "3"))
+    assert exited.returncode == 0, exited.stderr[-3000:]
+    assert "--exit-interval 3 reached: exiting at iteration 3" in exited.stderr
+    assert latest(save) == "global_step3"
+
+    process = runs.start(flags(runs, shared_data, data_cache, out, *common), tmp_path / "ks.log")
+    runs.wait_for_iteration(out, 5, process)
+    switch.touch()
+    assert process.wait(timeout=300) == 0
+    log = (tmp_path / "ks.log").read_text()
+    stopped = max(runs.losses(out))
+    assert f"Detected kill switch at {switch}, iteration={stopped}" in log
+    assert latest(save) == f"global_step{stopped}"
+    switch.unlink()
+
+    process = runs.start(flags(runs, shared_data, data_cache, out, *common), tmp_path / "term.log")
+    runs.wait_for_iteration(out, stopped + 2, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 0
+    log = (tmp_path / "term.log").read_text()
+    assert f"resumed from {save / f'global_step{stopped}'}" in log
+    assert "received SIGTERM, checkpoint saved" in log
+    assert latest(save) == f"global_step{max(runs.losses(out))}"
+    assert not list(save.glob("*.partial"))
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
+    runs, shared_data, data_cache, tmp_path
+):
+    save, out = tmp_path / "ckpt", tmp_path / "out"
+    base = flags(runs, shared_data, data_cache, out, "--save", str(save), iterations=30)
+    base = [f for f in base if f not in ("--lr-warmup-iters", "3")]
+    diverging = base + "--save-interval 1 --lr 1e30 --clip-grad 0 --max-nan-iterations 3".split()
+    result = runs.train(diverging)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "NaN or inf for 3 iterations in a row" in errors[0]
+    # Iteration 1's loss is finite; from the second on the loss is NaN: those are never saved.
+    assert latest(save) == "global_step1"
+    assert sorted(p.name for p in save.glob("global_step*")) == ["global_step1"]
+    assert "not saving at iteration 2: the loss is NaN or inf" in result.stderr
+
+
+def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
+    missing = runs.train(flags(runs, shared_data, data_cache, tmp_path, "--load", "/nonexistent"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "mds-train: error: /nonexistent: --load folder does not exist"
+    )
+    save = tmp_path / "ckpt"
+    made = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "1")
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    other_shape = flags(runs, shared_data, data_cache, tmp_path, "--load", str(save))
+    other_shape[other_shape.index("--hidden-size") + 1] = "32"
+    result = runs.train(other_shape)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"mds-train: error: {save / 'global_step1'}: hidden_size is 64 in the checkpoint but 32 "
+        "in this run; train with the checkpoint's model flags"
+    )
+    (save / "latest").write_text("global_step7")
+    result = runs.train(flags(runs, shared_data, data_cache, tmp_path, "--load", str(save)))
+    assert (
+        result.returncode == 1
+        and "names 'global_step7', which is not a folder"
+        in (result.stderr.strip().splitlines()[-1])
+    )
+
+
+KILLED_DURING_SAVE = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from mds_train.checkpointing import CheckpointContext, save_checkpoint
+    from mds_train.state import TrainingState
+
+    class Engine:  # writes some of DeepSpeed's files, then the process is killed
+        def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+            folder = Path(save_dir) / tag
+            folder.mkdir(parents=True)
+            (folder / "mp_rank_00_model_states.pt").write_bytes(b"half")
+            if os.environ["KILL"] == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    context = CheckpointContext(
+        engine=Engine(), rank=0, world_size=1, barrier=lambda: None, rng_tracker=None,
+        meta={"format": "mds-train checkpoint"},
+    )
+    save_checkpoint(context, TrainingState(iteration=int(sys.argv[2])), Path(sys.argv[1]))
+    """
+)
+
+
+def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path):
+    def save(iteration: int, kill: bool) -> int:
+        env = {**os.environ, "KILL": "1" if kill else "0"}
+        command = [sys.executable, "-c", KILLED_DURING_SAVE, str(tmp_path), str(iteration)]
+        return subprocess.run(command, env=env).returncode
+
+    assert save(5, kill=False) == 0
+    assert latest(tmp_path) == "global_step5"
+    assert save(10, kill=True) == -signal.SIGKILL
+    assert latest(tmp_path) == "global_step5"
+    assert (tmp_path / "global_step10.partial").is_dir() and not (
+        tmp_path / "global_step10"
+    ).exists()
+    assert save(15, kill=False) == 0  # the next save clears the unfinished one
+    assert latest(tmp_path) == "global_step15"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step15", "global_step5", "latest"]
+
+
+def test_meta_json_describes_the_checkpoint(runs, shared_data, data_cache, tmp_path):
+    save = tmp_path / "ckpt"
+    result = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "1")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    meta = json.loads((save / "global_step1" / "meta.json").read_text())
+    assert meta["format"] == "mds-train checkpoint" and meta["tool"] == "mds-train"
+    assert meta["tokenizer"]["vocab_size"] == 5000 and meta["tokenizer"]["eod_id"] == 4999
+    assert meta["model"]["num_layers"] == 2 and meta["parallel"]["engine"] == "plain"
+    assert {"mp_rank_00_model_states.pt", "rng_state_rank00000.pt", "meta.json"} <= {
+        p.name for p in (save / "global_step1").iterdir()
+    }
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["config"]["model"]["hidden_size"] == 64
+    assert config["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 2
