@@ -106,11 +106,30 @@ LAYOUTS = {
 }
 
 
+def offload_config(tmp_path: Path) -> list[str]:
+    """The seed walk-through's ZeRO-3 file: the deprecated `"cpu_offload": true` (DeepSpeed's CPU
+    Adam, built just in time on first use), and a batch and clip that agree with the flags."""
+    path = tmp_path / "ds_zero3_offload.json"
+    config = {
+        "train_batch_size": GLOBAL,
+        "zero_optimization": {"stage": 3, "cpu_offload": True},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1000,
+        "wall_clock_breakdown": False,
+    }
+    path.write_text(json.dumps(config))
+    return ["--zero-stage", "3", "--deepspeed_config", str(path)]
+
+
+LAYOUTS["dp2-zero3-offload"] = (2, offload_config)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_parallel_layouts_match_one_process(
     layout, runs, reference_run, shared_data, data_cache, tmp_path
 ):
     nproc, flags = LAYOUTS[layout]
+    flags = flags(tmp_path) if callable(flags) else flags
     iterations = 8
     result = runs.train(
         [
@@ -132,3 +151,5 @@ def test_parallel_layouts_match_one_process(
     for iteration in ours:  # the same samples, summed in another order: fp32 reduction noise
         assert ours[iteration] == pytest.approx(reference[iteration], rel=2e-5), iteration
     assert ours[iterations] < ours[1]
+    if layout.endswith("offload"):
+        assert '"cpu_offload": true is deprecated' in result.stderr
