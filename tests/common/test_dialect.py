@@ -131,6 +131,20 @@ COMMANDS = [
         ("--split-n", "--split-name"),
     ),
     Command(
+        ("mds-train",),
+        "mds-train",
+        (
+            *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
+            *("--seq-length", "64", "--micro-batch-size", "2", "--train-iters", "2"),
+            *("--lr", "1e-3", "--data-path", "{tmp}/data", "--vocab-file", "{missing}"),
+            *("--local_rank=0",),  # as the deepspeed launcher passes it
+        ),
+        "--lr",
+        "--hiden-size",
+        "--hidden-size",
+        ("--micro-batch", "--micro-batch-size"),
+    ),
+    Command(
         ("mds-model", "info"),
         "mds-model",
         ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "3"),

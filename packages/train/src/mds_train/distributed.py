@@ -75,7 +75,7 @@ def init_distributed(backend: str | None) -> LaunchInfo:
     """Joins the process group; on GPUs each process takes the device of its local rank."""
     import deepspeed
 
-    info = launch_environment()
+    info = launch_environment()  # idempotent: a second call reads what the first filled in
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")

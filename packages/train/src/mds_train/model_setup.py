@@ -20,10 +20,8 @@ from mds_model import (
     GPTConfig,
     ParallelGroups,
     RNGStatesTracker,
-    build_gpt_pipe,
     masked_mean,
     model_parallel_seed,
-    pipeline_deepspeed_config,
 )
 
 from .config import Topology, TrainConfig
@@ -133,7 +131,8 @@ def _client_optimizer(config: TrainConfig, params: list[dict], *, offload: bool)
 
 
 def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size: int):
-    import deepspeed
+    import deepspeed  # loaded here, after the flags and files were checked
+    from mds_model import build_gpt_pipe, pipeline_deepspeed_config
 
     seed = config.precision.seed
     groups = ParallelGroups.build(

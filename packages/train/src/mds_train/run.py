@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mds_indexed_data import parse_data_path
 
 from .checkpointing import (
     CHECKPOINT_FORMAT,
@@ -23,7 +24,7 @@ from .checkpointing import (
 )
 from .config import Topology, TrainConfig
 from .data import build_datasets, read_vocabulary
-from .distributed import device, init_distributed
+from .distributed import device, init_distributed, launch_environment
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
@@ -90,19 +91,34 @@ def _configure_logging(rank: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _check_datasets(config: TrainConfig) -> None:
+    _, prefixes = parse_data_path(config.data.data_path)
+    for prefix in prefixes:
+        for suffix in (".idx", ".bin"):
+            if not Path(prefix + suffix).is_file():
+                raise ValueError(
+                    f"{prefix}{suffix}: no such file; --data-path takes the prefix of a "
+                    ".bin/.idx pair written by mds-tokenize"
+                )
+
+
 def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
-    launch = init_distributed(config.parallel.distributed_backend)
+    # Flags, vocabulary and datasets are checked before DeepSpeed loads or any process group
+    # forms, so a mistake is one line on stderr and nothing else.
+    launch = launch_environment()
+    topology = config.topology(launch.world_size)
+    config.validate(topology)
+    vocab = read_vocabulary(config.data.vocab_file, config.data.merge_file)
+    _check_datasets(config)
+    init_distributed(config.parallel.distributed_backend)
     _configure_logging(launch.rank)
     for warning in warnings:
         logger.warning("%s", warning)
-    topology = config.topology(launch.world_size)
-    config.validate(topology)
     if config.logging.peak_tflops is None:
         peak = default_peak_tflops(config.params_dtype)
         config = dataclasses.replace(
             config, logging=dataclasses.replace(config.logging, peak_tflops=peak)
         )
-    vocab = read_vocabulary(config.data.vocab_file, config.data.merge_file)
     logger.info(
         "mds-train %s: %d processes (%s), TP=%d PP=%d DP=%d, ZeRO-%d, %s",
         _version("mds-train"),
