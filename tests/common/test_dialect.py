@@ -251,7 +251,8 @@ def test_abbreviations_and_multi_value_flags(command, names):
 def test_bare_invocation_prints_usage(tool):
     result = run(tool)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith(f"Usage: {tool} ") and "Commands:" in result.stderr
+    assert result.stderr.startswith(f"Usage: {tool} ")
+    assert "Commands:" in result.stderr or "Options:" in result.stderr  # mds-train has none
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if len(c.words) > 1], ids=_id)
