@@ -15,10 +15,10 @@ mds-tokenize learn --input "$out/corpus.jsonl" --vocab-size 4096 --output-dir "$
 mds-tokenize --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
     --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" --append-eod --workers 2
 mds-index info "$out/corpus_text_document"
-# The caches mds-train will read: 200 iterations x 16 samples; validation (200 // 50 + 1) x 2 x 16;
+# The caches mds-train will read: 120 iterations x 16 samples; validation (120 // 40 + 1) x 2 x 16;
 # test 2 x 16 (Megatron's counts), so training starts without building anything.
 mds-index build --data-path "$out/corpus_text_document" --split 90,8,2 --seq-length 256 \
-    --train-samples 3200 --valid-samples 160 --test-samples 32 --seed 1234
+    --train-samples 1920 --valid-samples 128 --test-samples 32 --seed 1234
 # Plan the model the trainer will use on this data: parameters, FLOPs per token, memory per GPU.
 mds-model info --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
     --vocab-size 4096 --micro-batch-size 4 --pipeline-model-parallel-size 2
@@ -27,8 +27,8 @@ mds-model info --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-le
 OMP_NUM_THREADS=1 deepspeed --num_gpus 2 --master_port "${MDS_DEMO_PORT:-29533}" --module mds_train \
     --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 256 --num-attention-heads 4 \
     --seq-length 256 --max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 16 \
-    --train-iters 200 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 20 \
+    --train-iters 120 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10 \
     --weight-decay 0.1 --clip-grad 1.0 --data-path "$out/corpus_text_document" --split 90,8,2 \
     --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" \
-    --log-interval 20 --eval-interval 50 --eval-iters 2 --save "$out/checkpoints" --save-interval 100
+    --log-interval 10 --eval-interval 40 --eval-iters 2 --save "$out/checkpoints" --save-interval 60
 echo "demo finished: outputs in $out/ (checkpoint: $out/checkpoints/$(cat "$out/checkpoints/latest"))"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mds_common.files import write_text_atomically
 
 from .state import TrainingState, capture_rng_states, restore_rng_states
 
@@ -81,29 +82,20 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     final = save_dir / tag
     if context.rank == 0:
         meta = {**context.meta, **state.to_dict(), "tag": tag}
-        _write_atomic(partial / META, json.dumps(meta, indent=2) + "\n")
+        write_text_atomically(partial / META, json.dumps(meta, indent=2) + "\n")
         _fsync_tree(partial)
         replaced = None
         if final.exists():  # saving the same iteration again: keep the old one until the swap
             replaced = final.with_name(final.name + ".old" + PARTIAL_SUFFIX)
             os.replace(final, replaced)
         os.replace(partial, final)
-        _write_atomic(save_dir / LATEST, tag)
+        write_text_atomically(save_dir / LATEST, tag)
+        _fsync_dir(save_dir)
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
     context.barrier()
     logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
     return final
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    _fsync_dir(path.parent)
 
 
 def _fsync_tree(root: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mds_common.files import write_text_atomically
 from mds_indexed_data import parse_data_path
 
 from .checkpointing import (
@@ -203,7 +203,4 @@ def _write_resolved_config(
         "deepspeed_config": ds_config,
         "argv": sys.argv,
     }
-    path = output_dir / "config.json"
-    temporary = path.with_name(f"config.json.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
-    os.replace(temporary, path)
+    write_text_atomically(output_dir / "config.json", json.dumps(resolved, indent=2, default=str))
