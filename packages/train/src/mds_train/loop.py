@@ -243,6 +243,7 @@ class Trainer:
                     "tokens_per_second": global_batch * model.seq_length / (ms / 1000.0),
                     "tflops_per_gpu": tflops,
                     "mfu": mfu,
+                    "max_memory_allocated_gib": _peak_memory_gib(),
                 }
             )
             self._tensorboard_training(loss, lr, global_batch, last, ms, tflops)
@@ -365,6 +366,12 @@ class Trainer:
         if options.exit_interval and iteration % options.exit_interval == 0:
             return f"--exit-interval {options.exit_interval} reached"
         return None
+
+
+def _peak_memory_gib() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**30
 
 
 def _as_float(value) -> float | None:

@@ -1,0 +1,175 @@
+"""mds-train's tokens/s on the seeds' 345M GPT against `reference_gpt.py --compile`, same call.
+
+Runs the reference (plain PyTorch, fp32 weights under bf16 autocast, fused AdamW, torch.compile;
+its own timing) and then `mds-train` itself, as a user would launch it, for each variant: bf16,
+24 layers, hidden 1024, 16 heads, seq 1024, micro-batch 16, GPT-2 vocabulary, no dropout, on a
+tokenized dataset. Our figure is the median iteration time after the warm-up iterations, read from
+metrics.jsonl; peak memory is the run's `max_memory_allocated`, printed beside `mds-model info`'s
+estimate. Prints tokens/s, MFU (Megatron's TFLOPs formula over --peak-tflops) and the ratios.
+
+Variants (`--variants`, comma-separated) differ only in the DeepSpeed optimizer path:
+  zero0            --zero-stage 0: DeepSpeed wraps the client AdamW for bf16 (its default path)
+  zero1            --zero-stage 1: DeepSpeedZeroOptimizer
+  zero1-bf16opt    --zero-stage 1 with fp32 gradient accumulation: DeepSpeed's BF16_Optimizer
+  zero1-tuned      zero1 with contiguous gradients, overlapped reduction, 500M buckets
+  zero0-fusedadam  --zero-stage 0 with DeepSpeed's own FusedAdam (built just in time)
+With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
+model-parallel sizes); the global batch is micro-batch x DP.
+
+Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
+           [--reference PATH] [--variants zero0,zero1-bf16opt] [--iterations 30] [--nproc 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SHAPE = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024)
+VARIANT_CONFIGS = {
+    "zero0": (0, {}),
+    "zero1": (1, {}),
+    "zero1-bf16opt": (1, {"data_types": {"grad_accum_dtype": "fp32"}}),
+    "zero1-tuned": (
+        1,
+        {
+            "zero_optimization": {
+                "contiguous_gradients": True,
+                "overlap_comm": True,
+                "reduce_bucket_size": 500_000_000,
+                "allgather_bucket_size": 500_000_000,
+            }
+        },
+    ),
+    "zero0-fusedadam": (
+        0,
+        {
+            "optimizer": {
+                "type": "Adam",
+                "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01},
+            }
+        },
+    ),
+}
+
+
+def run_reference(path: Path, micro_batch: int, peak: float) -> float:
+    command = [sys.executable, str(path), "--compile", "--mbs", str(micro_batch), "--steps", "20"]
+    command += ["--peak", str(peak * 1e12)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    print(output.strip(), flush=True)
+    return float(re.search(r"tok/s=([\d,]+)", output).group(1).replace(",", ""))
+
+
+def train_command(args, out: Path, zero: int, ds_file: Path | None) -> list[str]:
+    flags = [
+        *("--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"])),
+        *("--num-attention-heads", str(SHAPE["num_attention_heads"])),
+        *("--seq-length", str(SHAPE["seq_length"]), "--micro-batch-size", str(args.micro_batch)),
+        *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
+        *("--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.01"),
+        *("--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--bf16"),
+        *("--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", str(zero)),
+        *("--data-path", args.data_path, "--vocab-file", args.vocab_file),
+        *("--merge-file", args.merge_file, "--split", "100,0,0", "--eval-iters", "0"),
+        *("--log-interval", "1", "--output-dir", str(out), "--peak-tflops", str(args.peak_tflops)),
+        *("--tensor-model-parallel-size", str(args.tp)),
+        *("--pipeline-model-parallel-size", str(args.pp)),
+    ]
+    if ds_file is not None:
+        flags += ["--deepspeed_config", str(ds_file)]
+    if args.nproc == 1:
+        return [sys.executable, "-m", "mds_train", *flags]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc_per_node", str(args.nproc)]
+    return [*torchrun, "-m", "mds_train", *flags]
+
+
+def run_ours(args, variant: str, work: Path) -> dict:
+    zero, extra = VARIANT_CONFIGS[variant]
+    out = work / variant
+    ds_file = None
+    if extra:
+        ds_file = work / f"{variant}.json"
+        ds_file.write_text(json.dumps(extra))
+    result = subprocess.run(train_command(args, out, zero, ds_file), capture_output=True, text=True)
+    if result.returncode != 0:
+        print(f"{variant}: failed (exit {result.returncode})\n{result.stderr[-3000:]}", flush=True)
+        return {}
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["event"] == "train" and r["iteration"] > args.warmup]
+    ms = statistics.median(r["ms_per_iteration"] for r in train)
+    batch = train[-1]["global_batch_size"]
+    return {
+        "tokens_per_second": batch * SHAPE["seq_length"] / (ms / 1000.0),
+        "ms": ms,
+        "mfu": statistics.median(r["mfu"] for r in train if r["mfu"] is not None),
+        "memory_gib": max(r["max_memory_allocated_gib"] for r in train),
+        "loss": train[-1]["lm_loss"],
+    }
+
+
+def estimated_memory_gib(args, zero: int) -> float:
+    from mds_model import GPTConfig, Plan, estimate
+
+    config = GPTConfig(
+        **SHAPE,
+        vocab_size=50257,
+        tensor_model_parallel_size=args.tp,
+        params_dtype="bfloat16",
+    )
+    plan = Plan(
+        pipeline_model_parallel_size=args.pp,
+        data_parallel_size=args.nproc // (args.tp * args.pp),
+        micro_batch_size=args.micro_batch,
+        zero_stage=zero,
+    )
+    return estimate(config, plan)["memory_bytes_per_gpu"]["total"] / 2**30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-path", required=True)
+    parser.add_argument("--vocab-file", required=True)
+    parser.add_argument("--merge-file", required=True)
+    parser.add_argument("--reference", type=Path)
+    parser.add_argument("--variants", default="zero0,zero1,zero1-bf16opt")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--peak-tflops", type=float, default=790.0)
+    args = parser.parse_args()
+    reference = None
+    if args.reference is not None:
+        reference = run_reference(args.reference, args.micro_batch, args.peak_tflops)
+        print(f"reference_gpt.py --compile: {reference:,.0f} tokens/s (measured, this call)")
+    with tempfile.TemporaryDirectory() as work:
+        for variant in args.variants.split(","):
+            figures = run_ours(args, variant, Path(work))
+            if not figures:
+                continue
+            ratio = ""
+            if reference:
+                ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
+            zero = VARIANT_CONFIGS[variant][0]
+            estimate = f", mds-model info estimate {estimated_memory_gib(args, zero):.1f} GiB"
+            print(
+                f"mds-train {variant} (nproc {args.nproc}, TP {args.tp}, PP {args.pp}): "
+                f"{figures['tokens_per_second']:,.0f} tokens/s{ratio}, {figures['ms']:.1f} ms/it, "
+                f"MFU {figures['mfu']:.1%}, peak {figures['memory_gib']:.1f} GiB{estimate}, "
+                f"loss {figures['loss']:.3f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
