@@ -154,6 +154,15 @@ def test_derived_deepspeed_config():
     assert ds["gradient_clipping"] == 1.0 and ds["zero_optimization"] == {"stage": 1}
 
 
+def test_bf16_runs_use_deepspeeds_bf16_optimizer():
+    argv = [f for f in BIGSCIENCE_TINY if f != "--fp16"] + ["--bf16"]
+    argv[argv.index("--zero-stage") + 1] = "0"
+    ds = derived(argv)
+    assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
+    assert ds["zero_optimization"]["stage"] == 1
+    assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
+
+
 def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
     ds = derived(WALKTHROUGH_345M, world=8)
     # The seed's ZeRO-3 file: deprecated cpu_offload, an agreeing batch and fp16 section.

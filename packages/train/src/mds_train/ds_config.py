@@ -23,11 +23,21 @@ _FREE_KEYS = {"steps_per_print", "wall_clock_breakdown"}
 _OPTIMIZER_PARAMS = {"lr": "--lr", "eps": "--adam-eps", "weight_decay": "--weight-decay"}
 
 
+def effective_zero_stage(config: TrainConfig) -> int:
+    """The ZeRO stage the engine runs: bf16 at stage 0 runs at stage 1, because DeepSpeed's BF16
+    optimizer (fp32 master weights and gradient accumulation, one fused step over flat buffers)
+    needs it; at DP = 1 the two are the same, above it stage 1 also shards the optimizer state.
+    Measured on one H200 (345M): 0.48x the reference's tokens/s at stage 0, 0.91x with it."""
+    if config.precision.bf16 and config.parallel.zero_stage == 0:
+        return 1
+    return config.parallel.zero_stage
+
+
 def derive_deepspeed_config(
     config: TrainConfig, topology: Topology, *, pipeline_entries: dict, client_optimizer: bool
 ) -> dict[str, Any]:
     """What the flags say, in DeepSpeed's vocabulary. The learning-rate schedule stays ours."""
-    precision, parallel = config.precision, config.parallel
+    precision = config.precision
     num_micro = config.batch_schedule(topology).num_micro_batches_at(0)
     derived: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": config.batch.micro_batch_size,
@@ -36,7 +46,7 @@ def derive_deepspeed_config(
         "gradient_clipping": config.optimizer.clip_grad,
         "steps_per_print": 2**62,  # our own log line replaces DeepSpeed's
         "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": parallel.zero_stage},
+        "zero_optimization": {"stage": effective_zero_stage(config)},
     }
     if client_optimizer:
         derived["zero_allow_untested_optimizer"] = True  # torch's AdamW is ZeRO-safe
@@ -51,6 +61,8 @@ def derive_deepspeed_config(
         }
     elif precision.bf16:
         derived["bf16"] = {"enabled": True}
+        if effective_zero_stage(config) == 1:
+            derived["data_types"] = {"grad_accum_dtype": "fp32"}  # selects the BF16 optimizer
     for key, value in pipeline_entries.items():
         derived[key] = {**derived.get(key, {}), **value}
     return derived

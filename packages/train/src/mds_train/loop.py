@@ -36,6 +36,10 @@ from .state import TrainingState
 logger = logging.getLogger(__name__)
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Iterations between the checks that need the host to wait for the device (a diverging loss; the
+# ranks agreeing on signals, the kill switch and the time limit): a check every iteration would
+# stall the launch queue each time.
+CHECK_INTERVAL = 10
 
 
 class TrainingDiverged(ValueError):
@@ -44,9 +48,9 @@ class TrainingDiverged(ValueError):
 
 @dataclass
 class StepResult:
-    loss: float
+    loss: torch.Tensor  # 0-d, on the device: read only where a decision needs it
     applied: bool
-    grad_norm: float | None
+    grad_norm: torch.Tensor | float | None
     loss_scale: float | None
 
 
@@ -100,8 +104,10 @@ class Trainer:
         valid_batches = None
         if self.datasets.valid is not None and self.config.logging.eval_iters > 0:
             valid_batches = self._batches(self.datasets.valid, state.consumed_valid_samples)
-        stats, consecutive_nan = IntervalStats(), 0
-        last = StepResult(loss=float("nan"), applied=True, grad_norm=None, loss_scale=None)
+        stats = IntervalStats(self.device)
+        # NaN-loss iterations in a row, on the device; read every check interval and log line.
+        consecutive_nan = torch.zeros((), dtype=torch.int64, device=self.device)
+        last = None
         engine.train()
         while state.iteration < self.train_iters:
             self._set_num_micro_batches(state.consumed_train_samples)
@@ -116,19 +122,14 @@ class Trainer:
                 set_learning_rate(self.setup.optimizer, self.lr_schedule.lr(state.lr_samples))
             else:
                 state.skipped_iterations += 1
-            finite = math.isfinite(last.loss)
-            consecutive_nan = 0 if finite else consecutive_nan + 1
-            state.nan_iterations += 0 if finite else 1
-            stats.add(loss=last.loss, skipped=not last.applied)
-            if state.iteration % self.config.logging.log_interval == 0:
-                self._log_interval(stats, last, global_batch)
-                stats = IntervalStats()
-            if consecutive_nan >= self.config.exit.max_nan_iterations:
-                raise TrainingDiverged(
-                    f"the loss was NaN or inf for {consecutive_nan} iterations in a row (up to "
-                    f"iteration {state.iteration}); stopping without saving, the last good "
-                    "checkpoint is untouched; lower --lr or raise --clip-grad and --load it"
-                )
+            finite = stats.add(last.loss, skipped=not last.applied)
+            consecutive_nan = torch.where(finite, 0, consecutive_nan + 1)
+            logging_now = state.iteration % self.config.logging.log_interval == 0
+            if logging_now:
+                state.nan_iterations += self._log_interval(stats, last, global_batch)
+                stats = IntervalStats(self.device)
+            if logging_now or state.iteration % CHECK_INTERVAL == 0:
+                self._stop_if_diverged(int(consecutive_nan))
             if (
                 valid_batches is not None
                 and state.iteration % self.config.logging.eval_interval == 0
@@ -137,17 +138,17 @@ class Trainer:
             saved = False
             interval = self.config.checkpoint.save_interval
             if interval and state.iteration % interval == 0:
-                saved = self._save(finite)
+                saved = self._save(last)
             reason = self._exit_reason()
             if reason:
                 if not saved:
-                    self._save(finite)
+                    self._save(last)
                 logger.info("%s: exiting at iteration %d", reason, state.iteration)
                 return 0
         if self.config.checkpoint.save is not None and self.train_iters > 0:
             interval = self.config.checkpoint.save_interval
-            if not interval or state.iteration % interval:
-                self._save(math.isfinite(last.loss))
+            if (not interval or state.iteration % interval) and last is not None:
+                self._save(last)
         if valid_batches is not None:
             self._evaluate(valid_batches, "the end of training for val data", "validation")
         if self.datasets.test is not None and self.config.logging.eval_iters > 0:
@@ -161,6 +162,14 @@ class Trainer:
             micro = self.config.batch.micro_batch_size * self.topology.data_parallel
             self.setup.engine.set_train_batch_size(num_micro * micro)
             self._num_micro = num_micro
+
+    def _stop_if_diverged(self, consecutive_nan: int) -> None:
+        if consecutive_nan >= self.config.exit.max_nan_iterations:
+            raise TrainingDiverged(
+                f"the loss was NaN or inf for {consecutive_nan} iterations in a row (up to "
+                f"iteration {self.state.iteration}); stopping without saving, the last good "
+                "checkpoint is untouched; lower --lr or raise --clip-grad and --load it"
+            )
 
     def _train_step(self, batches) -> StepResult:
         engine = self.setup.engine
@@ -179,16 +188,17 @@ class Trainer:
                 dist.all_reduce(loss, group=self.setup.groups.dp_group)
                 loss /= self.setup.groups.dp_size
         return StepResult(
-            loss=loss.item(),
+            loss=loss.detach(),
             applied=engine.was_step_applied(),
-            grad_norm=_as_float(engine.get_global_grad_norm()),
+            grad_norm=engine.get_global_grad_norm(),
             loss_scale=_loss_scale(engine),
         )
 
     # --- reporting --------------------------------------------------------------------------
-    def _log_interval(self, stats: IntervalStats, last: StepResult, global_batch: int) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+    def _log_interval(self, stats: IntervalStats, last: StepResult, global_batch: int) -> int:
+        """Prints and records the interval; returns its NaN-loss iteration count."""
+        mean_loss, num_nan = stats.summary()  # waits for the device: the time below is real
+        grad_norm = _as_float(last.grad_norm)
         elapsed = time.perf_counter() - stats.started
         ms = 1000.0 * elapsed / max(1, stats.num_iterations)
         model = self.setup.gpt_config
@@ -216,29 +226,30 @@ class Trainer:
                     ms_per_iteration=ms,
                     learning_rate=lr,
                     global_batch=global_batch,
-                    stats=stats,
+                    mean_loss=mean_loss,
+                    num_skipped=stats.num_skipped,
+                    num_nan=num_nan,
                     loss_scale=last.loss_scale,
-                    grad_norm=last.grad_norm,
+                    grad_norm=grad_norm,
                     seq_length=model.seq_length,
                     tflops=tflops,
                     mfu=mfu,
                     eta_seconds=remaining,
                 )
             )
-            loss = stats.mean_loss if stats.num_loss_iterations else None
             self.metrics.record(
                 {
                     "event": "train",
                     "iteration": state.iteration,
                     "consumed_samples": state.consumed_train_samples,
                     "consumed_tokens": state.consumed_train_tokens,
-                    "lm_loss": loss,
+                    "lm_loss": mean_loss,
                     "learning_rate": lr,
                     "global_batch_size": global_batch,
                     "loss_scale": last.loss_scale,
-                    "grad_norm": last.grad_norm,
+                    "grad_norm": grad_norm,
                     "skipped_iterations": stats.num_skipped,
-                    "nan_iterations": stats.num_nan,
+                    "nan_iterations": num_nan,
                     "ms_per_iteration": ms,
                     "tokens_per_second": global_batch * model.seq_length / (ms / 1000.0),
                     "tflops_per_gpu": tflops,
@@ -246,9 +257,10 @@ class Trainer:
                     "max_memory_allocated_gib": _peak_memory_gib(),
                 }
             )
-            self._tensorboard_training(loss, lr, global_batch, last, ms, tflops)
+            self._tensorboard_training(mean_loss, lr, global_batch, grad_norm, last, ms, tflops)
+        return num_nan
 
-    def _tensorboard_training(self, loss, lr, global_batch, last, ms, tflops) -> None:
+    def _tensorboard_training(self, loss, lr, global_batch, grad_norm, last, ms, tflops) -> None:
         state, options = self.state, self.config.logging
         steps = {
             "iteration": state.iteration,
@@ -258,7 +270,7 @@ class Trainer:
         scalars = {
             "learning-rate/learning-rate": lr,
             "lm-loss-training/lm loss": loss,
-            "grad-norm/grad-norm": last.grad_norm,
+            "grad-norm/grad-norm": grad_norm,
             "loss-scale/loss-scale": last.loss_scale,
         }
         if options.log_batch_size_to_tensorboard:
@@ -322,11 +334,11 @@ class Trainer:
         return value
 
     # --- checkpoints and exits --------------------------------------------------------------
-    def _save(self, loss_is_finite: bool) -> bool:
+    def _save(self, last: StepResult) -> bool:
         save_dir = self.config.checkpoint.save
         if save_dir is None:
             return False
-        if not loss_is_finite:
+        if not math.isfinite(float(last.loss)):
             logger.warning(
                 "not saving at iteration %d: the loss is NaN or inf, the last checkpoint stays",
                 self.state.iteration,
@@ -340,23 +352,28 @@ class Trainer:
         return path is not None and Path(path).exists()
 
     def _exit_reason(self) -> str | None:
-        """Every rank agrees on whether and why to stop (one small all-reduce per iteration)."""
+        """Why to stop now, if so; every rank reaches the same answer. The exit interval is the
+        same everywhere; signals, the kill switch and the time limit are local, so ranks agree on
+        them through one small all-reduce, every CHECK_INTERVAL iterations when there are several
+        (a single process checks every iteration, without waiting for the device)."""
         options, iteration = self.config.exit, self.state.iteration
         minutes = (time.time() - self.started) / 60.0
-        flags = torch.tensor(
-            [
-                float(self._signal),
-                float(self._kill_switch_present()),
-                float(
-                    options.exit_duration_in_mins is not None
-                    and minutes > options.exit_duration_in_mins
-                ),
-            ],
-            device=self.device,
-        )
+        local = [
+            self._signal,
+            int(self._kill_switch_present()),
+            int(
+                options.exit_duration_in_mins is not None
+                and minutes > options.exit_duration_in_mins
+            ),
+        ]
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        received, kill_switch, over_time = (int(v) for v in flags.tolist())
+            if iteration % CHECK_INTERVAL:
+                local = [0, 0, 0]
+            else:
+                flags = torch.tensor(local, dtype=torch.float32, device=self.device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                local = [int(v) for v in flags.tolist()]
+        received, kill_switch, over_time = local
         if received:
             return f"received {signal.Signals(received).name}, checkpoint saved"
         if kill_switch:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,30 +48,34 @@ def default_peak_tflops(params_dtype: str) -> float | None:
     return next((peak for marker, peak in _PEAK_TFLOPS.items() if marker in name), None)
 
 
-@dataclass
 class IntervalStats:
-    """Sums since the last interval line; Megatron resets them after printing."""
+    """Sums since the last interval line (Megatron resets them after printing), kept on the
+    device so that an iteration needs no host synchronisation; `summary()` reads them."""
 
-    loss_sum: float = 0.0
-    num_loss_iterations: int = 0
-    num_iterations: int = 0
-    num_skipped: int = 0
-    num_nan: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    def __init__(self, device: torch.device) -> None:
+        self.started = time.perf_counter()
+        self.num_iterations = 0
+        self.num_skipped = 0
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self._num_loss = torch.zeros((), dtype=torch.int64, device=device)
+        self._num_nan = torch.zeros((), dtype=torch.int64, device=device)
 
-    def add(self, *, loss: float, skipped: bool) -> None:
+    def add(self, loss: torch.Tensor, *, skipped: bool) -> torch.Tensor:
+        """Counts one iteration; returns its loss's finiteness (a device bool)."""
+        finite = torch.isfinite(loss)
         self.num_iterations += 1
-        if skipped:
-            self.num_skipped += 1
-        if not math.isfinite(loss):
-            self.num_nan += 1
-        elif not skipped:
-            self.loss_sum += loss
-            self.num_loss_iterations += 1
+        self.num_skipped += int(skipped)
+        self._num_nan += (~finite).long()
+        if not skipped:
+            self._loss_sum += torch.where(finite, loss.double(), 0.0)
+            self._num_loss += finite.long()
+        return finite
 
-    @property
-    def mean_loss(self) -> float:
-        return self.loss_sum / max(1, self.num_loss_iterations)
+    def summary(self) -> tuple[float | None, int]:
+        """(mean loss of the applied iterations with a finite loss, or None; NaN count)."""
+        num_loss, num_nan = int(self._num_loss), int(self._num_nan)
+        mean = float(self._loss_sum) / num_loss if num_loss else None
+        return mean, num_nan
 
 
 def _fields(pairs: list[tuple[str, str]]) -> str:
@@ -92,7 +95,9 @@ def interval_line(
     ms_per_iteration: float,
     learning_rate: float,
     global_batch: int,
-    stats: IntervalStats,
+    mean_loss: float | None,
+    num_skipped: int,
+    num_nan: int,
     loss_scale: float | None,
     grad_norm: float | None,
     seq_length: int,
@@ -109,15 +114,15 @@ def interval_line(
         ("learning rate", f"{learning_rate:.3E}"),
         ("global batch size", f"{global_batch:5d}"),
     ]
-    if stats.num_loss_iterations:
-        pairs.append(("lm loss", f"{stats.mean_loss:.6E}"))
+    if mean_loss is not None:
+        pairs.append(("lm loss", f"{mean_loss:.6E}"))
     if loss_scale is not None:
         pairs.append(("loss scale", f"{loss_scale:.1f}"))
     if grad_norm is not None:
         pairs.append(("grad norm", f"{grad_norm:.3f}"))
     pairs += [
-        ("number of skipped iterations", f"{stats.num_skipped:3d}"),
-        ("number of nan iterations", f"{stats.num_nan:3d}"),
+        ("number of skipped iterations", f"{num_skipped:3d}"),
+        ("number of nan iterations", f"{num_nan:3d}"),
         ("samples per second", f"{samples_per_second:.3f}"),
         ("tokens per second", f"{samples_per_second * seq_length:.1f}"),
         ("TFLOPs", f"{tflops:.2f}"),

@@ -173,7 +173,7 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
     optimizer = (
         _client_optimizer(config, params, offload=offloads_optimizer(ds_config)) if client else None
     )
-    if not is_pipeline and config.parallel.zero_stage == 3:
+    if not is_pipeline and ds_config["zero_optimization"]["stage"] == 3:
         # The LM head reads the word embeddings outside their module's forward.
         deepspeed.zero.register_external_parameter(module, module.embedding.word_embeddings.weight)
     engine, _, _, _ = deepspeed.initialize(
@@ -183,7 +183,9 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
         config=ds_config,
         mpu=DeepSpeedMPU(groups) if not is_pipeline and groups.tp_size > 1 else None,
     )
-    if not (config.precision.fp16 or config.precision.bf16 or config.parallel.zero_stage):
+    if not (
+        config.precision.fp16 or config.precision.bf16 or ds_config["zero_optimization"]["stage"]
+    ):
         model_parallel_group = engine.mpu.get_model_parallel_group() if is_pipeline else None
         install_fp32_clipping(
             engine,

@@ -25,6 +25,7 @@ from .checkpointing import (
 from .config import Topology, TrainConfig
 from .data import build_datasets, read_vocabulary
 from .distributed import device, init_distributed, launch_environment
+from .ds_config import effective_zero_stage
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
@@ -65,7 +66,7 @@ def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
             "tensor_parallel": topology.tensor_parallel,
             "pipeline_parallel": topology.pipeline_parallel,
             "data_parallel": topology.data_parallel,
-            "zero_stage": config.parallel.zero_stage,
+            "zero_stage": effective_zero_stage(config),
             "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
         },
         "precision": config.params_dtype,
@@ -127,7 +128,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         topology.tensor_parallel,
         topology.pipeline_parallel,
         topology.data_parallel,
-        config.parallel.zero_stage,
+        effective_zero_stage(config),
         config.params_dtype,
     )
     description = run_description(config, topology, vocab)
