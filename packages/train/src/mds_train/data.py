@@ -134,6 +134,9 @@ class MicroBatches:
         if positions is None:
             raise StopIteration
         samples = torch.from_numpy(np.stack([self.dataset[i] for i in positions]))  # (mb, S+1)
+        if self.device.type == "cuda":
+            # From pageable memory the copy would make the host wait for the device's queue.
+            samples = samples.pin_memory()
         samples = samples.to(self.device, non_blocking=True)
         tokens, labels = samples[:, :-1], samples[:, 1:]
         loss_mask = torch.ones(tokens.shape, dtype=torch.float32, device=self.device)
