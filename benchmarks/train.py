@@ -65,6 +65,8 @@ def train_command(args, out: Path, zero: int, ds_file: Path | None) -> list[str]
         *("--tensor-model-parallel-size", str(args.tp)),
         *("--pipeline-model-parallel-size", str(args.pp)),
     ]
+    if args.global_batch:
+        flags += ["--global-batch-size", str(args.global_batch)]
     if ds_file is not None:
         flags += ["--deepspeed_config", str(ds_file)]
     if args.nproc == 1:
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=10, help="iterations left out of timing")
     parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
