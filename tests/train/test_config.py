@@ -154,12 +154,18 @@ def test_derived_deepspeed_config():
     assert ds["gradient_clipping"] == 1.0 and ds["zero_optimization"] == {"stage": 1}
 
 
-def test_bf16_runs_use_deepspeeds_bf16_optimizer():
+def test_bf16_optimizer_paths():
     argv = [f for f in BIGSCIENCE_TINY if f != "--fp16"] + ["--bf16"]
     argv[argv.index("--zero-stage") + 1] = "0"
+    # ZeRO-0 without pipelining: DeepSpeed's fp32 mode over our fp32 master weights.
     ds = derived(argv)
-    assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
-    assert ds["zero_optimization"]["stage"] == 1
+    assert "bf16" not in ds and "fp16" not in ds and ds["zero_optimization"]["stage"] == 0
+    assert ds["communication_data_type"] == "fp32"  # DP = 2 reduces in fp32
+    # A pipeline: DeepSpeed's BF16 optimizer, which needs ZeRO-1 with fp32 accumulation.
+    config = build_config(parse(argv))
+    topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=2)
+    ds = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
+    assert ds["bf16"] == {"enabled": True} and ds["zero_optimization"]["stage"] == 1
     assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
 
 

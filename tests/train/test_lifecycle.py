@@ -66,6 +66,22 @@ def test_kill_9_then_load_continues_exactly(runs, shared_data, data_cache, tmp_p
     assert meta["model"]["padded_vocab_size"] == 5120 and meta["parallel"]["tensor_parallel"] == 1
 
 
+def test_bf16_master_weights_resume_exactly(runs, shared_data, data_cache, tmp_path):
+    """bf16 at ZeRO-0: the fp32 master weights and moments live in mds-train's optimizer and
+    round-trip through DeepSpeed's checkpoint."""
+    whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
+    bf16 = ["--bf16", "--hidden-dropout", "0", "--attention-dropout", "0"]
+    result = runs.train(flags(runs, shared_data, data_cache, whole, *bf16, iterations=10))
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = flags(runs, shared_data, data_cache, parts, *bf16, "--save", str(save), iterations=10)
+    assert runs.train([*first, "--exit-interval", "5"]).returncode == 0
+    resumed = runs.train([*first, "--load", str(save)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ours, reference = runs.losses(parts), runs.losses(whole)
+    assert [ours[i] for i in range(6, 11)] == [reference[i] for i in range(6, 11)]
+    assert reference[10] < reference[1]
+
+
 def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
     runs, shared_data, data_cache, tmp_path
 ):

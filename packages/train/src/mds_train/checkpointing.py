@@ -206,6 +206,10 @@ def load_checkpoint(
         load_lr_scheduler_states=False,
         load_module_only=not load_optimizer,
     )
+    if not load_optimizer:  # fp32 master copies follow the loaded weights
+        refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()
     if finetune:
         logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
         return TrainingState()

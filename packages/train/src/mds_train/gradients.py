@@ -18,16 +18,18 @@ def global_grad_norm(
     parameters, *, tp_rank: int, model_parallel_group: dist.ProcessGroup | None
 ) -> torch.Tensor:
     """L2 norm over the model: pipeline copies and TP-replicated parameters counted once."""
-    squares = None
-    for param in parameters:
-        if param.grad is None or getattr(param, "ds_pipe_replicated", False):
-            continue
-        if tp_rank > 0 and not getattr(param, "tensor_model_parallel", False):
-            continue
-        term = param.grad.detach().float().pow(2).sum()
-        squares = term if squares is None else squares + term
-    if squares is None:
+    grads = [
+        param.grad.detach()
+        for param in parameters
+        if param.grad is not None
+        and not getattr(param, "ds_pipe_replicated", False)
+        and (tp_rank == 0 or getattr(param, "tensor_model_parallel", False))
+    ]
+    if not grads:
         squares = torch.zeros((), dtype=torch.float32)
+    else:  # one fused pass over all gradients, accumulated in fp32
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+        squares = torch.stack(norms).pow(2).sum()
     if model_parallel_group is not None:
         dist.all_reduce(squares, group=model_parallel_group)
     return squares.sqrt()
@@ -42,10 +44,10 @@ def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None
         norm = global_grad_norm(
             parameters, tp_rank=tp_rank, model_parallel_group=model_parallel_group
         )
-        coefficient = self.gradient_clipping() / (norm + 1e-6)
-        if coefficient < 1.0:
-            for param in parameters:
-                param.grad.detach().mul_(coefficient.to(param.grad.device))
+        # The scale is applied whatever it is (clamped to 1), so the host never waits for the norm.
+        coefficient = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
+        grads = [param.grad.detach() for param in parameters]
+        torch._foreach_mul_(grads, coefficient.to(grads[0].device))
         self._global_grad_norm = norm
 
     engine.clip_fp32_gradients = types.MethodType(clip_fp32_gradients, engine)

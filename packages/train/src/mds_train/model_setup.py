@@ -31,8 +31,10 @@ from .ds_config import (
     load_user_config,
     merge_deepspeed_config,
     offloads_optimizer,
+    uses_master_weights,
 )
 from .gradients import install_fp32_clipping
+from .master_weights import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +119,15 @@ def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[
     return [group for group in groups if group["params"]]
 
 
-def _client_optimizer(config: TrainConfig, params: list[dict], *, offload: bool):
+def _client_optimizer(
+    config: TrainConfig, params: list[dict], *, offload: bool, master_weights: bool
+):
     opt = config.optimizer
     if opt.optimizer == "sgd":
         return torch.optim.SGD(params, lr=0.0, momentum=opt.sgd_momentum)
     betas = (opt.adam_beta1, opt.adam_beta2)
+    if master_weights:
+        return MasterWeightAdamW(params, betas=betas, eps=opt.adam_eps)
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -170,9 +176,14 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
     )
     ds_config = merge_deepspeed_config(derived, user, source=source) if user else derived
     params = parameter_groups(module, config.optimizer.weight_decay)
-    optimizer = (
-        _client_optimizer(config, params, offload=offloads_optimizer(ds_config)) if client else None
-    )
+    optimizer = None
+    if client:
+        optimizer = _client_optimizer(
+            config,
+            params,
+            offload=offloads_optimizer(ds_config),
+            master_weights=uses_master_weights(config, topology),
+        )
     if not is_pipeline and ds_config["zero_optimization"]["stage"] == 3:
         # The LM head reads the word embeddings outside their module's forward.
         deepspeed.zero.register_external_parameter(module, module.embedding.word_embeddings.weight)
@@ -183,9 +194,8 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
         config=ds_config,
         mpu=DeepSpeedMPU(groups) if not is_pipeline and groups.tp_size > 1 else None,
     )
-    if not (
-        config.precision.fp16 or config.precision.bf16 or ds_config["zero_optimization"]["stage"]
-    ):
+    half = ds_config.get("fp16", {}).get("enabled") or ds_config.get("bf16", {}).get("enabled")
+    if not (half or ds_config["zero_optimization"]["stage"]):  # DeepSpeed's fp32 clipping path
         model_parallel_group = engine.mpu.get_model_parallel_group() if is_pipeline else None
         install_fp32_clipping(
             engine,

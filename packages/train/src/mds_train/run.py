@@ -66,7 +66,7 @@ def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
             "tensor_parallel": topology.tensor_parallel,
             "pipeline_parallel": topology.pipeline_parallel,
             "data_parallel": topology.data_parallel,
-            "zero_stage": effective_zero_stage(config),
+            "zero_stage": effective_zero_stage(config, topology),
             "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
         },
         "precision": config.params_dtype,
@@ -128,7 +128,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         topology.tensor_parallel,
         topology.pipeline_parallel,
         topology.data_parallel,
-        effective_zero_stage(config),
+        effective_zero_stage(config, topology),
         config.params_dtype,
     )
     description = run_description(config, topology, vocab)
