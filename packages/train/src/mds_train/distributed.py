@@ -79,7 +79,16 @@ def init_distributed(backend: str | None) -> LaunchInfo:
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    deepspeed.init_distributed(dist_backend=chosen, verbose=False)
+    for attempt in range(5):
+        try:
+            deepspeed.init_distributed(dist_backend=chosen, verbose=False)
+            return info
+        except torch.distributed.DistNetworkError:
+            # A single process picks its own port; another program may take it between the
+            # pick and the bind. Launchers' ports are theirs to choose: no retry there.
+            if info.launcher != "single process" or attempt == 4:
+                raise
+            os.environ["MASTER_PORT"] = str(_free_port())
     return info
 
 
