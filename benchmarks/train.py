@@ -8,11 +8,11 @@ warm-up, read from metrics.jsonl (so it includes the host waits a real run has);
 the run's `max_memory_allocated`, printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
 (Megatron's TFLOPs formula over --peak-tflops) and the ratios.
 
-Variants (`--variants`, comma-separated) differ only in the DeepSpeed optimizer path:
-  default          mds-train's choice: bf16 runs DeepSpeed's BF16_Optimizer (ZeRO-1 with fp32
-                   gradient accumulation, one fused AdamW over flat fp32 masters)
-  no-overflow-check  default without the BF16 optimizer's per-step check for inf/NaN gradients
-  zero-optimizer   ZeRO-1 with bf16 gradient accumulation: DeepSpeedZeroOptimizer
+Variants (`--variants`, comma-separated) differ only in the optimizer path:
+  default          --zero-stage 0: mds-train's fp32 master weights (MasterWeightAdamW) with
+                   DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer)
+  bf16-optimizer   --zero-stage 1: DeepSpeed's BF16_Optimizer (fp32 gradient accumulation)
+  no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
   zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
@@ -35,8 +35,8 @@ from pathlib import Path
 SHAPE = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024)
 VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one)
     "default": (0, {}),
-    "no-overflow-check": (0, {"bf16": {"check_grad_overflow": False}}),
-    "zero-optimizer": (1, {"data_types": {"grad_accum_dtype": "bf16"}}),
+    "bf16-optimizer": (1, {}),
+    "no-overflow-check": (1, {"bf16": {"check_grad_overflow": False}}),
     "zero2": (2, {}),
 }
 
