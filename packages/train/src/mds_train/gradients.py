@@ -14,40 +14,45 @@ import torch
 import torch.distributed as dist
 
 
-def global_grad_norm(
-    parameters, *, tp_rank: int, model_parallel_group: dist.ProcessGroup | None
-) -> torch.Tensor:
-    """L2 norm over the model: pipeline copies and TP-replicated parameters counted once."""
-    grads = [
-        param.grad.detach()
-        for param in parameters
-        if param.grad is not None
-        and not getattr(param, "ds_pipe_replicated", False)
-        and (tp_rank == 0 or getattr(param, "tensor_model_parallel", False))
-    ]
+def counts_once(param: torch.nn.Parameter, *, tp_rank: int) -> bool:
+    """Whether this rank's copy of a parameter enters the model's gradient norm."""
+    if getattr(param, "ds_pipe_replicated", False):  # the last stage's tied embedding copy
+        return False
+    return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
+
+
+def norm_of(grads: list[torch.Tensor], model_parallel_group) -> torch.Tensor:
+    """The L2 norm of these gradients over the model-parallel group, accumulated in fp32."""
     if not grads:
         squares = torch.zeros((), dtype=torch.float32)
-    else:  # one fused pass over all gradients, accumulated in fp32
-        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
-        squares = torch.stack(norms).pow(2).sum()
+    else:  # one fused pass (fp32 gradients take torch's fast foreach path)
+        squares = torch.stack(torch._foreach_norm(grads, 2.0)).float().pow(2).sum()
     if model_parallel_group is not None:
         dist.all_reduce(squares, group=model_parallel_group)
     return squares.sqrt()
 
 
+def clip_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+    """Scales by max_norm / (norm + 1e-6) clamped to 1, applied whatever it is, so the host never
+    waits for the norm."""
+    if grads:
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coefficient.to(grads[0].device))
+
+
 def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None:
-    """Replaces the engine's fp32 clipping with `global_grad_norm`-based clipping (same rule:
-    scale by max_norm / (norm + 1e-6) when that is below 1) that records the norm."""
+    """Replaces the engine's fp32 clipping with one that counts every parameter once and records
+    the norm. With MasterWeightAdamW the gradients are clipped on its fp32 copies."""
 
     def clip_fp32_gradients(self) -> None:
-        parameters = [p for p in self.module.parameters() if p.grad is not None]
-        norm = global_grad_norm(
-            parameters, tp_rank=tp_rank, model_parallel_group=model_parallel_group
-        )
-        # The scale is applied whatever it is (clamped to 1), so the host never waits for the norm.
-        coefficient = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
-        grads = [param.grad.detach() for param in parameters]
-        torch._foreach_mul_(grads, coefficient.to(grads[0].device))
+        prepare = getattr(self.optimizer, "master_gradients", None)
+        if prepare is not None:  # fp32 copies of bf16 gradients, each paired with its parameter
+            pairs = prepare()
+        else:
+            pairs = [(p, p.grad.detach()) for p in self.module.parameters() if p.grad is not None]
+        counted = [grad for param, grad in pairs if counts_once(param, tp_rank=tp_rank)]
+        norm = norm_of(counted, model_parallel_group)
+        clip_([grad for _, grad in pairs], norm, self.gradient_clipping())
         self._global_grad_norm = norm
 
     engine.clip_fp32_gradients = types.MethodType(clip_fp32_gradients, engine)

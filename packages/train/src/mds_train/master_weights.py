@@ -27,6 +27,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         eps: float,
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
+        self._gradients_cast = False
         self.masters = [
             [param.detach().float().clone() for param in group["params"]]
             for group in self.param_groups
@@ -44,15 +45,29 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
+    def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """Casts the model's gradients onto the masters (once per step) and returns them with
+        their parameters, so that clipping works on fp32 tensors."""
+        if not self._gradients_cast:
+            for group, masters in zip(self.param_groups, self.masters, strict=True):
+                for param, master in zip(group["params"], masters, strict=True):
+                    master.grad = None if param.grad is None else param.grad.float()
+            self._gradients_cast = True
+        return [
+            (param, master.grad)
+            for group, masters in zip(self.param_groups, self.masters, strict=True)
+            for param, master in zip(group["params"], masters, strict=True)
+            if master.grad is not None
+        ]
+
+    @torch.no_grad()
     def step(self, closure=None):  # noqa: ARG002 - torch's signature
-        for group, inner_group, masters in zip(
-            self.param_groups, self.inner.param_groups, self.masters, strict=True
-        ):
+        self.master_gradients()
+        for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner_group["lr"] = group["lr"]
-            for param, master in zip(group["params"], masters, strict=True):
-                master.grad = None if param.grad is None else param.grad.float()
         self.inner.step()
         self.refresh_model_params()
+        self._gradients_cast = False
         return None
 
     @torch.no_grad()
@@ -69,6 +84,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self.inner.zero_grad(set_to_none=True)
+        self._gradients_cast = False
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -202,6 +202,9 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
             tp_rank=groups.tp_rank,
             model_parallel_group=model_parallel_group or groups.tp_group,
         )
+    if not is_pipeline and groups.dp_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
+        # One replica: DeepSpeed would still flatten, "all-reduce" and copy back every gradient.
+        engine.enable_backward_allreduce = False
     base_optimizer = optimizer or engine.basic_optimizer  # DeepSpeed built it from the file
     return TrainingSetup(
         engine=engine,
