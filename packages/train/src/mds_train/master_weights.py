@@ -32,6 +32,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             [param.detach().float().clone() for param in group["params"]]
             for group in self.param_groups
         ]
+        # fp32 gradient buffers, filled by one foreach copy per step (not a cast per parameter).
+        self._master_grads = [[torch.empty_like(m) for m in group] for group in self.masters]
         fused = all(p.is_cuda for group in self.masters for p in group)
         self.inner = torch.optim.AdamW(
             [
@@ -49,9 +51,17 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         """Casts the model's gradients onto the masters (once per step) and returns them with
         their parameters, so that clipping works on fp32 tensors."""
         if not self._gradients_cast:
-            for group, masters in zip(self.param_groups, self.masters, strict=True):
-                for param, master in zip(group["params"], masters, strict=True):
-                    master.grad = None if param.grad is None else param.grad.float()
+            sources, targets = [], []
+            for group, masters, buffers in zip(
+                self.param_groups, self.masters, self._master_grads, strict=True
+            ):
+                for param, master, buffer in zip(group["params"], masters, buffers, strict=True):
+                    master.grad = None if param.grad is None else buffer
+                    if param.grad is not None:
+                        sources.append(param.grad)
+                        targets.append(buffer)
+            if targets:
+                torch._foreach_copy_(targets, sources)
             self._gradients_cast = True
         return [
             (param, master.grad)
