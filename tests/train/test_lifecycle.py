@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 
 def flags(runs, shared_data, cache, out: Path, *extra: str, iterations: int = 16) -> list[str]:
     return [
@@ -162,6 +164,8 @@ KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
+
+import pytest
     from mds_train.checkpointing import CheckpointContext, save_checkpoint
     from mds_train.state import TrainingState
 
@@ -200,19 +204,36 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step15", "global_step5", "latest"]
 
 
-def test_meta_json_describes_the_checkpoint(runs, shared_data, data_cache, tmp_path):
-    save = tmp_path / "ckpt"
+def test_meta_json_and_tensorboard_describe_the_run(runs, shared_data, data_cache, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    save, board = tmp_path / "ckpt", tmp_path / "tensorboard"
+    tensorboard = ["--tensorboard-dir", str(board), "--log-validation-ppl-to-tensorboard"]
+    tensorboard += ["--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]
     result = runs.train(
-        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "1")
+        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), *tensorboard)
+        + ["--exit-interval", "6"]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    meta = json.loads((save / "global_step1" / "meta.json").read_text())
+    meta = json.loads((save / "global_step6" / "meta.json").read_text())
     assert meta["format"] == "mds-train checkpoint" and meta["tool"] == "mds-train"
     assert meta["tokenizer"]["vocab_size"] == 5000 and meta["tokenizer"]["eod_id"] == 4999
     assert meta["model"]["num_layers"] == 2 and meta["parallel"]["engine"] == "plain"
     assert {"mp_rank_00_model_states.pt", "rng_state_rank00000.pt", "meta.json"} <= {
-        p.name for p in (save / "global_step1").iterdir()
+        p.name for p in (save / "global_step6").iterdir()
     }
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["config"]["model"]["hidden_size"] == 64
     assert config["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 2
+    events = EventAccumulator(str(board))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("lm-loss-training/lm loss", "learning-rate/learning-rate", "grad-norm/grad-norm"):
+        assert {tag, tag + " vs samples", tag + " vs tokens"} <= tags
+    assert {"batch-size/batch-size", "iteration-time/tokens per second"} <= tags
+    assert {
+        "lm-loss-validation/lm loss validation",
+        "lm-loss-validation/lm loss validation ppl",
+    } <= tags
+    losses = [event.value for event in events.Scalars("lm-loss-training/lm loss")]
+    assert losses == pytest.approx([runs.losses(tmp_path)[i] for i in range(1, 7)])
