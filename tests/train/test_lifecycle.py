@@ -132,6 +132,22 @@ def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
     assert "not saving at iteration 2: the loss is NaN or inf" in result.stderr
 
 
+def test_batch_size_ramp_up(runs, shared_data, data_cache, tmp_path):
+    """--rampup-batch-size 4 4 24 to a global batch of 8: batches of 4 until 24 samples are
+    consumed (start + int(consumed / 24) x 4, Megatron's rule), then 8; the engine's gradient
+    accumulation follows, and --train-iters comes out as Megatron's update_train_iters."""
+    base = flags(runs, shared_data, data_cache, tmp_path)
+    base = base[: base.index("--train-iters")] + base[base.index("--train-iters") + 2 :]
+    result = runs.train(
+        base + "--train-samples 64 --rampup-batch-size 4 4 24 --lr-warmup-samples 8".split()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = runs.train_records(tmp_path)
+    assert [r["global_batch_size"] for r in records] == [4] * 6 + [8] * 5
+    assert records[-1]["consumed_samples"] == 64
+    assert all(r["lm_loss"] is not None for r in records)
+
+
 def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
     missing = runs.train(flags(runs, shared_data, data_cache, tmp_path, "--load", "/nonexistent"))
     assert missing.returncode == 1

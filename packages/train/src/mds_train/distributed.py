@@ -59,7 +59,7 @@ def _first_slurm_host(nodelist: str) -> str:
             return hosts[0]
     except (OSError, subprocess.CalledProcessError):
         pass
-    match = re.match(r"([^,\[]+)(?:\[([^\]-,]+))?", nodelist)
+    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist)
     if not match:
         return "127.0.0.1"
     return match.group(1) + (match.group(2) or "")
