@@ -180,8 +180,6 @@ KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-
-import pytest
     from mds_train.checkpointing import CheckpointContext, save_checkpoint
     from mds_train.state import TrainingState
 
