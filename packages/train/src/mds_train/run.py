@@ -6,12 +6,12 @@ import dataclasses
 import json
 import logging
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from mds_common.files import write_text_atomically
+from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path
 
 from .checkpointing import (
@@ -34,13 +34,6 @@ from .state import TrainingState
 logger = logging.getLogger(__name__)
 
 
-def _version(distribution: str) -> str:
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
     """meta.json's fixed part: what the checkpoint is, whatever iteration it holds."""
     model = config.model.gpt_config(
@@ -58,8 +51,10 @@ def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
         "format": CHECKPOINT_FORMAT,
         "checkpoint_version": CHECKPOINT_VERSION,
         "tool": "mds-train",
-        "version": _version("mds-train"),
-        "versions": {name: _version(name) for name in ("mds-model", "deepspeed", "torch")},
+        "version": distribution_version("mds-train"),
+        "versions": {
+            name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")
+        },
         "model": model_fields,
         "parallel": {
             "world_size": topology.world_size,
@@ -122,7 +117,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         )
     logger.info(
         "mds-train %s: %d processes (%s), TP=%d PP=%d DP=%d, ZeRO-%d, %s",
-        _version("mds-train"),
+        distribution_version("mds-train"),
         topology.world_size,
         launch.launcher,
         topology.tensor_parallel,
