@@ -8,7 +8,8 @@
 #      `--help` of every command it declares;
 #   3. a small real job per tool, each tool run from its own environment: mds-tokenize on a tiny
 #      jsonl with GPT-2's files, mds-index info/show on the result, its ids back through
-#      `mds-tokenize decode`, mds-model info. mds-common (no command) runs inside each of them.
+#      `mds-tokenize decode`, mds-model info, mds-train for 2 iterations with a checkpoint.
+#      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
 set -euo pipefail
@@ -127,9 +128,17 @@ grep -q "Hello world!" "$job/text.txt" || fail "mds-tokenize decode did not give
 step "job: mds-model info for a 2-layer GPT"
 tool mds-model mds-model info --num-layers 2 --hidden-size 64 --num-attention-heads 2 \
     --seq-length 128 --vocab-size 512 --micro-batch-size 2
+step "job: mds-train, 2 iterations of a tiny GPT on the dataset, one CPU process, a checkpoint"
+OMP_NUM_THREADS=1 tool mds-train mds-train --num-layers 1 --hidden-size 16 \
+    --num-attention-heads 2 --seq-length 4 --micro-batch-size 1 --train-iters 2 --lr 1e-3 \
+    --data-path "$job/tiny_text_document" --vocab-file "$data/gpt2-vocab.json" \
+    --merge-file "$data/gpt2-merges.txt" --split 100,0,0 --eval-iters 0 --log-interval 1 \
+    --save "$job/checkpoints" 2>&1 | grep -v "^\[" | tee "$job/train.txt"
+grep -q "saved checkpoint .*global_step2" "$job/train.txt" || fail "mds-train saved no checkpoint"
+[[ $(cat "$job/checkpoints/latest") == global_step2 ]] || fail "latest does not name global_step2"
 for package in "${packages[@]}"; do
     case $(dist_name "$package") in
-    mds-tokenize | mds-indexed-data | mds-model) ;;
+    mds-tokenize | mds-indexed-data | mds-model | mds-train) ;;
     mds-common) step "mds-common has no command; every job above ran it from a tool's environment" ;;
     *) step "no job for $(dist_name "$package") yet: checked its install, imports and --help" ;;
     esac
