@@ -185,22 +185,40 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     temporary.mkdir()
     try:
         yield temporary
-        for file in temporary.rglob("*"):
-            if file.is_file():
-                _fsync_path(file)
-        if path.exists():
-            # A folder cannot be renamed over a non-empty one: move the old one aside (under a
-            # temporary name, so a crash here is cleaned up later) and remove it after the rename.
-            old = path.with_name(f"{path.name}.tmp-{os.getpid()}-{_HOST}-old")
-            os.replace(path, old)
-            os.replace(temporary, path)
-            _remove(old)
-        else:
-            os.replace(temporary, path)
+        replace_directory(temporary, path)
     except BaseException:
         if temporary.exists():
             shutil.rmtree(temporary, ignore_errors=True)
         raise
+
+
+def replace_directory(finished: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Makes the complete folder `finished` appear as `path`: fsyncs its files, renames it into
+    place and fsyncs the parent. An existing `path` stays whole until the rename: a folder cannot
+    be renamed over a non-empty one, so the old one is first moved aside under a temporary name
+    (a crash in between is cleaned up later) and removed after."""
+    finished, path = Path(finished), Path(path)
+    for file in finished.rglob("*"):
+        if file.is_file():
+            _fsync_path(file)
+    if path.exists():
+        old = path.with_name(f"{path.name}.tmp-{os.getpid()}-{_HOST}-old")
+        os.replace(path, old)
+        os.replace(finished, path)
+        _remove(old)
+    else:
+        os.replace(finished, path)
+    fsync_directory(path.parent)
+    return path
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Makes the renames inside a folder durable."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _fsync_path(path: Path) -> None:

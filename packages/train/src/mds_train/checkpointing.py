@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_common.files import write_text_atomically
+from mds_common.files import (
+    fsync_directory,
+    remove_stale_temporaries,
+    replace_directory,
+    write_text_atomically,
+)
 
 from .state import TrainingState, capture_rng_states, restore_rng_states
 
@@ -72,6 +76,7 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
         save_dir.mkdir(parents=True, exist_ok=True)
         for stale in save_dir.glob("*" + PARTIAL_SUFFIX):
             shutil.rmtree(stale, ignore_errors=True)  # left by a run killed while saving
+        remove_stale_temporaries(save_dir / tag)  # an old copy a killed re-save moved aside
     context.barrier()
     client_state = {CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION}}
     context.engine.save_checkpoint(
@@ -83,35 +88,12 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     if context.rank == 0:
         meta = {**context.meta, **state.to_dict(), "tag": tag}
         write_text_atomically(partial / META, json.dumps(meta, indent=2) + "\n")
-        _fsync_tree(partial)
-        replaced = None
-        if final.exists():  # saving the same iteration again: keep the old one until the swap
-            replaced = final.with_name(final.name + ".old" + PARTIAL_SUFFIX)
-            os.replace(final, replaced)
-        os.replace(partial, final)
+        replace_directory(partial, final)  # saving the same iteration again replaces it whole
         write_text_atomically(save_dir / LATEST, tag)
-        _fsync_dir(save_dir)
-        if replaced is not None:
-            shutil.rmtree(replaced, ignore_errors=True)
+        fsync_directory(save_dir)
     context.barrier()
     logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
     return final
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def find_checkpoint(

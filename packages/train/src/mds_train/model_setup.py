@@ -136,7 +136,7 @@ def _client_optimizer(
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=opt.adam_eps, fused=fused)
 
 
-def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size: int):
+def build_training_setup(config: TrainConfig, topology: Topology, gpt_config: GPTConfig):
     import deepspeed  # loaded here, after the flags and files were checked
     from mds_model import build_gpt_pipe, pipeline_deepspeed_config
 
@@ -148,12 +148,6 @@ def build_training_setup(config: TrainConfig, topology: Topology, *, vocab_size:
     random.seed(seed)
     np.random.seed(seed)
     tracker = model_parallel_seed(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
-    gpt_config = config.model.gpt_config(
-        vocab_size=vocab_size,
-        tensor_model_parallel_size=topology.tensor_parallel,
-        params_dtype=config.params_dtype,
-        kernels_available=torch.cuda.is_available(),  # CPU runs take the pure-torch paths
-    )
     is_pipeline = topology.pipeline_parallel > 1
     if is_pipeline:
         module = build_gpt_pipe(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mds_common.files import write_text_atomically
 from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path
+from mds_model import GPTConfig
 
 from .checkpointing import (
     CHECKPOINT_FORMAT,
@@ -23,7 +24,7 @@ from .checkpointing import (
     load_checkpoint,
 )
 from .config import Topology, TrainConfig
-from .data import build_datasets, read_vocabulary
+from .data import Vocabulary, build_datasets, read_vocabulary
 from .distributed import device, init_distributed, launch_environment
 from .ds_config import effective_zero_stage
 from .loop import Trainer
@@ -34,13 +35,10 @@ from .state import TrainingState
 logger = logging.getLogger(__name__)
 
 
-def run_description(config: TrainConfig, topology: Topology, vocab) -> dict:
+def run_description(
+    config: TrainConfig, topology: Topology, model: GPTConfig, vocab: Vocabulary
+) -> dict:
     """meta.json's fixed part: what the checkpoint is, whatever iteration it holds."""
-    model = config.model.gpt_config(
-        vocab_size=vocab.size,
-        tensor_model_parallel_size=topology.tensor_parallel,
-        params_dtype=config.params_dtype,
-    )
     model_fields = dataclasses.asdict(model)
     model_fields.update(
         ffn_size=model.ffn_size,
@@ -126,7 +124,13 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         effective_zero_stage(config, topology),
         config.params_dtype,
     )
-    description = run_description(config, topology, vocab)
+    gpt_config = config.model.gpt_config(
+        vocab_size=vocab.size,
+        tensor_model_parallel_size=topology.tensor_parallel,
+        params_dtype=config.params_dtype,
+        kernels_available=torch.cuda.is_available(),  # CPU runs take the pure-torch paths
+    )
+    description = run_description(config, topology, gpt_config, vocab)
     found = None
     if config.checkpoint.load is not None:
         save = config.checkpoint.save
@@ -134,7 +138,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         if found is not None:  # before the model is built: a mismatch fails at once
             loads_optimizer = not (config.checkpoint.no_load_optim or config.checkpoint.finetune)
             check_compatible(found[1], description, path=found[0], loads_optimizer=loads_optimizer)
-    setup = build_training_setup(config, topology, vocab_size=vocab.size)
+    setup = build_training_setup(config, topology, gpt_config)
     checkpoint = CheckpointContext(
         engine=setup.engine,
         rank=launch.rank,
