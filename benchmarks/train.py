@@ -10,7 +10,9 @@ the run's `max_memory_allocated`, printed beside `mds-model info`'s estimate. Pr
 
 Variants (`--variants`, comma-separated) differ only in the optimizer path:
   default          --zero-stage 0: mds-train's fp32 master weights (MasterWeightAdamW) with
-                   DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer)
+                   DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer); gradients
+                   accumulated in fp32 and averaged over DP in fp32 buckets during backward
+  bf16-reduce      default with --grad-reduce-in-bf16 (DP averaging in bf16)
   bf16-optimizer   --zero-stage 1: DeepSpeed's BF16_Optimizer (fp32 gradient accumulation)
   no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
   zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
@@ -33,11 +35,12 @@ import tempfile
 from pathlib import Path
 
 SHAPE = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024)
-VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one)
-    "default": (0, {}),
-    "bf16-optimizer": (1, {}),
-    "no-overflow-check": (1, {"bf16": {"check_grad_overflow": False}}),
-    "zero2": (2, {}),
+VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one, flags)
+    "default": (0, {}, []),
+    "bf16-reduce": (0, {}, ["--grad-reduce-in-bf16"]),
+    "bf16-optimizer": (1, {}, []),
+    "no-overflow-check": (1, {"bf16": {"check_grad_overflow": False}}, []),
+    "zero2": (2, {}, []),
 }
 
 
@@ -49,8 +52,11 @@ def run_reference(path: Path, micro_batch: int, peak: float) -> float:
     return float(re.search(r"tok/s=([\d,]+)", output).group(1).replace(",", ""))
 
 
-def train_command(args, out: Path, zero: int, ds_file: Path | None) -> list[str]:
+def train_command(
+    args, out: Path, zero: int, ds_file: Path | None, extra_flags: list[str]
+) -> list[str]:
     flags = [
+        *extra_flags,
         *("--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"])),
         *("--num-attention-heads", str(SHAPE["num_attention_heads"])),
         *("--seq-length", str(SHAPE["seq_length"]), "--micro-batch-size", str(args.micro_batch)),
@@ -77,13 +83,15 @@ def train_command(args, out: Path, zero: int, ds_file: Path | None) -> list[str]
 
 
 def run_ours(args, variant: str, work: Path) -> dict:
-    zero, extra = VARIANT_CONFIGS[variant]
+    zero, extra, extra_flags = VARIANT_CONFIGS[variant]
     out = work / variant
     ds_file = None
     if extra:
         ds_file = work / f"{variant}.json"
         ds_file.write_text(json.dumps(extra))
-    result = subprocess.run(train_command(args, out, zero, ds_file), capture_output=True, text=True)
+    result = subprocess.run(
+        train_command(args, out, zero, ds_file, extra_flags), capture_output=True, text=True
+    )
     if result.returncode != 0:
         print(f"{variant}: failed (exit {result.returncode})\n{result.stderr[-3000:]}", flush=True)
         return {}

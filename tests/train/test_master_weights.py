@@ -35,3 +35,25 @@ def test_equals_adamw_on_fp32_copies_and_round_trips():
         copy.inner.state_dict()["state"][0]["exp_avg"],
         ours.inner.state_dict()["state"][0]["exp_avg"],
     )
+
+
+def test_reduction_buckets_follow_the_models_order_not_the_groups():
+    """The groups put weights before biases; backward produces the last layer's first, so the
+    reduction must see the model's order or its first bucket waits for the whole backward."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(torch.bfloat16)
+    first, last = model
+    split = [
+        {"params": [first.weight, last.weight], "weight_decay": 0.1},
+        {"params": [first.bias, last.bias], "weight_decay": 0.0},
+    ]
+    optimizer = MasterWeightAdamW(split, betas=(0.9, 0.95), eps=1e-8)
+    optimizer.reduce_in_backward(
+        list(model.parameters()),
+        is_last_micro_batch=lambda: True,
+        data_parallel_group=None,
+        data_parallel_size=1,
+    )
+    assert optimizer._reduction._params == list(model.parameters())
+    model(torch.randn(3, 4, dtype=torch.bfloat16)).float().sum().backward()
+    gradients = dict(optimizer.master_gradients())
+    assert torch.equal(gradients[last.bias], torch.full((2,), 3.0))  # d(sum)/d(bias): the rows

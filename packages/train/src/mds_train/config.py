@@ -185,6 +185,11 @@ class PrecisionSection:
         "--loss-scale-window", default=1000, help="Clean steps before the scale grows."
     )
     hysteresis: int = flag("--hysteresis", default=2, help="Overflows tolerated before shrinking.")
+    grad_reduce_in_bf16: bool = flag(
+        "--grad-reduce-in-bf16",
+        default=False,
+        help="Average data-parallel gradients in bf16 (half the traffic; default fp32).",
+    )
     seed: int = flag("--seed", default=1234, help="Seed of weights, dropout and data order.")
 
 
@@ -373,6 +378,14 @@ class TrainConfig:
             raise ValueError("give --lr-warmup-fraction or --lr-warmup-iters/samples, not both")
         if precision.fp16 and precision.bf16:
             raise ValueError("give --fp16 or --bf16, not both")
+        own_reduction = (  # ds_config.uses_master_weights
+            precision.bf16 and self.parallel.zero_stage == 0 and topology.pipeline_parallel == 1
+        )
+        if precision.grad_reduce_in_bf16 and not own_reduction:
+            raise ValueError(
+                "--grad-reduce-in-bf16 applies to bf16 training at --zero-stage 0 without "
+                "pipelining (mds-train's own gradient reduction); drop it"
+            )
         if self.parallel.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
         if topology.pipeline_parallel > 1 and self.parallel.zero_stage > 1:

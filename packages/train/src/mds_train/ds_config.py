@@ -69,10 +69,9 @@ def derive_deepspeed_config(
             "hysteresis": precision.hysteresis,
             "min_loss_scale": precision.min_loss_scale,
         }
-    elif precision.bf16 and uses_master_weights(config, topology):
-        if topology.data_parallel > 1:
-            derived["communication_data_type"] = "fp32"  # reduce bf16 gradients in fp32
-    elif precision.bf16:
+    elif precision.bf16 and not uses_master_weights(config, topology):
+        # With master weights DeepSpeed runs in its fp32 mode instead; MasterWeightAdamW then
+        # accumulates and averages the gradients in fp32 itself.
         derived["bf16"] = {"enabled": True}
         if effective_zero_stage(config, topology) == 1:
             derived["data_types"] = {"grad_accum_dtype": "fp32"}  # selects the BF16 optimizer

@@ -3,9 +3,10 @@
 DeepSpeed's bf16 optimizers wrap a client optimizer in per-parameter gradient copies and checks
 (its BF16 optimizer reached 0.92x of a plain loop's tokens/s on the 345M GPT, its ZeRO-0 wrapper
 0.48x; README: "The engines"). For ZeRO-0 without pipelining the engine runs in its fp32 mode over
-bf16 parameters and this optimizer keeps the fp32 copies: gradients are cast once, AdamW runs
-fused over the masters, and the bf16 weights are refreshed with one foreach copy. Its state dict
-holds the masters and the moments, so DeepSpeed's checkpoint of a ZeRO-0 optimizer restores them.
+bf16 parameters and this optimizer keeps the fp32 copies: in training, gradients are accumulated
+in fp32 and averaged over data-parallel ranks during backward (grad_sync.py); AdamW runs fused over
+the masters, and the bf16 weights are refreshed with one foreach copy. Its state dict holds the
+masters and the moments, so DeepSpeed's checkpoint of a ZeRO-0 optimizer restores them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from .grad_sync import GradientReduction
 
 
 class MasterWeightAdamW(torch.optim.Optimizer):
@@ -28,11 +31,13 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
         self._gradients_cast = False
+        self._reduction: GradientReduction | None = None
         self.masters = [
             [param.detach().float().clone() for param in group["params"]]
             for group in self.param_groups
         ]
-        # fp32 gradient buffers, filled by one foreach copy per step (not a cast per parameter).
+        # fp32 gradient buffers for use without `reduce_in_backward`, filled by one foreach copy
+        # per step (not a cast per parameter).
         self._master_grads = [[torch.empty_like(m) for m in group] for group in self.masters]
         fused = all(p.is_cuda for group in self.masters for p in group)
         self.inner = torch.optim.AdamW(
@@ -46,11 +51,44 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             foreach=None if fused else True,
         )
 
+    def reduce_in_backward(
+        self,
+        model_parameters: list[torch.nn.Parameter],
+        *,
+        is_last_micro_batch,
+        data_parallel_group,
+        data_parallel_size: int,
+        reduce_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """From now on every gradient is added into its master's fp32 gradient as backward makes
+        it, and averaged over the data-parallel group there (the trainer turns DeepSpeed's own
+        all-reduce off). `model_parameters` are the optimized parameters in the model's order;
+        `is_last_micro_batch()` is the engine's accumulation boundary."""
+        params = [param for group in self.param_groups for param in group["params"]]
+        masters = [master for group in self.masters for master in group]
+        # The model's own order (the groups split weights from biases), so that buckets fill
+        # in the order backward produces the gradients.
+        position = {id(param): index for index, param in enumerate(model_parameters)}
+        order = sorted(range(len(params)), key=lambda i: position[id(params[i])])
+        self._reduction = GradientReduction(
+            [params[i] for i in order],
+            [masters[i] for i in order],
+            is_last_micro_batch=is_last_micro_batch,
+            data_parallel_group=data_parallel_group,
+            data_parallel_size=data_parallel_size,
+            reduce_dtype=reduce_dtype,
+        )
+        self._master_grads = None
+
     @torch.no_grad()
     def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-        """Casts the model's gradients onto the masters (once per step) and returns them with
-        their parameters, so that clipping works on fp32 tensors."""
-        if not self._gradients_cast:
+        """The step's fp32 gradients (cast from the model's, or completed by the reduction, once
+        per step), each with its parameter, so that clipping works on fp32 tensors."""
+        if self._reduction is not None:
+            if not self._gradients_cast:
+                self._reduction.finish()
+                self._gradients_cast = True
+        elif not self._gradients_cast:
             sources, targets = [], []
             for group, masters, buffers in zip(
                 self.param_groups, self.masters, self._master_grads, strict=True
@@ -93,7 +131,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
-        self.inner.zero_grad(set_to_none=True)
+        if self._reduction is None:  # else the masters' gradients are views the reduction owns
+            self.inner.zero_grad(set_to_none=True)
         self._gradients_cast = False
 
     def state_dict(self) -> dict[str, Any]:

@@ -196,7 +196,18 @@ def build_training_setup(config: TrainConfig, topology: Topology, gpt_config: GP
             tp_rank=groups.tp_rank,
             model_parallel_group=model_parallel_group or groups.tp_group,
         )
-    if not is_pipeline and groups.dp_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
+    if isinstance(optimizer, MasterWeightAdamW):
+        # Gradients are accumulated in fp32 and averaged during backward, bucket by bucket;
+        # DeepSpeed's own all-reduce would flatten and reduce every gradient after backward.
+        engine.enable_backward_allreduce = False
+        optimizer.reduce_in_backward(
+            [param for param in module.parameters() if param.requires_grad],
+            is_last_micro_batch=engine.is_gradient_accumulation_boundary,
+            data_parallel_group=groups.dp_group,
+            data_parallel_size=groups.dp_size,
+            reduce_dtype=torch.bfloat16 if config.precision.grad_reduce_in_bf16 else torch.float32,
+        )
+    elif not is_pipeline and groups.dp_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
         # One replica: DeepSpeed would still flatten, "all-reduce" and copy back every gradient.
         engine.enable_backward_allreduce = False
     base_optimizer = optimizer or engine.basic_optimizer  # DeepSpeed built it from the file
