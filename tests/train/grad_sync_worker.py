@@ -1,0 +1,61 @@
+"""One rank of test_grad_sync: trains the shared tiny model's gradients through GradientReduction
+over gloo and saves the fp32 master gradients of two steps.
+
+    python grad_sync_worker.py RANK WORLD_SIZE PORT {float32,bfloat16} OUT.pt
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from mds_train.grad_sync import GradientReduction
+
+NUM_MICRO = 3
+
+
+def tiny_model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(
+        torch.bfloat16
+    )
+
+
+def inputs(rank: int, micro: int) -> torch.Tensor:
+    return torch.randn(5, 8, generator=torch.Generator().manual_seed(100 * rank + micro))
+
+
+def loss(model: torch.nn.Module, rank: int, micro: int) -> torch.Tensor:
+    return model(inputs(rank, micro).bfloat16()).float().square().mean()
+
+
+def main(rank: int, world_size: int, port: int, reduce_dtype: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    model = tiny_model()
+    params = list(model.parameters())
+    masters = [p.detach().float().clone() for p in params]
+    micro = {"index": 0}
+    reduction = GradientReduction(
+        params,
+        masters,
+        is_last_micro_batch=lambda: micro["index"] == NUM_MICRO - 1,
+        data_parallel_group=dist.group.WORLD,
+        data_parallel_size=world_size,
+        bucket_elements=100,  # several buckets, launched while backward goes on
+        reduce_dtype=getattr(torch, reduce_dtype),
+    )
+    steps = []
+    for _ in range(2):  # the second step starts from fresh gradients
+        for index in range(NUM_MICRO):
+            micro["index"] = index
+            loss(model, rank, index).backward()
+        reduction.finish()
+        assert all(p.grad is None for p in params)  # bf16 copies freed as they were added
+        steps.append([m.grad.clone() for m in masters])
+    torch.save(steps, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
