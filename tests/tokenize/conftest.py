@@ -223,7 +223,10 @@ def wordpiece_dir(corpus_texts, tmp_path_factory):
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(
-        vocab_size=WORDPIECE_VOCAB_SIZE, min_frequency=1, special_tokens=["[UNK]", "<s>", "[SEP]"]
+        vocab_size=WORDPIECE_VOCAB_SIZE,
+        min_frequency=1,
+        special_tokens=["[UNK]", "<s>", "[SEP]"],
+        show_progress=False,
     )
     tokenizer.train_from_iterator(
         [text for texts in corpus_texts.values() for text in texts], trainer

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mds_indexed_data import IndexedDatasetReader
-from mds_tokenize import load_tokenizer
+from mds_tokenize import load_tokenizer, spec_from_description
 from mds_tokenize.cli import main
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.pipeline import run
@@ -35,7 +35,8 @@ def sidecar(prefix) -> dict:
 
 def test_gpt2_as_tokenizer_json_gives_our_gpt2_ids(hf_gpt2_dir, gpt2_tokenizer, corpus_texts):
     hf = load_tokenizer(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(hf_gpt2_dir))
-    assert (hf.vocab_size, hf.eod) == (50257, 50256)  # <|endoftext|>, found by its spelling
+    hf_ids = (hf.vocab_size, hf.eod)
+    assert hf_ids == (50257, 50256)  # <|endoftext|>, found by its spelling
     for name, texts in corpus_texts.items():
         ids, lengths = hf.encode_batch(texts, append_eod=True)
         expected_ids, expected_lengths = gpt2_tokenizer.encode_batch(texts, append_eod=True)
@@ -46,6 +47,9 @@ def test_gpt2_as_tokenizer_json_gives_our_gpt2_ids(hf_gpt2_dir, gpt2_tokenizer, 
     assert hf.decode(hf.encode(text)) == text
     with pytest.raises(ValueError, match=r"token id 50257 is not in the vocabulary \(ids 0..50256"):
         hf.decode([15496, 50257])
+    gpt2 = gpt2_tokenizer.description()
+    assert gpt2["type"] == "GPT2BPETokenizer" and (gpt2["vocab_size"], gpt2["eod_id"]) == hf_ids
+    assert load_tokenizer(spec_from_description(gpt2)).description() == gpt2
 
 
 def test_gpt2_tokenizer_json_reproduces_megatron_golden_files(shared_data, tmp_path, hf_tiny_dir):
@@ -72,6 +76,9 @@ def test_gpt2_tokenizer_json_reproduces_megatron_golden_files(shared_data, tmp_p
         "eod_token": "<|endoftext|>",
     }
     assert metadata["dtype"] == "uint16" and metadata["num_tokens"] == 1361845
+    # The recorded description reloads the same tokenizer (what mds-generate does from meta.json).
+    reloaded = load_tokenizer(spec_from_description(metadata["vocabulary"]))
+    assert reloaded.description() == {**metadata["vocabulary"], "name_or_path": tokenizer_file}
 
 
 def test_wordpiece_past_uint16_round_trips_as_int32(shared_data, tmp_path, wordpiece_dir):

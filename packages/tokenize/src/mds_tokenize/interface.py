@@ -7,11 +7,14 @@ GPT2BPETokenizer --vocab-file V --merge-file M` (GPT-2's files or a learned voca
 `check_tokenizer_matches` is the one-line refusal of a dataset made by another tokenizer.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import numpy as np
+if TYPE_CHECKING:  # the command line imports this module and starts without numpy
+    import numpy as np
 
 GPT2_BPE = "GPT2BPETokenizer"
 PRETRAINED_FROM_HF = "PretrainedFromHF"
