@@ -155,6 +155,7 @@ app.command("learn")(learn)
 
 @app.command("decode")
 def decode(
+    ctx: typer.Context,
     ids: Annotated[
         list[str] | None,
         typer.Argument(help="Token ids to decode; without them, each line of stdin is decoded."),
@@ -169,6 +170,11 @@ def decode(
     from mds_tokenize.decoding import decode_lines
     from mds_tokenize.interface import load_tokenizer
 
+    if not ids and vocab_file is merge_file is tokenizer_name_or_path is None:
+        # A bare `mds-tokenize decode`: its help on stderr, as for every command (docs/cli.md);
+        # no flag is required by itself, so the dialect's own check does not see it.
+        typer.echo(ctx.get_help(), err=True)
+        raise typer.Exit(2)
     spec = tokenizer_spec(tokenizer_type, vocab_file, merge_file, tokenizer_name_or_path, eod_token)
     tokenizer = load_tokenizer(spec)
     if ids:
