@@ -19,6 +19,7 @@ system, all threads and child processes): what each costs, whatever else the mac
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import resource
 import subprocess
@@ -70,6 +71,29 @@ def tokenizers_parallelism(value: str):
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _spin(count: int) -> int:
+    total = 0
+    for value in range(count):
+        total += value
+    return total
+
+
+def parallel_control(repeats: int) -> float:
+    """How much faster 2 CPU-bound processes finish 2 equal tasks than 1 process: 2.0 on an idle
+    2-core machine, less when other jobs hold the cores (the most the worker rows can gain)."""
+    tasks = [5_000_000] * 2
+    best = {}
+    for processes in (1, 2):
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            seconds = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                pool.map(_spin, tasks, chunksize=1)
+                seconds.append(time.perf_counter() - started)
+        best[processes] = min(seconds)
+    return best[1] / best[2]
 
 
 def gpt2_tokenizer_json(shared: Path, folder: Path) -> Path:
@@ -200,11 +224,17 @@ def main() -> None:
             f"input: {' + '.join(CORPORA)}: {corpus.stat().st_size / 1e6:.2f} MB of jsonl; "
             f"{os.cpu_count()} CPUs; best of {args.repeats}, all measured in this run"
         )
+        control = parallel_control(args.repeats)
         measure("GPT-2 BPE tokenizer.json", gpt2_tokenizer_json(args.shared_data, scratch / "g"),
                 corpus, scratch, args.repeats)  # fmt: skip
         if args.wordpiece:
             folder = wordpiece_tokenizer_json(corpus, scratch / "w")
             measure("WordPiece tokenizer.json", folder, corpus, scratch, args.repeats)
+        print(
+            f"control: 2 CPU-bound processes finish 2 tasks {control:.2f}x / "
+            f"{parallel_control(args.repeats):.2f}x (before / after) faster than 1 process "
+            "(2.0x on idle cores; less means other jobs held them)"
+        )
 
 
 if __name__ == "__main__":
