@@ -91,6 +91,10 @@ def same_vocabulary(first: dict, second: dict) -> bool:
             return False
     if is_hugging_face(first) != is_hugging_face(second):
         return False
+    if not all(
+        is_hugging_face(v) or {"vocab_file", "merge_file"} <= v.keys() for v in (first, second)
+    ):
+        return first == second  # a tokenizer built in memory names no files: only itself matches
     if not is_hugging_face(first) and (first["vocab_file"], first["merge_file"]) == (
         second["vocab_file"],
         second["merge_file"],
