@@ -8,7 +8,10 @@
 #      `--help` of every command it declares;
 #   3. a small real job per tool, each tool run from its own environment: mds-tokenize on a tiny
 #      jsonl with GPT-2's files, mds-index info/show on the result, its ids back through
-#      `mds-tokenize decode`, mds-model info, mds-train for 2 iterations with a checkpoint.
+#      `mds-tokenize decode`; a learned vocabulary written as tokenizer.json, refused with one line
+#      without the hf extra, then (mds-tokenize[hf] installed) tokenized through PretrainedFromHF
+#      into the same bytes as its vocab.json + merges.txt; mds-model info, mds-train for 2
+#      iterations with a checkpoint.
 #      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
@@ -125,6 +128,37 @@ step "job: mds-index show's ids back to text with mds-tokenize decode"
 tool mds-tokenize mds-tokenize decode --vocab-file "$data/gpt2-vocab.json" \
     --merge-file "$data/gpt2-merges.txt" <"$job/show.txt" | tee "$job/text.txt"
 grep -q "Hello world!" "$job/text.txt" || fail "mds-tokenize decode did not give back 'Hello world!'"
+step "job: a learned vocabulary as tokenizer.json, tokenized through PretrainedFromHF"
+tool mds-tokenize mds-tokenize learn --input "$data/c4_demo.jsonl" --vocab-size 1000 \
+    --output-dir "$job/learned" --tokenizer-json --workers 1
+hf_flags=(--tokenizer-type PretrainedFromHF --tokenizer-name-or-path "$job/learned")
+# Without the hf extra: one line naming it, exit 1.
+if tool mds-tokenize mds-tokenize --input "$data/c4_demo.jsonl" --output-prefix "$job/hf" \
+    "${hf_flags[@]}" 2>"$job/no-extra.txt"; then
+    fail "PretrainedFromHF ran without the tokenizers library"
+fi
+grep -q "pip install 'mds-tokenize\[hf\]'" "$job/no-extra.txt" ||
+    fail "no one-line hint to install mds-tokenize[hf]: $(cat "$job/no-extra.txt")"
+step "  installing mds-tokenize[hf] (the tokenizers library) into the mds-tokenize environment"
+"${venv_of[mds-tokenize]}/bin/python" -m pip install -q --find-links "$work/wheelhouse" \
+    -c "$constraints" "mds-tokenize[hf]"
+tool mds-tokenize mds-tokenize --input "$data/c4_demo.jsonl" --output-prefix "$job/hf" \
+    "${hf_flags[@]}" --append-eod --workers 2
+tool mds-tokenize mds-tokenize --input "$data/c4_demo.jsonl" --output-prefix "$job/bpe" \
+    --vocab-file "$job/learned/vocab.json" --merge-file "$job/learned/merges.txt" --append-eod
+for ext in bin idx; do
+    cmp -s "$job/hf_text_document.$ext" "$job/bpe_text_document.$ext" ||
+        fail "tokenizer.json and vocab.json + merges.txt give different .$ext files"
+done
+tool mds-indexed-data mds-index show "$job/hf_text_document" --doc 0 |
+    tool mds-tokenize mds-tokenize decode "${hf_flags[@]}" >"$job/hf-text.txt"
+# Document 0 is the corpus' first text and the EOD, decoded.
+"${venv_of[mds-tokenize]}/bin/python" -c 'import json, sys
+text = json.loads(open(sys.argv[1], encoding="utf-8").readline())["text"]
+sys.exit(open(sys.argv[2], encoding="utf-8").read() != text + "<|endoftext|>\n")' \
+    "$data/c4_demo.jsonl" "$job/hf-text.txt" ||
+    fail "document 0 decoded through tokenizer.json is not the corpus' first text"
+step "  same .bin/.idx as with vocab.json + merges.txt; document 0 decodes to its text"
 step "job: mds-model info for a 2-layer GPT"
 tool mds-model mds-model info --num-layers 2 --hidden-size 64 --num-attention-heads 2 \
     --seq-length 128 --vocab-size 512 --micro-batch-size 2

@@ -137,7 +137,7 @@ COMMANDS = [
             *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
             *("--seq-length", "64", "--micro-batch-size", "2", "--train-iters", "2"),
             *("--lr", "1e-3", "--data-path", "{tmp}/data", "--vocab-file", "{missing}"),
-            *("--local_rank=0",),  # as the deepspeed launcher passes it
+            *("--merge-file", "{merges}", "--local_rank=0"),  # as the deepspeed launcher passes it
         ),
         "--lr",
         "--hiden-size",

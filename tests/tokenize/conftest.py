@@ -163,3 +163,78 @@ def corpus_texts(shared_data) -> dict[str, list[str]]:
         with open(shared_data / name, encoding="utf-8") as handle:
             texts[name] = [json.loads(line)["text"] for line in handle]
     return texts
+
+
+# Hugging Face tokenizers built in the tests with the `tokenizers` library (no download).
+WORDPIECE_VOCAB_SIZE = 70_000  # past uint16: the .bin holds int32
+
+
+def gpt2_files_as_tokenizer_json(vocab_file, merge_file, folder):
+    """GPT-2's vocab.json + merges.txt as a byte-level BPE tokenizer.json, built by `tokenizers`
+    (ByteLevel without prefix space: GPT-2's pattern and byte map); `<|endoftext|>` stays a plain
+    vocabulary entry, as in Megatron's GPT-2 tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
+    lines = merge_file.read_text(encoding="utf-8").split("\n")[1:-1]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(line.split()) for line in lines]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2_dir(shared_data, tmp_path_factory):
+    return gpt2_files_as_tokenizer_json(
+        shared_data / "gpt2-vocab.json",
+        shared_data / "gpt2-merges.txt",
+        tmp_path_factory.mktemp("hf-gpt2"),
+    )
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_dir(shared_data, tmp_path_factory):
+    golden = shared_data / "megatron-golden"
+    return gpt2_files_as_tokenizer_json(
+        golden / "gpt2-tiny-vocab.json",
+        golden / "gpt2-tiny-merges.txt",
+        tmp_path_factory.mktemp("hf-tiny"),
+    )
+
+
+@pytest.fixture(scope="session")
+def wordpiece_dir(corpus_texts, tmp_path_factory):
+    """A WordPiece tokenizer trained here by `tokenizers` on both corpora, 70,000 entries; a BOS
+    `<s>` is added by its post-processor; it has `[SEP]` but no end-of-text token."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=WORDPIECE_VOCAB_SIZE,
+        min_frequency=1,
+        special_tokens=["[UNK]", "<s>", "[SEP]"],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(
+        [text for texts in corpus_texts.values() for text in texts], trainer
+    )
+    assert tokenizer.get_vocab_size() == WORDPIECE_VOCAB_SIZE
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]
+    )
+    folder = tmp_path_factory.mktemp("hf-wordpiece")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder

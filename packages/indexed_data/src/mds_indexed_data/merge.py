@@ -12,7 +12,7 @@ from mds_common.sidecar import write_sidecar
 
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.reader import IndexedDatasetReader
-from mds_indexed_data.vocabulary import recorded_vocabulary, same_vocabulary
+from mds_indexed_data.vocabulary import recorded_vocabulary, same_vocabulary, vocabulary_label
 from mds_indexed_data.writer import IndexedDatasetWriter
 
 
@@ -47,9 +47,8 @@ def check_same_vocabulary(prefixes: Sequence[str | Path]) -> dict | None:
         first_prefix, first = known[0]
         if not same_vocabulary(first, vocabulary):
             raise IndexedDatasetError(
-                f"{prefix} was tokenized with {vocabulary['vocab_file']} + "
-                f"{vocabulary['merge_file']}, {first_prefix} with {first['vocab_file']} + "
-                f"{first['merge_file']}: their token ids mean different things; merge only "
+                f"{prefix} was tokenized with {vocabulary_label(vocabulary)}, {first_prefix} with "
+                f"{vocabulary_label(first)}: their token ids mean different things; merge only "
                 "datasets tokenized with the same vocabulary (re-tokenize one of them)"
             )
     return known[0][1] if known else None

@@ -3,7 +3,9 @@ refuses to join datasets whose token ids mean different things.
 
 Sidecars read: `PREFIX.tokenize.json` (mds-tokenize: a `vocabulary` object, or the `vocab_file` and
 `merge_file` of its `config`, or those of its first shard) and `PREFIX.merge.json` (mds-index merge:
-a `vocabulary` object). A dataset without one (e.g. made by Megatron) is not checked.
+a `vocabulary` object). A dataset without one (e.g. made by Megatron) is not checked. A vocabulary
+is GPT-2 style (`vocab_file` + `merge_file`) or a Hugging Face `tokenizer.json` (`tokenizer_file`,
+`type` PretrainedFromHF); either may record its `eod_id`.
 """
 
 import hashlib
@@ -53,8 +55,23 @@ def recorded_vocabulary(prefix: str | Path) -> dict | None:
     return None
 
 
+def is_hugging_face(vocabulary: dict) -> bool:
+    return vocabulary.get("type") == "PretrainedFromHF" or "tokenizer_sha256" in vocabulary
+
+
+def vocabulary_label(vocabulary: dict) -> str:
+    """A recorded vocabulary in a few words, for messages."""
+    if is_hugging_face(vocabulary):
+        where = vocabulary.get("tokenizer_file") or vocabulary.get("name_or_path")
+        return f"PretrainedFromHF {where}"
+    return f"{vocabulary.get('vocab_file')} + {vocabulary.get('merge_file')}"
+
+
 def _identity(vocabulary: dict) -> tuple:
     """Contents' hashes when recorded or still readable, else the paths."""
+    if is_hugging_face(vocabulary):
+        digest = vocabulary.get("tokenizer_sha256")
+        return ("tokenizer.json", digest or vocabulary.get("tokenizer_file"))
     hashes = []
     for key in ("vocab", "merge"):
         digest = vocabulary.get(f"{key}_sha256")
@@ -68,6 +85,19 @@ def _identity(vocabulary: dict) -> tuple:
 
 
 def same_vocabulary(first: dict, second: dict) -> bool:
-    if (first["vocab_file"], first["merge_file"]) == (second["vocab_file"], second["merge_file"]):
+    """Same files (by content where known, else by path) and, where both record one, same EOD."""
+    if None not in (first.get("eod_id"), second.get("eod_id")):
+        if first["eod_id"] != second["eod_id"]:
+            return False
+    if is_hugging_face(first) != is_hugging_face(second):
+        return False
+    if not all(
+        is_hugging_face(v) or {"vocab_file", "merge_file"} <= v.keys() for v in (first, second)
+    ):
+        return first == second  # a tokenizer built in memory names no files: only itself matches
+    if not is_hugging_face(first) and (first["vocab_file"], first["merge_file"]) == (
+        second["vocab_file"],
+        second["merge_file"],
+    ):
         return True
     return _identity(first) == _identity(second)

@@ -7,6 +7,8 @@ Errors name the flag to fix. Flag spellings follow Megatron's `tools/preprocess_
 from dataclasses import dataclass
 from pathlib import Path
 
+from mds_tokenize.interface import GPT2_BPE, TokenizerSpec
+
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst")
 
 
@@ -57,8 +59,12 @@ def _check_json_keys(json_keys: tuple[str, ...]) -> None:
 class TokenizeConfig:
     input: Path
     output_prefix: str
-    vocab_file: Path
-    merge_file: Path
+    # The tokenizer flags (interface.TokenizerSpec): GPT-2 files, or a Hugging Face tokenizer.
+    vocab_file: Path | None = None
+    merge_file: Path | None = None
+    tokenizer_type: str = GPT2_BPE
+    tokenizer_name_or_path: str | None = None
+    eod_token: str | None = None
     json_keys: tuple[str, ...] = ("text",)
     append_eod: bool = False
     workers: int = 1
@@ -73,9 +79,7 @@ class TokenizeConfig:
                 f"--input: {self.input} is not a file; pass a .jsonl file "
                 "(or .jsonl.gz / .jsonl.xz / .jsonl.zst)"
             )
-        for flag, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
-            if not Path(path).is_file():
-                raise ValueError(f"{flag}: {path} is not a file; pass the GPT-2 tokenizer file")
+        self.tokenizer_spec()  # validates the tokenizer flags
         if not self.output_prefix or self.output_prefix.endswith("/"):
             raise ValueError(
                 f"--output-prefix {self.output_prefix!r}: give a path prefix such as data/my-gpt2 "
@@ -99,6 +103,15 @@ class TokenizeConfig:
             )
         if self.block_bytes < 1:
             raise ValueError("block_bytes must be positive")
+
+    def tokenizer_spec(self) -> TokenizerSpec:
+        return TokenizerSpec(
+            tokenizer_type=self.tokenizer_type,
+            vocab_file=self.vocab_file,
+            merge_file=self.merge_file,
+            tokenizer_name_or_path=self.tokenizer_name_or_path,
+            eod_token=self.eod_token,
+        )
 
     @property
     def is_compressed(self) -> bool:

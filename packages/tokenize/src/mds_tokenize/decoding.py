@@ -4,7 +4,7 @@ the document (Megatron's `tokenizer.detokenize`: token bytes joined, invalid UTF
 
 from collections.abc import Iterable, Iterator
 
-from mds_tokenize.tokenizer import GPT2BPETokenizer
+from mds_tokenize.interface import Tokenizer
 
 
 def parse_ids(text: str, *, where: str) -> list[int]:
@@ -20,9 +20,7 @@ def parse_ids(text: str, *, where: str) -> list[int]:
     return ids
 
 
-def decode_lines(
-    tokenizer: GPT2BPETokenizer, lines: Iterable[str], *, source: str
-) -> Iterator[str]:
+def decode_lines(tokenizer: Tokenizer, lines: Iterable[str], *, source: str) -> Iterator[str]:
     """The text of each line of ids in `lines` (read from `source`, for messages)."""
     for number, line in enumerate(lines, start=1):
         where = f"{source}:{number}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mds_tokenize.input_reader import Block
-from mds_tokenize.tokenizer import GPT2BPETokenizer
+from mds_tokenize.interface import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,7 @@ def parse_line(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | None
     return texts, ""
 
 
-def encode_block(
-    tokenizer: GPT2BPETokenizer, block: Block, settings: EncodeSettings
-) -> BlockResult:
+def encode_block(tokenizer: Tokenizer, block: Block, settings: EncodeSettings) -> BlockResult:
     json_keys = settings.json_keys
     texts: list[list[str]] = [[] for _ in json_keys]
     bad_lines: list[BadLine] = []

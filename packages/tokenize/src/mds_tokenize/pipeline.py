@@ -7,23 +7,24 @@ one numpy array per block and key back from each worker, and the writer's bulk `
 
 import logging
 import multiprocessing
+import os
 import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from mds_common.sidecar import sidecar, write_json
-from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype, describe_vocabulary
+from mds_indexed_data import IndexedDatasetWriter, best_fitting_dtype
 
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.documents import BadLine, BlockResult, EncodeSettings, encode_block
 from mds_tokenize.input_reader import Block, InputReader
+from mds_tokenize.interface import Tokenizer, load_tokenizer
 from mds_tokenize.progress import Progress
-from mds_tokenize.tokenizer import GPT2BPETokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +59,10 @@ def describe_line(config: TokenizeConfig, bad: BadLine) -> str:
 
 # One tokenizer per pool worker process: set by the initializer, read by the task function. With
 # the fork start method it is inherited from the parent, not rebuilt or pickled.
-_worker_context: tuple[GPT2BPETokenizer, EncodeSettings] | None = None
+_worker_context: tuple[Tokenizer, EncodeSettings] | None = None
 
 
-def _init_worker(tokenizer: GPT2BPETokenizer, settings: EncodeSettings) -> None:
+def _init_worker(tokenizer: Tokenizer, settings: EncodeSettings) -> None:
     global _worker_context
     _worker_context = (tokenizer, settings)
 
@@ -94,18 +95,37 @@ def metadata_path(dataset: str) -> Path:
     return Path(dataset + ".tokenize.json")
 
 
-def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) -> TokenizeSummary:
+@contextmanager
+def _one_thread_per_worker():
+    """`tokenizers` would spread every batch over all cores (and warn in forked workers); here
+    parallelism is --workers processes of one encoding thread each, as for GPT-2."""
+    name = "TOKENIZERS_PARALLELISM"
+    saved = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def run(config: TokenizeConfig, *, tokenizer: Tokenizer | None = None) -> TokenizeSummary:
     """Tokenizes `config.input`; raises ValueError (naming file/line/flag) for user mistakes."""
     started = time.monotonic()
     if tokenizer is None:
-        tokenizer = GPT2BPETokenizer.from_files(config.vocab_file, config.merge_file)
+        tokenizer = load_tokenizer(config.tokenizer_spec())
     if config.append_eod and not tokenizer.has_eod:
-        raise ValueError(f"--append-eod: {config.vocab_file} has no <|endoftext|> token to append")
+        try:
+            tokenizer.eod  # noqa: B018 - its error says how to name an EOD
+        except ValueError as error:
+            raise ValueError(f"--append-eod: {error}") from None
     dtype = np.dtype(best_fitting_dtype(tokenizer.vocab_size))
     if tokenizer.max_token_id > np.iinfo(dtype).max:
         raise ValueError(
-            f"--vocab-file: {config.vocab_file} has {tokenizer.vocab_size} entries but ids up to "
-            f"{tokenizer.max_token_id}, which do not fit {dtype}; renumber the vocab 0..N-1"
+            f"{', '.join(map(str, tokenizer.files))}: {tokenizer.vocab_size} entries but ids up "
+            f"to {tokenizer.max_token_id}, which do not fit {dtype}; renumber the vocab 0..N-1"
         )
     settings = EncodeSettings(
         json_keys=config.json_keys,
@@ -119,6 +139,7 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
         outputs={key: config.output_dataset(key) for key in config.json_keys},
     )
     with ExitStack() as stack:
+        stack.enter_context(_one_thread_per_worker())
         reader = stack.enter_context(
             InputReader(config.input, block_bytes=config.block_bytes, partition=config.partition)
         )
@@ -160,7 +181,10 @@ def run(config: TokenizeConfig, *, tokenizer: GPT2BPETokenizer | None = None) ->
             )
     summary.seconds = time.monotonic() - started
     for key in config.json_keys:
-        write_json(metadata_path(summary.outputs[key]), _metadata(config, summary, key, dtype))
+        write_json(
+            metadata_path(summary.outputs[key]),
+            _metadata(config, summary, key, dtype, tokenizer),
+        )
     _log_summary(summary)
     return summary
 
@@ -182,18 +206,26 @@ def _account_bad_lines(
             logger.warning("more bad lines skipped; only their count is reported")
 
 
-def _metadata(config: TokenizeConfig, summary: TokenizeSummary, key: str, dtype: np.dtype) -> dict:
+def _metadata(
+    config: TokenizeConfig,
+    summary: TokenizeSummary,
+    key: str,
+    dtype: np.dtype,
+    tokenizer: Tokenizer,
+) -> dict:
     settings = {name: value for name, value in asdict(config).items() if name != "block_bytes"}
     for name in ("input", "vocab_file", "merge_file"):
-        settings[name] = str(Path(settings[name]).resolve())
+        if settings[name] is not None:
+            settings[name] = str(Path(settings[name]).resolve())
     return sidecar(
         tool="mds-tokenize",
         distribution="mds-tokenize",
-        inputs=[config.input, config.vocab_file, config.merge_file],
+        inputs=[config.input, *tokenizer.files],
         config=settings,
         json_key=key,
-        # What `mds-index merge` compares before joining datasets.
-        vocabulary=describe_vocabulary(config.vocab_file, config.merge_file),
+        # Which tokenizer made the ids (interface.py): what `mds-index merge`, `mds-train` and
+        # `check_dataset_tokenizer` compare against.
+        vocabulary=tokenizer.description(),
         dtype=dtype.name,
         num_documents=summary.num_docs - summary.num_empty[key],
         num_tokens=summary.num_tokens[key],

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from mds_indexed_data import describe_vocabulary
 
 from mds_tokenize._bpe import BPECore
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode, unicode_to_bytes
@@ -80,6 +81,7 @@ class GPT2BPETokenizer:
         )
         self.max_token_id = max(self.vocab.values())
         self._token_bytes: list[bytes | None] | None = None  # built by the first decode
+        self._files: tuple[Path, ...] = ()  # set by from_files
 
     @classmethod
     def from_files(
@@ -95,15 +97,33 @@ class GPT2BPETokenizer:
             vocab_file=vocab_file,
             merge_file=merge_file,
         )
+        tokenizer._files = (Path(vocab_file), Path(merge_file))
         return tokenizer
 
     def __reduce__(self):
-        return (_rebuild, (self.vocab, self.merges, self._cache_words))
+        return (_rebuild, (self.vocab, self.merges, self._cache_words, self._files))
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """(vocab_file, merge_file) when built by from_files, else ()."""
+        return self._files
+
+    def description(self) -> dict:
+        """What sidecars and checkpoints record (`mds_tokenize.interface`): the files' absolute
+        paths and SHA-256 (so a copy elsewhere is the same vocabulary), size and EOD."""
+        files = describe_vocabulary(*self._files) if self._files else {}
+        return {
+            "type": "GPT2BPETokenizer",
+            **files,
+            "vocab_size": self.vocab_size,
+            "eod_id": self.vocab.get(END_OF_TEXT),
+        }
 
     @property
     def eod(self) -> int:
         if END_OF_TEXT not in self.vocab:
-            raise ValueError(f"the vocabulary has no {END_OF_TEXT} token to use as end of document")
+            where = self._files[0] if self._files else "the vocabulary"
+            raise ValueError(f"{where} has no {END_OF_TEXT} token to use as end of document")
         return self.vocab[END_OF_TEXT]
 
     @property
@@ -181,6 +201,11 @@ class GPT2BPETokenizer:
 
 
 def _rebuild(
-    vocab: dict[str, int], merges: list[tuple[str, str]], cache_words: int
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    cache_words: int,
+    files: tuple[Path, ...] = (),
 ) -> GPT2BPETokenizer:
-    return GPT2BPETokenizer(vocab=vocab, merges=merges, cache_words=cache_words)
+    tokenizer = GPT2BPETokenizer(vocab=vocab, merges=merges, cache_words=cache_words)
+    tokenizer._files = files
+    return tokenizer

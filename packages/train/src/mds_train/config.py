@@ -202,13 +202,21 @@ class DataSection:
         help="Dataset prefix, or weight/prefix pairs: --data-path 0.3 A 0.7 B.",
     )
     split: str = flag("--split", default="969, 30, 1", help="Train/valid/test document split.")
-    vocab_file: Path = flag("--vocab-file", required=True, help="GPT-2 style vocab.json.")
+    # The tokenizer flags of every mds tool (mds_tokenize.TokenizerSpec checks them).
+    vocab_file: Path | None = flag("--vocab-file", help="GPT-2 style vocab.json.")
     merge_file: Path | None = flag("--merge-file", help="GPT-2 style merges.txt.")
     tokenizer_type: str = flag(
         "--tokenizer-type",
         default="GPT2BPETokenizer",
-        choices=("GPT2BPETokenizer",),
-        help="Tokenizer of the dataset.",
+        choices=("GPT2BPETokenizer", "PretrainedFromHF"),
+        help="Tokenizer of the dataset: GPT-2 files or a Hugging Face tokenizer.json.",
+    )
+    tokenizer_name_or_path: str | None = flag(
+        "--tokenizer-name-or-path",
+        help="PretrainedFromHF: folder holding tokenizer.json, the file, or a hub name.",
+    )
+    eod_token: str | None = flag(
+        "--eod-token", help="PretrainedFromHF: the end-of-document token (default: its eos)."
     )
     data_cache_path: Path | None = flag(
         "--data-cache-path", help="Where sample-index caches live (beside the data)."

@@ -8,47 +8,38 @@ parallel ranks of one replica read the same samples. Index caches are built once
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from mds_indexed_data import GPTDataConfig, build_train_valid_test_datasets
+from mds_tokenize import load_tokenizer
 
-from .config import Topology, TrainConfig
-
-EOD_TOKEN = "<|endoftext|>"
+from .config import DataSection, Topology, TrainConfig
 
 
 @dataclass(frozen=True)
 class Vocabulary:
-    size: int
+    size: int  # embedding rows before padding: every id of the tokenizer fits
     eod_id: int
-    vocab_file: str
-    merge_file: str | None
+    description: dict  # the tokenizer, as dataset sidecars record it (mds_tokenize.interface)
 
 
-def read_vocabulary(vocab_file: Path, merge_file: Path | None) -> Vocabulary:
-    """Vocabulary size and end-of-document id from a GPT-2 style vocab.json."""
-    try:
-        vocab = json.loads(Path(vocab_file).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ValueError(f"{vocab_file}: cannot read --vocab-file ({error.strerror})") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{vocab_file}:{error.lineno}: --vocab-file is not JSON") from None
-    if not isinstance(vocab, dict) or not vocab:
-        raise ValueError(f"{vocab_file}: --vocab-file must be a JSON object of token -> id")
-    if merge_file is not None and not Path(merge_file).is_file():
-        raise ValueError(f"{merge_file}: --merge-file does not exist")
-    if EOD_TOKEN not in vocab:
-        raise ValueError(f"{vocab_file}: no {EOD_TOKEN} token; it marks document ends")
+def read_vocabulary(data: DataSection) -> Vocabulary:
+    """Vocabulary size and end-of-document id of the tokenizer the flags name (GPT-2 files or a
+    Hugging Face tokenizer.json), through mds_tokenize's one interface."""
+    tokenizer = load_tokenizer(
+        tokenizer_type=data.tokenizer_type,
+        vocab_file=data.vocab_file,
+        merge_file=data.merge_file,
+        tokenizer_name_or_path=data.tokenizer_name_or_path,
+        eod_token=data.eod_token,
+    )
     return Vocabulary(
-        size=max(vocab.values()) + 1,
-        eod_id=int(vocab[EOD_TOKEN]),
-        vocab_file=str(Path(vocab_file).resolve()),
-        merge_file=str(Path(merge_file).resolve()) if merge_file else None,
+        size=max(tokenizer.vocab_size, tokenizer.max_token_id + 1),
+        eod_id=tokenizer.eod,  # ValueError saying how to name one when there is none
+        description=tokenizer.description(),
     )
 
 

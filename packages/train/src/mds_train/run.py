@@ -14,6 +14,7 @@ from mds_common.files import write_text_atomically
 from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path
 from mds_model import GPTConfig
+from mds_tokenize import check_dataset_tokenizer
 
 from .checkpointing import (
     CHECKPOINT_FORMAT,
@@ -63,13 +64,8 @@ def run_description(
             "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
         },
         "precision": config.params_dtype,
-        "tokenizer": {
-            "type": config.data.tokenizer_type,
-            "vocab_file": vocab.vocab_file,
-            "merge_file": vocab.merge_file,
-            "vocab_size": vocab.size,
-            "eod_id": vocab.eod_id,
-        },
+        # The tokenizer's description (mds_tokenize.interface), with the size trained on.
+        "tokenizer": {**vocab.description, "vocab_size": vocab.size, "eod_id": vocab.eod_id},
         "data_path": list(config.data.data_path),
     }
 
@@ -85,7 +81,8 @@ def _configure_logging(rank: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _check_datasets(config: TrainConfig) -> None:
+def _check_datasets(config: TrainConfig, vocab: Vocabulary) -> None:
+    """Every dataset exists and, where its sidecar says, was made by the tokenizer given."""
     _, prefixes = parse_data_path(config.data.data_path)
     for prefix in prefixes:
         for suffix in (".idx", ".bin"):
@@ -94,6 +91,7 @@ def _check_datasets(config: TrainConfig) -> None:
                     f"{prefix}{suffix}: no such file; --data-path takes the prefix of a "
                     ".bin/.idx pair written by mds-tokenize"
                 )
+        check_dataset_tokenizer(prefix, vocab.description)
 
 
 def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
@@ -102,8 +100,8 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
     launch = launch_environment()
     topology = config.topology(launch.world_size)
     config.validate(topology)
-    vocab = read_vocabulary(config.data.vocab_file, config.data.merge_file)
-    _check_datasets(config)
+    vocab = read_vocabulary(config.data)
+    _check_datasets(config, vocab)
     init_distributed(config.parallel.distributed_backend)
     _configure_logging(launch.rank)
     for warning in warnings:

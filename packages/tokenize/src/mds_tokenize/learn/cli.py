@@ -33,7 +33,8 @@ def learn(
     output_dir: Annotated[
         Path,
         typer.Option(
-            "--output-dir", help="Folder for vocab.json, merges.txt and learn-config.json."
+            "--output-dir",
+            help="Folder for vocab.json, merges.txt, learn-config.json (and tokenizer.json).",
         ),
     ],
     json_keys: Annotated[
@@ -66,6 +67,14 @@ def learn(
             help="Processes counting words in parallel (default: every CPU this process may use).",
         ),
     ] = None,
+    tokenizer_json: Annotated[
+        bool,
+        typer.Option(
+            "--tokenizer-json",
+            help="Also write tokenizer.json: the same vocabulary for Hugging Face tokenizers "
+            "(identical ids; use with --tokenizer-type PretrainedFromHF).",
+        ),
+    ] = False,
 ) -> None:
     """Learn a byte-level BPE vocabulary (GPT-2-format vocab.json + merges.txt) from jsonl."""
     # Imported here so that `mds-tokenize --help` does not pay for the learner's imports.
@@ -80,5 +89,6 @@ def learn(
         min_frequency=min_frequency,
         special_tokens=tuple(special_tokens),
         workers=workers,
+        tokenizer_json=tokenizer_json,
     )
     run(config)

@@ -18,6 +18,7 @@ class LearnConfig:
     min_frequency: int = 2
     special_tokens: tuple[str, ...] = (END_OF_TEXT,)
     workers: int | None = None  # None: every CPU this process may run on
+    tokenizer_json: bool = False  # also write tokenizer.json (Hugging Face tokenizers format)
 
     def __post_init__(self) -> None:
         if not self.inputs:

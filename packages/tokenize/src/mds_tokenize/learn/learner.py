@@ -3,7 +3,7 @@
 Vocabulary layout: ids 0..255 are the byte symbols in GPT-2's own order (the ids GPT-2 gives them),
 then one id per new merge result in merge order, then the special tokens. Files: `vocab.json`
 (json.dumps of token -> id, like GPT-2's encoder.json) and `merges.txt` (`#version: 0.2`, then
-`a b` lines).
+`a b` lines); with --tokenizer-json also the same vocabulary as a Hugging Face `tokenizer.json`.
 """
 
 import json
@@ -22,6 +22,7 @@ from mds_tokenize.learn._merge import learn_merges
 from mds_tokenize.learn.config import LearnConfig
 from mds_tokenize.learn.counting import count_words
 from mds_tokenize.learn.progress import Progress
+from mds_tokenize.tokenizer_json import byte_level_bpe_json
 
 logger = logging.getLogger("mds_tokenize.learn")
 
@@ -29,6 +30,7 @@ MERGES_HEADER = "#version: 0.2"
 VOCAB_FILE = "vocab.json"
 MERGES_FILE = "merges.txt"
 CONFIG_FILE = "learn-config.json"
+TOKENIZER_JSON_FILE = "tokenizer.json"
 
 
 def byte_alphabet() -> list[str]:
@@ -84,21 +86,26 @@ def learn_vocabulary(
 
 
 def write_vocabulary(
-    *, output_dir: Path, vocab: dict[str, int], merges: list[tuple[str, str]], summary: dict
+    *,
+    output_dir: Path,
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    summary: dict,
+    tokenizer_json: bool = False,
 ) -> None:
     """Writes vocab.json, merges.txt (header, one `a b` line per merge, trailing newline: Megatron
-    drops the first line and the last split element) and the resolved config with run statistics."""
+    drops the first line and the last split element), tokenizer.json if asked, and the resolved
+    config with run statistics."""
+    files = {
+        output_dir / VOCAB_FILE: json.dumps(vocab),
+        output_dir / MERGES_FILE: MERGES_HEADER + "\n" + "".join(f"{a} {b}\n" for a, b in merges),
+    }
+    if tokenizer_json:
+        files[output_dir / TOKENIZER_JSON_FILE] = byte_level_bpe_json(vocab, merges)
+    files[output_dir / CONFIG_FILE] = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_files_atomically(
-            {
-                output_dir / VOCAB_FILE: json.dumps(vocab),
-                output_dir / MERGES_FILE: MERGES_HEADER
-                + "\n"
-                + "".join(f"{a} {b}\n" for a, b in merges),
-                output_dir / CONFIG_FILE: json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
-            }
-        )
+        write_files_atomically(files)
     except OSError as error:
         raise ValueError(
             f"--output-dir {output_dir}: cannot write there ({error}); pick a writable folder"
@@ -161,11 +168,18 @@ def run(config: LearnConfig) -> dict:
         eod_id=vocab[END_OF_TEXT],
         seconds=round(time.perf_counter() - started, 3),
     )
-    write_vocabulary(output_dir=config.output_dir, vocab=vocab, merges=merges, summary=summary)
+    write_vocabulary(
+        output_dir=config.output_dir,
+        vocab=vocab,
+        merges=merges,
+        summary=summary,
+        tokenizer_json=config.tokenizer_json,
+    )
     logger.info(
-        "wrote %s and %s to %s: %d tokens, %d merges, in %.1fs",
-        VOCAB_FILE,
-        MERGES_FILE,
+        "wrote %s to %s: %d tokens, %d merges, in %.1fs",
+        ", ".join(
+            (VOCAB_FILE, MERGES_FILE) + ((TOKENIZER_JSON_FILE,) if config.tokenizer_json else ())
+        ),
         config.output_dir,
         len(vocab),
         len(merges),

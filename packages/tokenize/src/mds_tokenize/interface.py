@@ -1,0 +1,164 @@
+"""One tokenizer interface for every mds tool, chosen by Megatron's flags: `--tokenizer-type
+GPT2BPETokenizer --vocab-file V --merge-file M` (GPT-2's files or a learned vocabulary) or
+`--tokenizer-type PretrainedFromHF --tokenizer-name-or-path X` (a Hugging Face `tokenizer.json`).
+
+`load_tokenizer(TokenizerSpec(...))` returns an object with the `Tokenizer` protocol below; its
+`description()` is what dataset sidecars (`vocabulary`) and checkpoints (`tokenizer`) record, and
+`check_tokenizer_matches` is the one-line refusal of a dataset made by another tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the command line imports this module and starts without numpy
+    import numpy as np
+
+GPT2_BPE = "GPT2BPETokenizer"
+PRETRAINED_FROM_HF = "PretrainedFromHF"
+TOKENIZER_TYPES = (GPT2_BPE, PRETRAINED_FROM_HF)
+FLAG = "--tokenizer-name-or-path"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What every tool may rely on, whichever tokenizer made the ids."""
+
+    vocab_size: int  # unpadded: Megatron's `tokenizer.vocab_size`, what the .bin dtype follows
+    max_token_id: int
+
+    @property
+    def eod(self) -> int:
+        """The end-of-document id; ValueError (saying how to name one) when there is none."""
+
+    @property
+    def has_eod(self) -> bool: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids) -> str:
+        """Text of ids; ValueError for an id outside the vocabulary."""
+
+    def encode_batch(
+        self, texts: list[str], *, append_eod: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(ids back to back, one length per text); an empty result gets length 0 and no EOD."""
+
+    def description(self) -> dict:
+        """JSON-ready: `type`, the files and their SHA-256, `vocab_size`, `eod_id`."""
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files the tokenizer was read from (a sidecar's `inputs`)."""
+
+
+class TokenizerFlagError(ValueError):
+    """A tokenizer flag missing, or given where it does not apply (a usage error)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """The tokenizer flags of any tool, validated; errors name the flag."""
+
+    tokenizer_type: str = GPT2_BPE
+    vocab_file: Path | None = None
+    merge_file: Path | None = None
+    tokenizer_name_or_path: str | None = None
+    eod_token: str | None = None
+
+    def __post_init__(self):
+        if self.tokenizer_type not in TOKENIZER_TYPES:
+            raise TokenizerFlagError(
+                f"--tokenizer-type {self.tokenizer_type}: choose {GPT2_BPE} (--vocab-file, "
+                f"--merge-file) or {PRETRAINED_FROM_HF} ({FLAG}: any Hugging Face tokenizer.json, "
+                "BERT WordPiece and SentencePiece ones included)"
+            )
+        gpt2_flags = {"--vocab-file": self.vocab_file, "--merge-file": self.merge_file}
+        hf_flags = {FLAG: self.tokenizer_name_or_path, "--eod-token": self.eod_token}
+        if self.tokenizer_type == GPT2_BPE:
+            needed, foreign, other = gpt2_flags, hf_flags, PRETRAINED_FROM_HF
+            why = "reads GPT-2's vocab.json and merges.txt (or a learned pair)"
+            remedy = f"add --tokenizer-type {PRETRAINED_FROM_HF} to use a Hugging Face tokenizer"
+        else:
+            needed, foreign, other = {FLAG: self.tokenizer_name_or_path}, gpt2_flags, GPT2_BPE
+            why = "needs a folder holding tokenizer.json, the file itself, or a hub name"
+            remedy = f"drop it ({PRETRAINED_FROM_HF} reads {FLAG} and --eod-token)"
+        for flag, value in foreign.items():
+            if value is not None:
+                raise TokenizerFlagError(
+                    f"{flag} is for --tokenizer-type {other}, not {self.tokenizer_type}; {remedy}"
+                )
+        for flag, value in needed.items():
+            if not value:
+                raise TokenizerFlagError(
+                    f"Missing option '{flag}': --tokenizer-type {self.tokenizer_type} {why}"
+                )
+        if self.eod_token == "":
+            raise TokenizerFlagError("--eod-token: give the token's text, e.g. --eod-token '</s>'")
+        if self.tokenizer_type == GPT2_BPE:
+            for flag, path in gpt2_flags.items():
+                if not Path(path).is_file():
+                    raise ValueError(f"{flag}: {path} is not a file; pass the GPT-2 tokenizer file")
+
+
+def load_tokenizer(spec: TokenizerSpec | None = None, **flags) -> Tokenizer:
+    """The tokenizer the flags name: `load_tokenizer(spec)` or `load_tokenizer(tokenizer_type=...,
+    vocab_file=..., merge_file=..., tokenizer_name_or_path=..., eod_token=...)`.
+
+    Raises ValueError naming the flag or file for a user mistake (TokenizerFlagError for flags).
+    """
+    if spec is None:
+        spec = TokenizerSpec(**flags)
+    elif flags:
+        raise TypeError("pass a TokenizerSpec or flags, not both")
+    if spec.tokenizer_type == GPT2_BPE:
+        from mds_tokenize.tokenizer import GPT2BPETokenizer
+
+        return GPT2BPETokenizer.from_files(spec.vocab_file, spec.merge_file)
+    from mds_tokenize.hf_tokenizer import HFTokenizer
+
+    return HFTokenizer.from_name_or_path(spec.tokenizer_name_or_path, eod_token=spec.eod_token)
+
+
+def spec_from_description(description: dict) -> TokenizerSpec:
+    """The flags that reload a recorded tokenizer (a sidecar's `vocabulary`, meta.json's
+    `tokenizer`), from the files it names; ValueError when it names none."""
+    kind = description.get("type", GPT2_BPE)
+    if kind == PRETRAINED_FROM_HF:
+        source = description.get("tokenizer_file") or description.get("name_or_path")
+        if not source:
+            raise ValueError("the recorded tokenizer names no tokenizer.json or hub name")
+        return TokenizerSpec(
+            tokenizer_type=kind,
+            tokenizer_name_or_path=str(source),
+            eod_token=description.get("eod_token"),
+        )
+    return TokenizerSpec(
+        tokenizer_type=GPT2_BPE,
+        vocab_file=Path(description["vocab_file"]),
+        merge_file=Path(description["merge_file"]),
+    )
+
+
+def check_tokenizer_matches(recorded: dict | None, given: dict, *, source: str) -> None:
+    """ValueError in one line when `recorded` (a dataset's or checkpoint's tokenizer; None when it
+    records none) is not `given` (a `Tokenizer.description()`): same files by content (or path),
+    same EOD where both record one."""
+    from mds_indexed_data.vocabulary import same_vocabulary, vocabulary_label
+
+    if recorded is not None and not same_vocabulary(recorded, given):
+        raise ValueError(
+            f"{source} was tokenized with {vocabulary_label(recorded)}, but the tokenizer flags "
+            f"name {vocabulary_label(given)}: token ids mean different things; pass the tokenizer "
+            "it was made with (its .tokenize.json records it) or re-tokenize it"
+        )
+
+
+def check_dataset_tokenizer(prefix: str | Path, given: dict) -> None:
+    """`check_tokenizer_matches` against the tokenizer a dataset's sidecar records (datasets
+    without a sidecar, e.g. made by Megatron, are not checked)."""
+    from mds_indexed_data.vocabulary import recorded_vocabulary
+
+    check_tokenizer_matches(recorded_vocabulary(prefix), given, source=str(prefix))
