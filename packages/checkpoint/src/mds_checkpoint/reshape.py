@@ -1,0 +1,115 @@
+"""`mds-merge-mp`: any checkpoint to an mds-train checkpoint at another (TP, PP), streamed.
+
+One part at a time (embedding, each transformer layer, final norm): read the part's shards from
+every source rank (memory-mapped), join them, check replicated copies agree, split for the target
+and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to the
+universal layout (`universal.py`). Peak memory is about one layer across all source ranks plus
+its output. The output folder appears complete or not at all (`atomic_directory`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from mds_common.files import atomic_directory
+
+from . import universal
+from .config import ReshapeConfig
+from .consolidate import consolidate
+from .optimizer_read import OptimizerState
+from .output import (
+    LATEST,
+    check_save_folder,
+    output_meta,
+    progress_of,
+    target_config,
+    write_meta,
+)
+from .source import Source, merged_part, open_source
+from .verify import check_logits
+from .writer import CheckpointWriter, tag_for
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReshapeResult:
+    folder: Path  # OUT/global_stepN
+    num_tensors: int
+    num_bytes: int
+    seconds: float
+    logit_difference: float | None  # with --verify
+
+
+def reshape(config: ReshapeConfig) -> ReshapeResult:
+    start = time.perf_counter()
+    source = open_source(config.load, iteration=config.iteration)
+    target = target_config(
+        source.config,
+        tensor_parallel=config.tensor_parallel,
+        pipeline_parallel=config.pipeline_parallel,
+    )
+    check_save_folder(config.save)
+    tag = tag_for(source.iteration)
+    num_tensors = num_bytes = 0
+    difference = None
+    with atomic_directory(config.save) as staging:
+        folder = staging / tag
+        writer = CheckpointWriter(folder, config=target, pipeline_parallel=config.pipeline_parallel)
+        current: dict[str, torch.Tensor] = {}
+        optimizer = None
+        if config.with_optimizer:
+            optimizer = OptimizerState(source, lambda name: current[name])
+        parts = source.parts()
+        for number, part in enumerate(parts, start=1):
+            current = merged_part(source, part)
+            writer.write_part(current)
+            if optimizer is not None:
+                for name in current:
+                    states = optimizer.read(name)
+                    universal.write_parameter(folder, name, states, rows=target.padded_vocab_size)
+            num_tensors += len(current)
+            num_bytes += sum(t.numel() * t.element_size() for t in current.values())
+            logger.debug("%s done (%d/%d)", part, number, len(parts))
+        current = {}
+        writer.finish(progress_of(source.meta))
+        optimizer_record = None
+        if optimizer is not None:
+            universal.write_global_state(
+                folder, step=optimizer.step, param_groups=optimizer.hyperparameters
+            )
+            optimizer_record = {"layout": "universal", "folder": universal.FOLDER}
+            optimizer_record["step"] = optimizer.step
+        meta = output_meta(
+            source.meta,
+            target,
+            pipeline_parallel=config.pipeline_parallel,
+            tag=tag,
+            reshaped=_provenance(source),
+            optimizer=optimizer_record,
+        )
+        write_meta(folder, meta)
+        (staging / LATEST).write_text(tag)
+        if config.verify:
+            difference = check_logits(consolidate(source), consolidate(open_source(folder)))
+    return ReshapeResult(
+        folder=config.save / tag,
+        num_tensors=num_tensors,
+        num_bytes=num_bytes,
+        seconds=time.perf_counter() - start,
+        logit_difference=difference,
+    )
+
+
+def _provenance(source: Source) -> dict:
+    return {
+        "from": str(source.folder.resolve()),
+        "layout": source.layout,
+        "tensor_parallel": source.tp_size,
+        "pipeline_parallel": source.pp_size,
+        "rng_states": False,  # per-rank RNG states do not carry over to another topology
+    }

@@ -1,0 +1,112 @@
+"""ZeRO-3 checkpoints of DeepSpeed's plain engine: the weights exist only as fp32 partitions.
+
+`zero_pp_rank_D_mp_rank_TT_model_states.pt` holds empty placeholders and `param_shapes`;
+`zero_pp_rank_D_mp_rank_TT_optim_states.pt` holds each DP rank's flat groups (`fp32_flat_groups`
+and the Adam moments alike). Every parameter, in `param_shapes` order, takes `ceil(numel / DP)`
+values of each rank's groups laid end to end, zero-padded at its end (DeepSpeed's `zero_to_fp32`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from mds_model import GPTConfig
+
+from . import torchfile
+from .sources import Shards, _split_by_part
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def _flat_slice(groups: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
+    """`length` values from `start` of the groups laid end to end."""
+    parts, position = [], 0
+    for tensor in groups:
+        size = tensor.numel()
+        lo, hi = max(start, position), min(start + length, position + size)
+        if lo < hi:
+            parts.append(tensor.narrow(0, lo - position, hi - lo))
+        position += size
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class Zero3Partitions:
+    """One TP rank's ZeRO-3 files: `read(name, key)` for key fp32, exp_avg or exp_avg_sq."""
+
+    def __init__(self, folder: Path, tp: int) -> None:
+        self.folder = folder
+        files = sorted(folder.glob(f"zero_pp_rank_*_mp_rank_{tp:02d}_optim_states.pt"))
+        if not files:
+            raise ValueError(f"{folder}: missing rank files: no ZeRO-3 partitions of TP rank {tp}")
+        world = len(files)
+        wanted = [f"zero_pp_rank_{d}_mp_rank_{tp:02d}_optim_states.pt" for d in range(world)]
+        absent = [name for name in wanted if not (folder / name).is_file()]
+        if absent:
+            raise ValueError(f"{folder}: missing rank files: {', '.join(absent)}")
+        self.states = [torchfile.load(folder / name)["optimizer_state_dict"] for name in wanted]
+        model_file = folder / f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt"
+        shapes = torchfile.load(model_file).get("param_shapes")
+        if not shapes:
+            raise ValueError(f"{model_file}: no param_shapes for the ZeRO-3 partitions")
+        self.shapes = {k: tuple(v) for group in shapes for k, v in group.items()}
+        self._offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, shape in self.shapes.items():
+            piece = -(-_numel(shape) // world)
+            self._offsets[name] = (offset, piece)
+            offset += piece
+        available = sum(t.numel() for t in self.states[0]["fp32_flat_groups"])
+        if offset != available:
+            raise ValueError(
+                f"{folder}: ZeRO-3 partitions of TP rank {tp} hold {available} values per rank, "
+                f"the parameter shapes need {offset}"
+            )
+        self.base = self.states[0]["optimizer_state_dict"]
+
+    def read(self, name: str, key: str = "fp32") -> torch.Tensor:
+        offset, piece = self._offsets[name]
+        parts = []
+        for state in self.states:
+            if key == "fp32":
+                groups = state["fp32_flat_groups"]
+            else:
+                inner = state["optimizer_state_dict"]["state"]
+                groups = [inner[g][key] for g in range(len(state["fp32_flat_groups"]))]
+            parts.append(_flat_slice(groups, offset, piece))
+        shape = self.shapes[name]
+        return torch.cat(parts)[: _numel(shape)].view(shape)
+
+    def steps(self) -> list[Any]:
+        return [s["step"] for s in self.base["state"].values() if "step" in s]
+
+
+class Zero3Files:
+    """The weights of a ZeRO-3 checkpoint, from the fp32 partitions, in the run's dtype."""
+
+    def __init__(self, folder: Path, *, tp_size: int, config: GPTConfig) -> None:
+        self.folder, self.tp_size, self.config = folder, tp_size, config
+        self.partitions = [Zero3Partitions(folder, tp) for tp in range(tp_size)]
+        self._parts = []
+        for partitions in self.partitions:
+            lazy = {name: name for name in partitions.shapes}
+            try:
+                self._parts.append(_split_by_part(lazy, config.num_layers))
+            except ValueError as error:
+                raise ValueError(f"{folder}: {error}") from None
+
+    def read_part(self, part: str) -> Shards:
+        dtype = self.config.torch_dtype
+        return [
+            {name: partitions.read(name).to(dtype) for name in parts[part]}
+            for partitions, parts in zip(self.partitions, self._parts, strict=True)
+        ]
+
+    def where(self, part: str) -> str:
+        return f"{self.folder}/zero_pp_rank_0_mp_rank_00_optim_states.pt"
