@@ -106,16 +106,19 @@ class OptimizerState:
                     f"{self.source.folder}: missing rank files: ZeRO partitions of mp_rank {mp:02d}"
                     f" are for DP ranks {sorted(dp_files)}"
                 )
-            states = [
-                torchfile.load(dp_files[d])["optimizer_state_dict"] for d in range(len(dp_files))
-            ]
-            if "fp32_flat_groups" in states[0]:
+            if "fp32_flat_groups" in torchfile.load(dp_files[0])["optimizer_state_dict"]:
                 self._index_zero3(mp)
             else:
-                self._index_fragments(mp, states, dp_files)
+                self._index_fragments(mp, dp_files)
 
-    def _index_fragments(self, mp: int, states: list[dict], files: dict[int, Path]) -> None:
-        """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank."""
+    def _index_fragments(self, mp: int, files: dict[int, Path]) -> None:
+        """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank. The partitions are
+        memory-mapped anew for each parameter read and let go after it."""
+
+        def load_states() -> list[dict]:
+            return [torchfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
+
+        states = load_states()
         tp = mp % self.source.tp_size
         shapes = self._param_shapes(mp)
         num_groups = len(states[0]["single_partition_of_fp32_groups"])
@@ -135,6 +138,7 @@ class OptimizerState:
                 shape = shapes[engine_name]
 
                 def getter(fragments=fragments, group=group, shape=shape):
+                    states = load_states()
                     out = {}
                     for key in ("fp32", *STATE_KEYS):
                         parts = []
@@ -150,6 +154,7 @@ class OptimizerState:
                     return out
 
                 self._add(self._plain_name(engine_name), tp, getter)
+        del states
 
     def _index_zero3(self, tp: int) -> None:
         """ZeRO-3: each parameter's DP pieces of equal length, end to end in flat groups."""
@@ -160,7 +165,7 @@ class OptimizerState:
         for name in partitions.shapes:
 
             def getter(name=name):
-                return {key: partitions.read(name, key) for key in ("fp32", *STATE_KEYS)}
+                return partitions.read([name], ("fp32", *STATE_KEYS))[name]
 
             self._add(name, tp, getter)
 
@@ -188,9 +193,7 @@ class OptimizerState:
                     f"{path}: holds no optimizer state (saved without it, or by an engine "
                     "mds-merge-mp does not read); reshape without --with-optimizer"
                 )
-            masters = None
             if "inner" in optimizer and "masters" in optimizer:  # mds-train's MasterWeightAdamW
-                masters = [m for group in optimizer["masters"] for m in group]
                 optimizer = optimizer["inner"]
             if "state" not in optimizer or "param_groups" not in optimizer:
                 raise ValueError(f"{path}: the optimizer state is not torch's (fp16 is not read)")
@@ -208,10 +211,20 @@ class OptimizerState:
                 if not state or any(key not in state for key in STATE_KEYS):
                     raise ValueError(f"{path}: no Adam moments for {name} (an SGD run?)")
                 self._set_step(state["step"], str(path))
-                entry = {key: state[key] for key in STATE_KEYS}
-                if masters is not None:
-                    entry["fp32"] = masters[position]
-                self._add(name, tp, lambda entry=entry: entry)
+                self._add(name, tp, lambda p=path, i=index, m=position: _torch_entry(p, i, m))
+
+
+def _torch_entry(path: Path, index: int, position: int) -> dict[str, torch.Tensor]:
+    """One parameter's state from an mp_rank file, memory-mapped anew (let go after use)."""
+    optimizer = torchfile.load(path)["optimizer"]
+    masters = None
+    if "inner" in optimizer and "masters" in optimizer:
+        masters = [m for group in optimizer["masters"] for m in group]
+        optimizer = optimizer["inner"]
+    entry = {key: optimizer["state"][index][key] for key in STATE_KEYS}
+    if masters is not None:
+        entry["fp32"] = masters[position]
+    return entry
 
 
 def _hyperparameters(optimizer_state: dict) -> list[dict[str, Any]]:

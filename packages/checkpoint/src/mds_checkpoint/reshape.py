@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,16 +66,25 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         if config.with_optimizer:
             optimizer = OptimizerState(source, lambda name: current[name])
         parts = source.parts()
-        for number, part in enumerate(parts, start=1):
-            current = merged_part(source, part)
-            writer.write_part(current)
-            if optimizer is not None:
-                for name in current:
-                    states = optimizer.read(name)
-                    universal.write_parameter(folder, name, states, rows=target.padded_vocab_size)
-            num_tensors += len(current)
-            num_bytes += sum(t.numel() * t.element_size() for t in current.values())
-            logger.debug("%s done (%d/%d)", part, number, len(parts))
+        # One part is written (a thread: torch's copies and file writes release the GIL) while
+        # the next is read and joined; at most two parts are in memory.
+        with ThreadPoolExecutor(max_workers=1) as background:
+            pending = None
+            for number, part in enumerate(parts, start=1):
+                current = merged_part(source, part)
+                if pending is not None:
+                    pending.result()
+                pending = background.submit(writer.write_part, current)
+                if optimizer is not None:
+                    for name in current:
+                        states = optimizer.read(name)
+                        rows = target.padded_vocab_size
+                        universal.write_parameter(folder, name, states, rows=rows)
+                num_tensors += len(current)
+                num_bytes += sum(t.numel() * t.element_size() for t in current.values())
+                logger.debug("%s read (%d/%d)", part, number, len(parts))
+            if pending is not None:
+                pending.result()
         current = {}
         writer.finish(progress_of(source.meta))
         optimizer_record = None

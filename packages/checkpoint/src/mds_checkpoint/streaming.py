@@ -57,7 +57,9 @@ class StreamingSave:
 
     def add(self, tensor: torch.Tensor) -> SavedTensor:
         tensor = tensor.detach().cpu().contiguous()
-        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        if tensor.storage_offset() or tensor.untyped_storage().nbytes() != (
+            tensor.numel() * tensor.element_size()
+        ):
             tensor = tensor.clone()  # a view: save only its own bytes
         key = str(self._count)
         self._count += 1

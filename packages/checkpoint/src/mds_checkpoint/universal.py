@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .names import split_of
-from .partition import resize_vocab, shard_for_rank
+from .partition import owned, resize_vocab, shard_for_rank
 
 FOLDER = "zero"
 GLOBAL_STATE = "optimizer_state.pt"
@@ -32,7 +32,7 @@ def write_parameter(folder: Path, name: str, states: dict[str, torch.Tensor], *,
         tensor = states[key].float()
         if split.vocab:
             tensor = resize_vocab(tensor, rows)
-        record: dict[str, Any] = {"param": tensor.contiguous()}
+        record: dict[str, Any] = {"param": owned(tensor)}
         if split.dim is not None:
             record["cat_dim"] = split.dim
         if split.vocab:

@@ -50,7 +50,8 @@ class Zero3Partitions:
         absent = [name for name in wanted if not (folder / name).is_file()]
         if absent:
             raise ValueError(f"{folder}: missing rank files: {', '.join(absent)}")
-        self.states = [torchfile.load(folder / name)["optimizer_state_dict"] for name in wanted]
+        self.paths = [folder / name for name in wanted]
+        first = self._states()[0]
         model_file = folder / f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt"
         shapes = torchfile.load(model_file).get("param_shapes")
         if not shapes:
@@ -62,26 +63,38 @@ class Zero3Partitions:
             piece = -(-_numel(shape) // world)
             self._offsets[name] = (offset, piece)
             offset += piece
-        available = sum(t.numel() for t in self.states[0]["fp32_flat_groups"])
+        available = sum(t.numel() for t in first["fp32_flat_groups"])
         if offset != available:
             raise ValueError(
                 f"{folder}: ZeRO-3 partitions of TP rank {tp} hold {available} values per rank, "
                 f"the parameter shapes need {offset}"
             )
-        self.base = self.states[0]["optimizer_state_dict"]
+        self.base = first["optimizer_state_dict"]
 
-    def read(self, name: str, key: str = "fp32") -> torch.Tensor:
-        offset, piece = self._offsets[name]
-        parts = []
-        for state in self.states:
-            if key == "fp32":
-                groups = state["fp32_flat_groups"]
-            else:
-                inner = state["optimizer_state_dict"]["state"]
-                groups = [inner[g][key] for g in range(len(state["fp32_flat_groups"]))]
-            parts.append(_flat_slice(groups, offset, piece))
-        shape = self.shapes[name]
-        return torch.cat(parts)[: _numel(shape)].view(shape)
+    def _states(self) -> list[dict[str, Any]]:
+        """Every DP rank's partitions, memory-mapped anew: let go after each use, so the pages
+        read stay mapped only while their parameters are being written."""
+        return [torchfile.load(path)["optimizer_state_dict"] for path in self.paths]
+
+    def read(self, names: list[str], keys: tuple[str, ...] = ("fp32",)) -> dict[str, dict]:
+        """{name: {key: whole tensor}} for key fp32, exp_avg or exp_avg_sq."""
+        states = self._states()
+        out: dict[str, dict] = {}
+        for name in names:
+            offset, piece = self._offsets[name]
+            shape = self.shapes[name]
+            out[name] = {}
+            for key in keys:
+                parts = []
+                for state in states:
+                    if key == "fp32":
+                        groups = state["fp32_flat_groups"]
+                    else:
+                        inner = state["optimizer_state_dict"]["state"]
+                        groups = [inner[g][key] for g in range(len(state["fp32_flat_groups"]))]
+                    parts.append(_flat_slice(groups, offset, piece))
+                out[name][key] = torch.cat(parts)[: _numel(shape)].view(shape)
+        return out
 
     def steps(self) -> list[Any]:
         return [s["step"] for s in self.base["state"].values() if "step" in s]
@@ -103,10 +116,11 @@ class Zero3Files:
 
     def read_part(self, part: str) -> Shards:
         dtype = self.config.torch_dtype
-        return [
-            {name: partitions.read(name).to(dtype) for name in parts[part]}
-            for partitions, parts in zip(self.partitions, self._parts, strict=True)
-        ]
+        shards = []
+        for partitions, parts in zip(self.partitions, self._parts, strict=True):
+            read = partitions.read(list(parts[part]))
+            shards.append({name: read[name]["fp32"].to(dtype) for name in parts[part]})
+        return shards
 
     def where(self, part: str) -> str:
         return f"{self.folder}/zero_pp_rank_0_mp_rank_00_optim_states.pt"
