@@ -124,3 +124,12 @@ def tp2pp2_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
     parallel = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --bf16".split()
     _train(runs, train_flags(out, *parallel, "--save", str(save), iterations=2), 4)
     return save
+
+
+@pytest.fixture(scope="session")
+def zero3_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
+    """fp32, ZeRO-3 over 2 data-parallel ranks, 2 iterations: weights only in fp32 partitions."""
+    out = tmp_path_factory.mktemp("zero3")
+    save = out / "checkpoints"
+    _train(runs, train_flags(out, "--zero-stage", "3", "--save", str(save), iterations=2), 2)
+    return save

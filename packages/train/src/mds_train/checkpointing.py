@@ -231,8 +231,9 @@ def load_checkpoint(
     if client_state is None or CLIENT_KEY not in client_state:
         raise ValueError(f"{path}: the DeepSpeed files hold no mds-train progress")
     state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
-    context.engine.global_steps = state.iteration
-    context.engine.global_samples = state.consumed_train_samples
+    if universal:  # as DeepSpeed's own optimizer load would have set them
+        context.engine.global_steps = state.iteration
+        context.engine.global_samples = state.consumed_train_samples
     if load_rng and "reshaped" in meta:
         logger.warning(
             "%s was reshaped by mds-merge-mp: per-rank RNG states do not carry over to another "
