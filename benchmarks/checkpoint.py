@@ -13,6 +13,7 @@ last, so both see the source in the page cache as the reshape does.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,15 +72,16 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
     (folder / "latest").write_text(tag)
 
 
-def run_measured(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one child process."""
+def run_measured(command: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in MiB, stdout) of one child process."""
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(command)} failed")
-    return seconds, usage.ru_maxrss / 1024  # Linux: KiB
+    return seconds, usage.ru_maxrss / 1024, output  # ru_maxrss: KiB on Linux
 
 
 def folder_bytes(folder: Path) -> int:
@@ -120,9 +122,14 @@ def main() -> None:
     cp_time = min(cp_first[0], cp_last[0])
     out_size = folder_bytes(args.work / "out")
     print(f"cp -r of the source          {cp_first[0]:7.2f} s / {cp_last[0]:7.2f} s (first/last)")
+    inside = float(re.search(r" in ([0-9.]+) s", reshape[2]).group(1))
     print(
         f"mds-merge-mp TP2xPP2 -> 1x1  {reshape[0]:7.2f} s   {reshape[0] / cp_time:.2f}x cp "
         f"(target <= 2x); wrote {out_size / 2**30:.2f} GiB"
+    )
+    print(
+        f"  of which the reshape itself {inside:.2f} s ({inside / cp_time:.2f}x cp; it fsyncs "
+        f"every file, cp does not), the rest starting Python and importing torch"
     )
     item = torch.tensor([], dtype=model.torch_dtype).element_size()
     layer = (12 * 1024 * 1024 + 13 * 1024) * item / 2**20

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from mds_common.files import atomic_directory
+from mds_common.progress import Meter, eta_seconds, format_duration
 
 from . import universal
 from .config import ReshapeConfig
@@ -66,6 +67,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         if config.with_optimizer:
             optimizer = OptimizerState(source, lambda name: current[name])
         parts = source.parts()
+        meter = Meter(logger=logger)
         # One part is written (a thread: torch's copies and file writes release the GIL) while
         # the next is read and joined; at most two parts are in memory.
         with ThreadPoolExecutor(max_workers=1) as background:
@@ -82,9 +84,10 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                         universal.write_parameter(folder, name, states, rows=rows)
                 num_tensors += len(current)
                 num_bytes += sum(t.numel() * t.element_size() for t in current.values())
-                logger.debug("%s read (%d/%d)", part, number, len(parts))
+                _show_progress(meter, number, len(parts), num_bytes)
             if pending is not None:
                 pending.result()
+            meter.close()
         current = {}
         writer.finish(progress_of(source.meta))
         optimizer_record = None
@@ -113,6 +116,22 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         seconds=time.perf_counter() - start,
         logit_difference=difference,
     )
+
+
+def _show_progress(meter: Meter, done: int, total: int, num_bytes: int) -> None:
+    """A bar on a terminal, a log line every 10 s otherwise (SLURM logs)."""
+    if not (meter.draw_due() or meter.log_due()):
+        return
+    elapsed = meter.elapsed()
+    eta = format_duration(eta_seconds(elapsed=elapsed, fraction=done / total)) if done else "?"
+    text = (
+        f"{done}/{total} parts, {num_bytes / 2**20:,.0f} MiB, "
+        f"{num_bytes / 2**20 / elapsed:,.0f} MiB/s, ETA {eta}"
+    )
+    if meter.interactive:
+        meter.draw(done / total, text, label="reshape")
+    else:
+        logger.info("reshape: %s", text)
 
 
 def _provenance(source: Source) -> dict:

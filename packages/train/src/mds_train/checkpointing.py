@@ -4,7 +4,8 @@ Layout (README: "Checkpoints"): `{save}/global_stepN/` holds DeepSpeed's files (
 and mp_rank_XX files, ZeRO partitions), `rng_state_rankRRRRR.pt` per global rank, and `meta.json`
 (model config, topology, progress, tokenizer, versions); `{save}/latest` names the newest complete
 one. Every rank writes into `global_stepN.partial`; rank 0 renames it into place and only then
-rewrites `latest`, so a run killed mid-save leaves `latest` on the previous checkpoint.
+rewrites `latest`, so a run killed mid-save leaves `latest` on the previous checkpoint. A checkpoint
+mds-merge-mp reshaped to this topology loads its topology-free optimizer state through reshaped.py.
 """
 
 from __future__ import annotations
