@@ -10,7 +10,9 @@ gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 
   DeepSpeed's BF16 optimizer partitions.
 """
 
+import contextlib
 import importlib.util
+import io
 import os
 import subprocess
 import sys
@@ -37,17 +39,23 @@ def _load_runs():
 
 
 def _merge_mp(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mds_checkpoint", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """mds-merge-mp's main() in this process (a subprocess would import torch again each time;
+    tests/common/test_dialect.py runs the installed command)."""
+    from mds_checkpoint.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main([str(arg) for arg in args])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code or 0
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="session")
 def merge_mp():
-    """merge_mp(*args): mds-merge-mp as a user runs it (a subprocess)."""
+    """merge_mp(*args): mds-merge-mp's command line -> CompletedProcess (code, stdout, stderr)."""
     return _merge_mp
 
 

@@ -85,12 +85,15 @@ def test_the_bf16_optimizer_partitions_of_tp2_pp2(merge_mp, tp2pp2_checkpoint, t
     assert words["vocab_tensor"] and words["param"].shape == (5120, 64)
 
 
-def test_weights_only_reshape_refuses_to_resume_silently(
-    merge_mp, runs, train_flags, tp2_run, tmp_path, shared_data
-):
+def test_weights_only_reshape_refuses_to_resume_silently(merge_mp, tp2_run, tmp_path):
+    """mds-train's check before it builds anything: no optimizer state, no silent fresh Adam."""
+    from mds_train.checkpointing import check_compatible, find_checkpoint
+
     out = tmp_path / "weights-only"
     result = merge_mp("--load", tp2_run / "checkpoints", "--iteration", "4", "--save", out)
     assert result.returncode == 0, result.stderr
-    resumed = runs.train(train_flags(tmp_path / "run", "--load", str(out)))
-    assert resumed.returncode == 1
-    assert "holds no optimizer state; add --no-load-optim" in resumed.stderr
+    path, meta = find_checkpoint(out)
+    run_meta = {"model": meta["model"], "parallel": {**meta["parallel"], "zero_stage": 1}}
+    with pytest.raises(ValueError, match="holds no optimizer state; add --no-load-optim"):
+        check_compatible(meta, run_meta, path=path, loads_optimizer=True)
+    check_compatible(meta, run_meta, path=path, loads_optimizer=False)
