@@ -11,7 +11,8 @@
 #      `mds-tokenize decode`; a learned vocabulary written as tokenizer.json, refused with one line
 #      without the hf extra, then (mds-tokenize[hf] installed) tokenized through PretrainedFromHF
 #      into the same bytes as its vocab.json + merges.txt; mds-model info, mds-train for 2
-#      iterations with a checkpoint.
+#      iterations with a checkpoint, mds-merge-mp reshaping it (with optimizer state, verified)
+#      and exporting it to HF.
 #      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
@@ -170,9 +171,16 @@ OMP_NUM_THREADS=1 tool mds-train mds-train --num-layers 1 --hidden-size 16 \
     --save "$job/checkpoints" 2>&1 | grep -v "^\[" | tee "$job/train.txt"
 grep -q "saved checkpoint .*global_step2" "$job/train.txt" || fail "mds-train saved no checkpoint"
 [[ $(cat "$job/checkpoints/latest") == global_step2 ]] || fail "latest does not name global_step2"
+step "job: mds-merge-mp reshapes that checkpoint to TP=2 with its optimizer state, and exports it"
+tool mds-checkpoint mds-merge-mp --load "$job/checkpoints" --save "$job/reshaped" \
+    --target-tensor-model-parallel-size 2 --with-optimizer --verify | tee "$job/reshape.txt"
+grep -q "verify: largest logit difference 0$" "$job/reshape.txt" || fail "mds-merge-mp --verify"
+[[ -f "$job/reshaped/global_step2/zero/optimizer_state.pt" ]] || fail "no reshaped optimizer state"
+tool mds-checkpoint mds-merge-mp export-hf --load "$job/reshaped" --save "$job/hf"
+[[ -f "$job/hf/config.json" && -f "$job/hf/model.safetensors" ]] || fail "export-hf wrote no model"
 for package in "${packages[@]}"; do
     case $(dist_name "$package") in
-    mds-tokenize | mds-indexed-data | mds-model | mds-train) ;;
+    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-checkpoint) ;;
     mds-common) step "mds-common has no command; every job above ran it from a tool's environment" ;;
     *) step "no job for $(dist_name "$package") yet: checked its install, imports and --help" ;;
     esac
