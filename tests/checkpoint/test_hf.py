@@ -7,11 +7,10 @@ import shutil
 
 import pytest
 import torch
+import transformers  # a dev dependency (pyproject's dev group): the independent implementation
 from mds_checkpoint import load_consolidated
 from mds_checkpoint.verify import fixed_batch, logits_of
 from safetensors.torch import load_file
-
-transformers = pytest.importorskip("transformers")  # a dev dependency: always installed in CI
 
 
 def _load_hf(folder):

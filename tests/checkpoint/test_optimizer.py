@@ -83,6 +83,20 @@ def test_the_bf16_optimizer_partitions_of_tp2_pp2(merge_mp, tp2pp2_checkpoint, t
     assert qkv["cat_dim"] == 0
     words = torch.load(zero / "embedding.word_embeddings.weight" / "fp32.pt")
     assert words["vocab_tensor"] and words["param"].shape == (5120, 64)
+    again = tmp_path / "again"  # a reshaped checkpoint reshapes again, optimizer state included
+    args = ["--target-pipeline-model-parallel-size", "4", "--with-optimizer"]
+    result = merge_mp("--load", out, "--save", again, *args)
+    assert result.returncode == 0, result.stderr
+    for path in zero.rglob("*.pt"):
+        first, second = (
+            torch.load(path),
+            torch.load(again / "global_step2" / path.relative_to(out / "global_step2")),
+        )
+        assert first.keys() == second.keys()
+        for key, value in first.items():
+            assert (
+                torch.equal(value, second[key]) if torch.is_tensor(value) else value == second[key]
+            )
 
 
 def test_weights_only_reshape_refuses_to_resume_silently(merge_mp, tp2_run, tmp_path):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import torchfile
+from . import torchfile, universal
 from .engine_names import optimizer_order, pipeline_to_plain
 from .partition import merge_shards
 from .source import Source
@@ -43,8 +43,13 @@ class OptimizerState:
         self.step: int | None = None
         self.hyperparameters: list[dict[str, Any]] = []
         folder = source.folder
+        self._universal = None
         zero_files = [p for p in folder.iterdir() if _ZERO_FILE.fullmatch(p.name)]
-        if zero_files:
+        if (folder / universal.FOLDER / universal.GLOBAL_STATE).is_file():  # reshaped before
+            self._universal = universal.UniversalState(folder)
+            self.step = self._universal.step
+            self.hyperparameters = self._universal.param_groups
+        elif zero_files:
             self._index_zero(zero_files)
         else:
             self._index_torch()
@@ -54,6 +59,8 @@ class OptimizerState:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, name: str) -> dict[str, torch.Tensor]:
+        if self._universal is not None:
+            return self._universal.read(name)
         getters = self._getters.get(name)
         if getters is None:
             raise ValueError(f"{self.source.folder}: no optimizer state for {name}")
