@@ -5,6 +5,8 @@ QKV comes out of one column-parallel linear laid out per partition as `[heads/TP
 precision), else `scaled_dot_product_attention`, else (ALiBi, or cached queries shorter than keys)
 explicit scores through the kernel API's scaled masked softmax. Rotary follows GPT-NeoX's
 rotate-half over the whole head; ALiBi slopes follow Press et al. and BS, sliced per TP partition.
+Two decoding caches: `KVCache` grows by concatenation, `StaticKVCache` is preallocated with
+per-row positions (ragged batches, CUDA graphs).
 """
 
 from __future__ import annotations
@@ -63,6 +65,77 @@ class KVCache:
         return self.layers[0].num_positions if self.layers else 0
 
 
+class StaticLayerCache:
+    """One layer's preallocated keys and values, each (B, heads/TP, max_length, head_dim).
+
+    Row b's token at position p lives in slot p (per-row positions, no left padding): a batch
+    of prompts of different lengths is right-padded, and each row writes and reads its own slots.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+    def write(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores keys, values (B, nh, S_new, hd) at the slots `positions` (B, S_new); returns the
+        whole cache (B, nh, max_length, hd) each, in place (shapes never change: CUDA graphs can
+        replay it)."""
+        index = positions[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+        self.keys.scatter_(2, index, keys.to(self.keys.dtype))
+        self.values.scatter_(2, index, values.to(self.values.dtype))
+        return self.keys, self.values
+
+
+class StaticKVCache:
+    """The whole model's preallocated cache for `GPT.decode_static`: one `StaticLayerCache` per
+    layer, `batch_size` rows of `max_length` positions, allocated once (a fixed memory address
+    for CUDA graphs and torch.compile).
+
+    A query at position p sees the slots 0..p of its row (`visibility`): slots past a row's
+    prompt hold padding or the last call's tokens until that row writes them, and are never
+    read before.
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        *,
+        batch_size: int,
+        max_length: int,
+        tensor_parallel_size: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if not 1 <= max_length <= config.max_positions:
+            raise ValueError(
+                f"max_length must be in 1..{config.max_positions} (max_position_embeddings), "
+                f"got {max_length}"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        shape = (
+            batch_size,
+            config.num_attention_heads // tensor_parallel_size,
+            max_length,
+            config.head_dim,
+        )
+        dtype = dtype or config.torch_dtype
+        self.batch_size, self.max_length = batch_size, max_length
+        self.layers = [
+            StaticLayerCache(
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+            for _ in range(config.num_layers)
+        ]
+        self._slots = torch.arange(max_length, device=device)
+
+    def visibility(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, S_new) -> attention mask (B, 1, S_new, max_length): slot <= position."""
+        return self._slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
+
+
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """Per-head slopes 2^(-8i/n); for n not a power of two, Press et al.'s interleaved extension."""
 
@@ -93,6 +166,16 @@ class RotaryEmbedding(nn.Module):
         seq = x.shape[2]
         cos = self.cos[offset : offset + seq].to(x.dtype)
         sin = self.sin[offset : offset + seq].to(x.dtype)
+        return self._rotate(x, cos, sin)
+
+    def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, heads, S, head_dim) rotated by per-row positions (B, S)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, S, head_dim)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        return self._rotate(x, cos, sin)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -162,7 +245,24 @@ class ParallelSelfAttention(nn.Module):
         k, v = cache.extend(k, v)
         return self._project(self._core(q, k, v))
 
-    def _qkv(self, x: torch.Tensor, *, position_offset: int):
+    def decode_static(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """x (S_new, B, H) of tokens at per-row positions (B, S_new) -> (S_new, B, H).
+
+        Their keys and values go into cache's slots `positions`; `visible` (B, 1, S_new, L) is
+        `StaticKVCache.visibility(positions)`, computed once per step for every layer.
+        """
+        q, k, v = self._qkv(x, position_offset=0, positions=positions)
+        keys, values = cache.write(k, v, positions)
+        return self._project(self._masked_core(q, keys, values, visible))
+
+    def _qkv(self, x: torch.Tensor, *, position_offset: int, positions=None):
         """Queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary."""
         qkv = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
@@ -170,7 +270,9 @@ class ParallelSelfAttention(nn.Module):
         # unbind, not three index ops: its backward writes one stacked gradient instead of three
         # zero-filled full-size ones.
         q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
-        if self.rotary is not None:
+        if self.rotary is not None and positions is not None:
+            q, k = self.rotary.at(q, positions), self.rotary.at(k, positions)
+        elif self.rotary is not None:
             q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
         return q, k, v
 
@@ -203,6 +305,19 @@ class ParallelSelfAttention(nn.Module):
             if backend == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
             return self._softmax_core(q, k, v, p)
+
+    def _masked_core(self, q, k, v, visible: torch.Tensor) -> torch.Tensor:
+        """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd) where visible
+        (B, 1, Sq, L) holds; inference only (no dropout). ALiBi's key positions are the slots."""
+        q = q.to(k.dtype)
+        if self.alibi is None and not self.config.explicit_attention_scores:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+        if self.alibi is not None:
+            slots = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
+            scores = scores + self.alibi.to(q.device).float() * slots
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        return torch.matmul(probs.to(v.dtype), v)
 
     def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:
         scale = 1.0 / math.sqrt(self.head_dim)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import LayerKVCache, ParallelSelfAttention
+from .attention import LayerKVCache, ParallelSelfAttention, StaticLayerCache
 from .config import GPTConfig
 from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
 from .parallel import ParallelGroups
@@ -105,11 +105,35 @@ class ParallelTransformerLayer(nn.Module):
             raise ValueError("decoding needs a config with sequence_parallel=False")
         return self._block(x, cache=cache)
 
-    def _block(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
+    def decode_static(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """x (S_new, B, H) at per-row positions (B, S_new); writes their keys and values into
+        cache (see `ParallelSelfAttention.decode_static`)."""
+        if self.sequence_parallel:
+            raise ValueError("decoding needs a config with sequence_parallel=False")
+        return self._block(x, cache=cache, positions=positions, visible=visible)
+
+    def _block(
+        self,
+        x: torch.Tensor,
+        cache: LayerKVCache | StaticLayerCache | None = None,
+        positions: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0
         normed = self.input_layernorm(x)
         if cache is None:
             attn = self.self_attention(normed)
+        elif isinstance(cache, StaticLayerCache):
+            attn = self.self_attention.decode_static(
+                normed, cache=cache, positions=positions, visible=visible
+            )
         else:
             attn = self.self_attention.decode(normed, cache=cache)
         attn = self._dropout(attn, p)
