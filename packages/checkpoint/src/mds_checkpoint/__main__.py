@@ -1,0 +1,5 @@
+"""`python -m mds_checkpoint` runs `mds-merge-mp`."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""`load_consolidated`: any checkpoint as one TP=1, PP=1 model (the sampler's and exporters' view).
+
+The word embeddings are cut or zero-padded to the TP=1 padded vocabulary; every other tensor is
+the source's shards joined, in the source's dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from mds_model import GPTConfig
+
+from .names import WORD_EMBEDDINGS
+from .partition import resize_vocab
+from .source import Source, merged_part, open_source
+
+
+@dataclass(frozen=True)
+class ConsolidatedModel:
+    """A whole model: `config` at TP=1 (PP does not enter a GPTConfig), `meta` the checkpoint's
+    description (its meta.json, or what Megatron's args say), `state_dict` for
+    `mds_model.GPT(config).load_state_dict`."""
+
+    config: GPTConfig
+    meta: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+
+
+def single_rank_config(config: GPTConfig, tp_size: int = 1) -> GPTConfig:
+    """The same model at another tensor-parallel size (its padded vocabulary follows TP)."""
+    pad_to = config.pad_vocab_size_to
+    if pad_to is not None and pad_to % tp_size:
+        raise ValueError(
+            f"the vocabulary is padded to {pad_to} rows (pad_vocab_size_to), not divisible by the "
+            f"target tensor-parallel size {tp_size}"
+        )
+    try:
+        return dataclasses.replace(config, tensor_model_parallel_size=tp_size)
+    except ValueError as error:
+        raise ValueError(f"target tensor-parallel size {tp_size}: {error}") from None
+
+
+def consolidate(source: Source) -> ConsolidatedModel:
+    config = single_rank_config(source.config, 1)
+    state_dict: dict[str, torch.Tensor] = {}
+    for part in source.parts():
+        for name, tensor in merged_part(source, part).items():
+            if name == WORD_EMBEDDINGS:
+                tensor = resize_vocab(tensor, config.padded_vocab_size)
+            state_dict[name] = tensor.contiguous()
+    return ConsolidatedModel(config=config, meta=dict(source.meta), state_dict=state_dict)
+
+
+def load_consolidated(path: str | Path, *, iteration: int | None = None) -> ConsolidatedModel:
+    """The checkpoint at `path` as one TP=1 model.
+
+    path: a save folder (`latest`, or Megatron's `latest_checkpointed_iteration.txt`) or one
+    checkpoint folder (`global_stepN`, `iter_NNNNNNN`, `release`); iteration: pick
+    `global_stepN` / `iter_N` in a save folder instead of the newest. Any TP/PP/ZeRO layout that
+    mds-train, Megatron-DeepSpeed or Megatron writes. ValueError with one line when the path is
+    not a readable checkpoint.
+    """
+    return consolidate(open_source(path, iteration=iteration))

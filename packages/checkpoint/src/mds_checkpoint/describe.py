@@ -1,0 +1,95 @@
+"""The model a checkpoint holds, as a `GPTConfig`: from mds-train's `meta.json`, or else from the
+Megatron `args` namespace that Megatron and Megatron-DeepSpeed pickle into their files.
+
+Megatron-DeepSpeed (BS) pickles `position_embedding_type` as its own enum (rotary 1, absolute 2,
+alibi 3); Megatron-LM (MS) as a string (`learned_absolute`, `rope`). The tokenizer's vocabulary
+size comes from `checkpoint_info['original_vocab_size']` (BS) when present; without it the padded
+size stands for it, which keeps every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mds_model import GPTConfig
+
+from .torchfile import Missing
+
+CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(GPTConfig))
+_BS_POSITION_TYPES = {1: "rotary", 2: "learned", 3: "alibi"}
+_MS_POSITION_TYPES = {"learned_absolute": "learned", "absolute": "learned", "rope": "rotary"}
+
+
+def config_from_meta(model: dict[str, Any], *, where: str) -> GPTConfig:
+    """meta.json's `model` (every GPTConfig field, plus derived ones that are ignored)."""
+    try:
+        return GPTConfig(**{name: model[name] for name in CONFIG_FIELDS if name in model})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: meta.json's model does not describe a GPT ({error})") from None
+
+
+def _position_type(value: Any) -> str:
+    if value is None:
+        return "learned"
+    if isinstance(value, Missing):
+        number = value.args[0] if value.args else None
+        if number in _BS_POSITION_TYPES:
+            return _BS_POSITION_TYPES[number]
+    name = getattr(value, "name", value)
+    if isinstance(name, str):
+        name = name.split(".")[-1]
+        return _MS_POSITION_TYPES.get(name, name)
+    raise ValueError(f"unknown position_embedding_type {value!r}")
+
+
+def _dtype_name(args: Any) -> str:
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    return "float32"
+
+
+def config_from_megatron_args(
+    args: Any, *, checkpoint_info: dict | None, tensor_parallel: int, where: str
+) -> GPTConfig:
+    """GPTConfig at the files' TP size from Megatron's pickled argparse namespace."""
+
+    def arg(name: str, default: Any = None) -> Any:
+        value = getattr(args, name, default)
+        return default if value is None else value
+
+    missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads") if arg(n) is None]
+    if missing:
+        raise ValueError(f"{where}: Megatron's args lack {', '.join(missing)}; not a GPT checkpoint")
+    padded = arg("padded_vocab_size")
+    info = checkpoint_info or {}
+    vocab = info.get("original_vocab_size") or padded
+    if vocab is None:
+        raise ValueError(f"{where}: neither padded_vocab_size nor checkpoint_info in Megatron's args")
+    fields = dict(
+        num_layers=int(arg("num_layers")),
+        hidden_size=int(arg("hidden_size")),
+        num_attention_heads=int(arg("num_attention_heads")),
+        vocab_size=int(vocab),
+        seq_length=int(arg("seq_length", arg("max_position_embeddings", 1024))),
+        ffn_hidden_size=arg("ffn_hidden_size"),
+        max_position_embeddings=arg("max_position_embeddings"),
+        make_vocab_size_divisible_by=int(arg("make_vocab_size_divisible_by", 128)),
+        tensor_model_parallel_size=tensor_parallel,
+        layernorm_epsilon=float(arg("layernorm_epsilon", 1e-5)),
+        hidden_dropout=float(arg("hidden_dropout", 0.1)),
+        attention_dropout=float(arg("attention_dropout", 0.1)),
+        init_method_std=float(arg("init_method_std", 0.02)),
+        position_embedding_type=_position_type(getattr(args, "position_embedding_type", None)),
+        embed_layernorm=bool(arg("embed_layernorm", False)),
+        params_dtype=_dtype_name(args),
+    )
+    try:
+        config = GPTConfig(**fields)
+        if padded is not None and config.padded_vocab_size != padded:
+            config = dataclasses.replace(config, pad_vocab_size_to=int(padded))
+    except ValueError as error:
+        raise ValueError(f"{where}: Megatron's args describe no valid GPT ({error})") from None
+    return config

@@ -1,0 +1,93 @@
+"""Finding the checkpoint folder a path means, and which layout it holds.
+
+A path is a save folder (`latest` names a `global_stepN` tag: DeepSpeed, mds-train,
+Megatron-DeepSpeed; `latest_checkpointed_iteration.txt` names `iter_NNNNNNN` or `release`: plain
+Megatron) or one checkpoint folder itself. `--iteration N` picks `global_stepN` / `iter_NNNNNNN`
+instead of the newest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LATEST = "latest"
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+MEGATRON_FILE = "model_optim_rng.pt"
+LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
+MP_RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
+MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
+
+
+@dataclass(frozen=True)
+class Located:
+    folder: Path  # global_stepN, iter_NNNNNNN, release, or the folder given
+    kind: str  # "deepspeed" (layer and/or mp_rank files) or "megatron" (mp_rank_XX[_YYY] dirs)
+
+
+def _kind_of(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return None
+    names = [p.name for p in folder.iterdir()]
+    if any(MP_RANK_FILE.fullmatch(n) or LAYER_FILE.fullmatch(n) for n in names):
+        return "deepspeed"
+    if any(MEGATRON_RANK_DIR.fullmatch(n) and (folder / n / MEGATRON_FILE).is_file() for n in names):
+        return "megatron"
+    return None
+
+
+def _tag_folder(base: Path, iteration: int) -> Path | None:
+    for name in (f"global_step{iteration}", f"iter_{iteration:07d}"):
+        if (base / name).is_dir():
+            return base / name
+    return None
+
+
+def locate(path: Path, *, iteration: int | None = None) -> Located:
+    """The checkpoint folder `path` means; ValueError with one line when there is none."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such checkpoint folder")
+    if not path.is_dir():
+        raise ValueError(f"{path}: not a folder; give a checkpoint save folder or a global_stepN one")
+    if iteration is not None:
+        folder = _tag_folder(path, iteration)
+        if folder is None:
+            kind = _kind_of(path)
+            if kind is not None and re.search(rf"(global_step|iter_0*){iteration}$", path.name):
+                return Located(path, kind)
+            raise ValueError(
+                f"{path}: no checkpoint of iteration {iteration} (neither global_step{iteration} "
+                f"nor iter_{iteration:07d})"
+            )
+        return _checked(folder)
+    kind = _kind_of(path)
+    if kind is not None:
+        return Located(path, kind)
+    if (path / LATEST).is_file():
+        tag = (path / LATEST).read_text().strip()
+        folder = path / tag
+        if not tag or not folder.is_dir():
+            raise ValueError(f"{path / LATEST}: names {tag!r}, which is not a folder in {path}")
+        return _checked(folder)
+    if (path / MEGATRON_TRACKER).is_file():
+        text = (path / MEGATRON_TRACKER).read_text().strip()
+        if text == "release":
+            return _checked(path / "release")
+        if not text.isdigit():
+            raise ValueError(f"{path / MEGATRON_TRACKER}: {text!r} is not an iteration number")
+        return _checked(path / f"iter_{int(text):07d}")
+    raise ValueError(
+        f"{path}: not a checkpoint (no {LATEST} or {MEGATRON_TRACKER} file, and no mp_rank_* or "
+        "layer_* files); give the --save folder of a training run or one global_stepN folder"
+    )
+
+
+def _checked(folder: Path) -> Located:
+    kind = _kind_of(folder)
+    if kind is None:
+        raise ValueError(
+            f"{folder}: holds no checkpoint files (no mp_rank_* or layer_* files, no "
+            f"mp_rank_XX/{MEGATRON_FILE})"
+        )
+    return Located(folder, kind)

@@ -1,0 +1,251 @@
+"""One source checkpoint opened for reading: its folder, model, topology, progress and a reader.
+
+`open_source(path)` locates the folder (`locate.py`), reads what the model is (mds-train's
+`meta.json`, else Megatron's `args`, `describe.py`) and picks the reader of its layout
+(`sources.py`). `merged_part(source, part)` gives one part's whole tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from mds_model import GPTConfig
+
+from . import torchfile
+from .describe import config_from_megatron_args, config_from_meta
+from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
+from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
+from .partition import merge_shards
+from .sources import EMBEDDING, FINAL, LayerFiles, MegatronFiles, PlainEngineFiles, part_names
+
+META = "meta.json"
+MDS_FORMAT = "mds-train checkpoint"
+PROGRESS_FIELDS = (
+    "iteration",
+    "consumed_train_samples",
+    "consumed_valid_samples",
+    "consumed_train_tokens",
+    "lr_samples",
+    "skipped_iterations",
+    "nan_iterations",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint to read: `config` is the model at the source's TP size."""
+
+    folder: Path
+    layout: str  # "pipeline", "plain", "zero3" or "megatron"
+    config: GPTConfig
+    tp_size: int
+    pp_size: int
+    meta: dict[str, Any]
+    reader: Any  # sources.LayerFiles | PlainEngineFiles | MegatronFiles | zero3.Zero3Files
+
+    @property
+    def iteration(self) -> int:
+        return int(self.meta.get("iteration") or 0)
+
+    def parts(self) -> list[str]:
+        return part_names(self.config.num_layers)
+
+
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    path = folder / META
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if meta.get("format") != MDS_FORMAT or "model" not in meta or "parallel" not in meta:
+        raise ValueError(f"{path}: not an mds-train checkpoint description")
+    return meta
+
+
+def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -> dict:
+    """meta.json's shape for a checkpoint that has none (Megatron, Megatron-DeepSpeed)."""
+    args = state.get("args")
+    iteration = state.get("iteration", state.get("global_steps", 0))
+    progress = {
+        "iteration": int(iteration) if str(iteration).isdigit() else 0,
+        "consumed_train_samples": int(getattr(args, "consumed_train_samples", 0) or 0),
+        "consumed_valid_samples": int(getattr(args, "consumed_valid_samples", 0) or 0),
+        "consumed_train_tokens": int(state.get("tokens", 0) or 0),
+    }
+    progress["lr_samples"] = progress["consumed_train_samples"]
+    return {
+        "model": model_fields(config),
+        "parallel": {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": None},
+        "precision": config.params_dtype,
+        "tokenizer": None,
+        **progress,
+    }
+
+
+def model_fields(config: GPTConfig) -> dict[str, Any]:
+    """meta.json's `model`: every GPTConfig field and the derived sizes (as mds-train writes)."""
+    fields = dataclasses.asdict(config)
+    fields.update(
+        ffn_size=config.ffn_size,
+        padded_vocab_size=config.padded_vocab_size,
+        max_positions=config.max_positions,
+    )
+    return fields
+
+
+def _deepspeed_source(folder: Path) -> Source:
+    names = [p.name for p in folder.iterdir()]
+    mp_files = sorted(n for n in names if MP_RANK_FILE.fullmatch(n))
+    has_layers = any(LAYER_FILE.fullmatch(n) for n in names)
+    meta = _read_meta(folder)
+    if meta is not None:
+        config = config_from_meta(meta["model"], where=str(folder / META))
+        tp, pp = meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]
+    else:
+        if not mp_files:
+            raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt to describe it")
+        state = torchfile.load(folder / mp_files[0])
+        if state.get("args") is None:
+            raise ValueError(
+                f"{folder}: neither {META} (mds-train) nor Megatron's args in {mp_files[0]}; "
+                "cannot tell the model's shape"
+            )
+        tp = int(getattr(state["args"], "tensor_model_parallel_size", 1) or 1)
+        pp = int(getattr(state["args"], "pipeline_model_parallel_size", 1) or 1)
+        config = config_from_megatron_args(
+            state["args"],
+            checkpoint_info=state.get("checkpoint_info"),
+            tensor_parallel=tp,
+            where=str(folder / mp_files[0]),
+        )
+        meta = _megatron_meta(state, config, tp, pp)
+    if has_layers:
+        reader = LayerFiles(folder)
+        layout = "pipeline"
+        if reader.tp_size != tp:
+            raise ValueError(
+                f"{folder}: layer files for {reader.tp_size} tensor-parallel ranks, the "
+                f"description says {tp}"
+            )
+    elif meta.get("parallel", {}).get("zero_stage") == 3:
+        from .zero3 import Zero3Files
+
+        reader = Zero3Files(folder, tp_size=tp, config=config)
+        layout = "zero3"
+    else:
+        reader = PlainEngineFiles(folder, tp_size=tp, num_layers=config.num_layers)
+        layout = "plain"
+    if layout != "pipeline" and pp != 1:
+        raise ValueError(f"{folder}: PP={pp} in the description but no layer_* files")
+    return Source(folder, layout, config, tp, pp, meta, reader)
+
+
+def _megatron_source(folder: Path) -> Source:
+    first_dir = sorted(p for p in folder.iterdir() if (p / MEGATRON_FILE).is_file())[0]
+    state = torchfile.load(first_dir / MEGATRON_FILE)
+    if state.get("args") is None:
+        raise ValueError(f"{first_dir / MEGATRON_FILE}: no Megatron args; cannot tell the model")
+    tp_guess = int(getattr(state["args"], "tensor_model_parallel_size", 1) or 1)
+    config = config_from_megatron_args(
+        state["args"],
+        checkpoint_info=state.get("checkpoint_info"),
+        tensor_parallel=tp_guess,
+        where=str(first_dir / MEGATRON_FILE),
+    )
+    reader = MegatronFiles(folder, heads=config.num_attention_heads)
+    if reader.tp_size != tp_guess:
+        config = dataclasses.replace(config, tensor_model_parallel_size=reader.tp_size)
+    if reader.num_layers != config.num_layers:
+        raise ValueError(
+            f"{folder}: {reader.num_layers} layers in the files, num_layers {config.num_layers} "
+            "in Megatron's args"
+        )
+    meta = _megatron_meta(state, config, reader.tp_size, reader.pp_size)
+    return Source(folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader)
+
+
+def open_source(path: str | Path, *, iteration: int | None = None) -> Source:
+    """The checkpoint at `path` (a save folder or one checkpoint folder), ready to read."""
+    located = locate(Path(path), iteration=iteration)
+    if located.kind == "megatron":
+        source = _megatron_source(located.folder)
+    else:
+        source = _deepspeed_source(located.folder)
+    if isinstance(source.reader, LayerFiles) and source.reader.num_layers != source.config.num_layers:
+        raise ValueError(
+            f"{source.folder}: layer files hold {source.reader.num_layers} transformer layers, "
+            f"the description says num_layers {source.config.num_layers}"
+        )
+    return source
+
+
+def expected_names(config: GPTConfig, part: str) -> tuple[str, ...]:
+    if part == EMBEDDING:
+        return embedding_names(
+            learned_positions=config.position_embedding_type == "learned",
+            embed_layernorm=config.embed_layernorm,
+        )
+    if part == FINAL:
+        return FINAL_NORM
+    index = int(part.split(".")[1])
+    return tuple(layer_name(index, local) for local in LAYER_NAMES)
+
+
+def merged_part(source: Source, part: str) -> dict[str, torch.Tensor]:
+    """One part's whole tensors (TP shards joined; the word embeddings keep the source's padded
+    rows), in `GPT.named_parameters()` order; shapes checked against the source's config."""
+    shards = source.reader.read_part(part)
+    where = source.reader.where(part)
+    wanted = expected_names(source.config, part)
+    for rank, shard in enumerate(shards):
+        missing = [name for name in wanted if name not in shard]
+        extra = [name for name in shard if name not in wanted]
+        if missing or extra:
+            problem = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
+            raise ValueError(f"{where}: TP rank {rank} {problem} for this model")
+    merged = {name: merge_shards(name, [s[name] for s in shards], where=where) for name in wanted}
+    _check_shapes(source.config, merged, where)
+    return merged
+
+
+def whole_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of the whole (TP-merged) tensors of a layer, by name inside the layer."""
+    h, f = config.hidden_size, config.ffn_size
+    shapes = {local: (h,) for local in LAYER_NAMES}
+    shapes.update(
+        {
+            "self_attention.query_key_value.weight": (3 * h, h),
+            "self_attention.query_key_value.bias": (3 * h,),
+            "self_attention.dense.weight": (h, h),
+            "mlp.dense_h_to_4h.weight": (f, h),
+            "mlp.dense_h_to_4h.bias": (f,),
+            "mlp.dense_4h_to_h.weight": (h, f),
+        }
+    )
+    return shapes
+
+
+def _check_shapes(config: GPTConfig, merged: dict[str, torch.Tensor], where: str) -> None:
+    h = config.hidden_size
+    layer_shapes = whole_shapes(config)
+    for name, tensor in merged.items():
+        if name.startswith("layers."):
+            expected = layer_shapes[name.split(".", 2)[2]]
+        elif name == "embedding.word_embeddings.weight":
+            expected = (config.padded_vocab_size, h)
+        elif name == "embedding.position_embeddings.weight":
+            expected = (config.max_positions, h)
+        else:
+            expected = (h,)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"{where}: {name} is {tuple(tensor.shape)} after joining the TP shards, expected "
+                f"{expected} for this model"
+            )

@@ -1,0 +1,232 @@
+"""Readers of the source layouts, one model part at a time: "embedding", "layers.I", "final".
+
+Each reader answers `read_part(part)` with one dict per tensor-parallel rank, keyed by plain-GPT
+names (`names.py`); `merge.py` joins them. Layouts (README: "Layouts read"):
+- DeepSpeed pipeline files (mds-train with PP > 1, Megatron-DeepSpeed): `layer_XX-model_YY-model_
+  states.pt`, XX the GPTModelPipe index (01 embedding, 03.. layers, N+4 final norm), YY the TP rank;
+- DeepSpeed plain-engine files (mds-train with PP = 1): `mp_rank_YY_model_states.pt`['module'];
+  at ZeRO-3 the weights live in the fp32 partitions instead (`zero3.py`);
+- plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`['model'], stage-local layer numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import torchfile
+from .locate import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
+from .names import FINAL_NORM, canonical_layer_key, layer_name
+
+EMBEDDING, FINAL = "embedding", "final"
+Shards = list[dict[str, torch.Tensor]]
+
+
+def layer_part(index: int) -> str:
+    return f"layers.{index}"
+
+
+def part_names(num_layers: int) -> list[str]:
+    return [EMBEDDING, *(layer_part(i) for i in range(num_layers)), FINAL]
+
+
+def _missing_ranks(folder: Path, wanted: list[str]) -> None:
+    absent = [name for name in wanted if not (folder / name).exists()]
+    if absent:
+        shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
+        raise ValueError(f"{folder}: missing rank files: {shown}")
+
+
+class LayerFiles:
+    """DeepSpeed pipeline layer files (the same names from mds-train and Megatron-DeepSpeed)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        found: dict[int, set[int]] = {}
+        for path in folder.iterdir():
+            match = LAYER_FILE.fullmatch(path.name)
+            if match:
+                found.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+        if len(found) < 3:
+            raise ValueError(
+                f"{folder}: {len(found)} layer indices in layer_* files; a GPT pipeline has at "
+                "least the embedding, one transformer layer and the final norm"
+            )
+        self.tp_size = max(max(ranks) for ranks in found.values()) + 1
+        indices = sorted(found)
+        _missing_ranks(folder, [self.file(i, t) for i in indices for t in range(self.tp_size)])
+        self.embedding_index, self.final_index = indices[0], indices[-1]
+        self.layer_indices = indices[1:-1]
+        expected = list(range(self.embedding_index + 2, self.embedding_index + 2 + self.num_layers))
+        if self.layer_indices != expected or self.final_index != expected[-1] + 2:
+            raise ValueError(
+                f"{folder}: layer files {indices} do not follow GPTModelPipe's numbering "
+                "(embedding, then transformer layers two later, the final norm two after them)"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_indices)
+
+    @staticmethod
+    def file(index: int, tp: int) -> str:
+        return f"layer_{index:02d}-model_{tp:02d}-model_states.pt"
+
+    def _read(self, index: int, rename: Callable[[str], str]) -> Shards:
+        shards = []
+        for tp in range(self.tp_size):
+            state = torchfile.load(self.folder / self.file(index, tp))
+            shards.append({rename(key): value for key, value in state.items()})
+        return shards
+
+    def read_part(self, part: str) -> Shards:
+        if part == EMBEDDING:
+            return self._read(self.embedding_index, lambda key: "embedding." + key)
+        if part == FINAL:
+            return self._read(self.final_index, lambda key: "final_layernorm." + key)
+        i = int(part.split(".")[1])
+        return self._read(
+            self.layer_indices[i], lambda key: layer_name(i, canonical_layer_key(key))
+        )
+
+    def where(self, part: str) -> str:
+        index = {EMBEDDING: self.embedding_index, FINAL: self.final_index}.get(part)
+        if index is None:
+            index = self.layer_indices[int(part.split(".")[1])]
+        return f"{self.folder}/{self.file(index, 0)}"
+
+
+def _split_by_part(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, dict]:
+    parts: dict[str, dict] = {name: {} for name in part_names(num_layers)}
+    for name, tensor in state.items():
+        if name.startswith("embedding."):
+            parts[EMBEDDING][name] = tensor
+        elif name.startswith("layers."):
+            index = int(name.split(".")[1])
+            if index >= num_layers:
+                raise ValueError(f"parameter {name} beyond the model's {num_layers} layers")
+            parts[layer_part(index)][name] = tensor
+        elif name in FINAL_NORM:
+            parts[FINAL][name] = tensor
+        else:
+            raise ValueError(f"unexpected parameter {name}")
+    return parts
+
+
+class PlainEngineFiles:
+    """DeepSpeed's plain engine: `mp_rank_YY_model_states.pt` holding the GPT's state dict."""
+
+    def __init__(self, folder: Path, *, tp_size: int, num_layers: int) -> None:
+        self.folder, self.tp_size = folder, tp_size
+        _missing_ranks(folder, [self.file(t) for t in range(tp_size)])
+        self._parts = []
+        for tp in range(tp_size):
+            module = torchfile.load(folder / self.file(tp)).get("module")
+            if not isinstance(module, dict):
+                raise ValueError(
+                    f"{folder / self.file(tp)}: holds no model weights ('module' is "
+                    f"{type(module).__name__}); a pipeline checkpoint needs its layer_* files"
+                )
+            try:
+                self._parts.append(_split_by_part(module, num_layers))
+            except ValueError as error:
+                raise ValueError(f"{folder / self.file(tp)}: {error}") from None
+
+    @staticmethod
+    def file(tp: int) -> str:
+        return f"mp_rank_{tp:02d}_model_states.pt"
+
+    def read_part(self, part: str) -> Shards:
+        return [parts[part] for parts in self._parts]
+
+    def where(self, part: str) -> str:
+        return f"{self.folder}/{self.file(0)}"
+
+
+def _fix_qkv(tensor: torch.Tensor, version: float, heads: int) -> torch.Tensor:
+    """Megatron checkpoint versions < 2 order a rank's QKV rows [3, np, hn] (0) or [np, hn, 3]
+    (1); ours (version >= 2) is [np, 3, hn]."""
+    rest = tensor.shape[1:]
+    head_dim = tensor.shape[0] // (3 * heads)
+    if version == 0:
+        grouped = tensor.view(3, heads, head_dim, *rest).transpose(0, 1)
+    else:
+        grouped = tensor.view(heads, head_dim, 3, *rest).transpose(1, 2)
+    return grouped.reshape(tensor.shape).contiguous()
+
+
+class MegatronFiles:
+    """Plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`, nested `model` dicts."""
+
+    def __init__(self, folder: Path, *, heads: int) -> None:
+        self.folder = folder
+        ranks = {}
+        for path in folder.iterdir():
+            match = MEGATRON_RANK_DIR.fullmatch(path.name)
+            if match and (path / MEGATRON_FILE).is_file():
+                ranks[(int(match.group(1)), int(match.group(2) or 0))] = path
+        self.tp_size = max(tp for tp, _ in ranks) + 1
+        self.pp_size = max(pp for _, pp in ranks) + 1
+        names = [self.rank_dir(t, p) + "/" + MEGATRON_FILE for p in range(self.pp_size)
+                 for t in range(self.tp_size)]  # fmt: skip
+        _missing_ranks(folder, names)
+        self.first = torchfile.load(folder / names[0])
+        version = float(self.first.get("checkpoint_version", 0) or 0)
+        self._parts: list[dict[str, dict]] = [{} for _ in range(self.tp_size)]
+        offset = 0
+        for pp in range(self.pp_size):
+            count = None
+            for tp in range(self.tp_size):
+                path = folder / self.rank_dir(tp, pp) / MEGATRON_FILE
+                state = self.first if (tp, pp) == (0, 0) else torchfile.load(path)
+                flat = self._flatten(state, path, offset, version, heads // self.tp_size)
+                local = {int(n.split(".")[1]) for n in flat if n.startswith("layers.")}
+                count = len(local) if count is None else count
+                for name, tensor in flat.items():
+                    self._parts[tp][name] = tensor
+            offset += count or 0
+        self.num_layers = offset
+        self._parts = [_split_by_part(flat, offset) for flat in self._parts]
+
+    def rank_dir(self, tp: int, pp: int) -> str:
+        return f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
+
+    @staticmethod
+    def _flatten(
+        state: dict[str, Any], path: Path, offset: int, version: float, heads: int
+    ) -> dict[str, torch.Tensor]:
+        if "model" not in state:
+            extra = " (virtual pipeline stages are not supported)" if "model0" in state else ""
+            raise ValueError(f"{path}: no 'model' in the checkpoint{extra}")
+        language = state["model"].get("language_model", state["model"])
+        out = {}
+        embedding = language.get("embedding", {})
+        for sub in ("word_embeddings", "position_embeddings"):
+            if sub in embedding:
+                out[f"embedding.{sub}.weight"] = embedding[sub]["weight"]
+        encoder = language.get("encoder", language.get("transformer", {}))
+        for name, tensor in encoder.items():
+            if name.startswith("layers."):
+                _, index, local = name.split(".", 2)
+                local = canonical_layer_key(local)
+                if local.startswith("self_attention.query_key_value") and version < 2:
+                    tensor = _fix_qkv(tensor, version, heads)
+                out[layer_name(offset + int(index), local)] = tensor
+            elif name.startswith("final_layernorm."):
+                out[name] = tensor
+            else:
+                raise ValueError(f"{path}: unexpected encoder key {name}")
+        return out
+
+    def read_part(self, part: str) -> Shards:
+        return [parts[part] for parts in self._parts]
+
+    def where(self, part: str) -> str:
+        return f"{self.folder}/{self.rank_dir(0, 0)}/{MEGATRON_FILE}"
+
+
+def is_mp_rank_file(name: str) -> bool:
+    return MP_RANK_FILE.fullmatch(name) is not None

@@ -1,0 +1,48 @@
+"""`load_consolidated`: any checkpoint as one TP=1 model that `mds_model.GPT` loads."""
+
+import pytest
+import torch
+from mds_checkpoint import load_consolidated
+from mds_model import GPT
+
+
+def _layer_file(folder, index, tp):
+    return torch.load(folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
+
+
+def test_tp2pp2_consolidates_to_the_joined_shards(tp2pp2_checkpoint):
+    model = load_consolidated(tp2pp2_checkpoint)
+    assert model.config.tensor_model_parallel_size == 1 and model.config.num_layers == 4
+    assert model.meta["iteration"] == 2 and model.meta["parallel"]["tensor_parallel"] == 2
+    gpt = GPT(model.config)
+    gpt.load_state_dict(model.state_dict)  # strict: every name, every shape
+    folder = tp2pp2_checkpoint / "global_step2"
+    # Written out by hand: layer 2 is pipeline index 5; QKV rows on dim 0, dense on dim 1.
+    shards = [_layer_file(folder, 5, tp) for tp in range(2)]
+    qkv = torch.cat([s["self_attention.query_key_value.weight"] for s in shards])
+    dense = torch.cat([s["mlp.dense_4h_to_h.weight"] for s in shards], dim=1)
+    assert torch.equal(model.state_dict["layers.2.self_attention.query_key_value.weight"], qkv)
+    assert torch.equal(model.state_dict["layers.2.mlp.dense_4h_to_h.weight"], dense)
+    assert torch.equal(
+        model.state_dict["layers.2.input_layernorm.weight"], shards[1]["input_layernorm.weight"]
+    )
+    words = torch.cat([_layer_file(folder, 1, tp)["word_embeddings.weight"] for tp in range(2)])
+    assert torch.equal(model.state_dict["embedding.word_embeddings.weight"], words)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16))
+    assert torch.isfinite(gpt.logits(tokens)).all()
+
+
+def test_same_result_from_the_tag_folder_and_by_iteration(tp2pp2_checkpoint):
+    by_latest = load_consolidated(tp2pp2_checkpoint)
+    by_folder = load_consolidated(tp2pp2_checkpoint / "global_step2")
+    by_iteration = load_consolidated(tp2pp2_checkpoint, iteration=2)
+    for other in (by_folder, by_iteration):
+        assert other.config == by_latest.config
+        assert all(torch.equal(other.state_dict[k], v) for k, v in by_latest.state_dict.items())
+
+
+def test_not_a_checkpoint_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        load_consolidated(tmp_path)
+    with pytest.raises(ValueError, match="no checkpoint of iteration 7"):
+        load_consolidated(tmp_path, iteration=7)
