@@ -20,7 +20,7 @@ from torch import nn
 
 from . import kernels
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, RowParallelLinear
+from .layers import ColumnParallelLinear, RowParallelLinear, decode_linear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint
 
@@ -66,24 +66,32 @@ class KVCache:
 
 
 class StaticLayerCache:
-    """One layer's preallocated keys and values, each (B, heads/TP, max_length, head_dim).
+    """One layer's preallocated keys and values, `kv` (2, B, heads/TP, max_length, head_dim);
+    `keys` and `values` are its two halves.
 
     Row b's token at position p lives in slot p (per-row positions, no left padding): a batch
     of prompts of different lengths is right-padded, and each row writes and reads its own slots.
+    Writes are in place (shapes never change: CUDA graphs can replay them).
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
+    def __init__(self, kv: torch.Tensor) -> None:
+        self.kv = kv
+        self.keys, self.values = kv[0], kv[1]
 
     def write(
         self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores keys, values (B, nh, S_new, hd) at the slots `positions` (B, S_new); returns the
-        whole cache (B, nh, max_length, hd) each, in place (shapes never change: CUDA graphs can
-        replay it)."""
-        index = positions[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
-        self.keys.scatter_(2, index, keys.to(self.keys.dtype))
-        self.values.scatter_(2, index, values.to(self.values.dtype))
+        whole keys and values (B, nh, max_length, hd)."""
+        return self.write_kv(torch.stack((keys, values)), positions)
+
+    def write_kv(
+        self, kv: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`write` of keys and values stacked as kv (2, B, nh, S_new, hd) (any strides, such as a
+        view of the QKV projection): one scatter for both."""
+        index = positions[None, :, None, :, None].expand_as(kv)
+        self.kv.scatter_(3, index, kv.to(self.kv.dtype))
         return self.keys, self.values
 
 
@@ -115,18 +123,16 @@ class StaticKVCache:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         shape = (
+            2,
             batch_size,
             config.num_attention_heads // tensor_parallel_size,
             max_length,
             config.head_dim,
         )
         dtype = dtype or config.torch_dtype
-        self.batch_size, self.max_length = batch_size, max_length
+        self.batch_size, self.max_length, self.dtype = batch_size, max_length, dtype
         self.layers = [
-            StaticLayerCache(
-                torch.zeros(shape, device=device, dtype=dtype),
-                torch.zeros(shape, device=device, dtype=dtype),
-            )
+            StaticLayerCache(torch.zeros(shape, device=device, dtype=dtype))
             for _ in range(config.num_layers)
         ]
         self._slots = torch.arange(max_length, device=device)
@@ -134,6 +140,13 @@ class StaticKVCache:
     def visibility(self, positions: torch.Tensor) -> torch.Tensor:
         """positions (B, S_new) -> attention mask (B, 1, S_new, max_length): slot <= position."""
         return self._slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
+
+    def attention_bias(self, positions: torch.Tensor) -> torch.Tensor:
+        """`visibility` as an additive mask in the cache's dtype (0 where seen, -inf elsewhere),
+        built once per step for every layer (a boolean mask is converted again by each call)."""
+        visible = self.visibility(positions)
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
+        return bias.masked_fill_(~visible, float("-inf"))
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -251,16 +264,26 @@ class ParallelSelfAttention(nn.Module):
         *,
         cache: StaticLayerCache,
         positions: torch.Tensor,
-        visible: torch.Tensor,
+        bias: torch.Tensor,
     ) -> torch.Tensor:
         """x (S_new, B, H) of tokens at per-row positions (B, S_new) -> (S_new, B, H).
 
-        Their keys and values go into cache's slots `positions`; `visible` (B, 1, S_new, L) is
-        `StaticKVCache.visibility(positions)`, computed once per step for every layer.
+        Their keys and values go into cache's slots `positions`; `bias` (B, 1, S_new, L) is
+        `StaticKVCache.attention_bias(positions)`, computed once per step for every layer.
         """
-        q, k, v = self._qkv(x, position_offset=0, positions=positions)
-        keys, values = cache.write(k, v, positions)
-        return self._project(self._masked_core(q, keys, values, visible))
+        if self.rotary is not None:
+            q, k, v = self._qkv(x, position_offset=0, positions=positions)
+            keys, values = cache.write(k, v, positions)
+        else:  # keys and values straight from the projection's output: one scatter, no copy
+            qkv = decode_linear(self.query_key_value, x, use_kernel=self.config.use_fused_kernels)
+            seq, batch = qkv.shape[:2]
+            qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
+            q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
+            keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
+        context = self._masked_core(q, keys, values, bias)  # (B, nh, S, hd)
+        seq, batch = context.shape[2], context.shape[0]
+        context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
+        return decode_linear(self.dense, context, use_kernel=self.config.use_fused_kernels)
 
     def _qkv(self, x: torch.Tensor, *, position_offset: int, positions=None):
         """Queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary."""
@@ -306,17 +329,18 @@ class ParallelSelfAttention(nn.Module):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
             return self._softmax_core(q, k, v, p)
 
-    def _masked_core(self, q, k, v, visible: torch.Tensor) -> torch.Tensor:
-        """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd) where visible
-        (B, 1, Sq, L) holds; inference only (no dropout). ALiBi's key positions are the slots."""
+    def _masked_core(self, q, k, v, bias: torch.Tensor) -> torch.Tensor:
+        """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd), plus the
+        additive bias (B, 1, Sq, L); inference only (no dropout). ALiBi's key positions are the
+        slots."""
         q = q.to(k.dtype)
         if self.alibi is None and not self.config.explicit_attention_scores:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
         if self.alibi is not None:
             slots = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
             scores = scores + self.alibi.to(q.device).float() * slots
-        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        probs = torch.softmax(scores + bias.float(), dim=-1)
         return torch.matmul(probs.to(v.dtype), v)
 
     def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:

@@ -272,14 +272,21 @@ class GPT(nn.Module):
                 f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must both "
                 f"be (batch {cache.batch_size}, S_new)"
             )
-        visible = cache.visibility(positions)  # (B, 1, S_new, L), shared by every layer
+        bias = cache.attention_bias(positions)  # (B, 1, S_new, L), shared by every layer
         x = self.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
-        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = layer.decode_static(x, cache=layer_cache, positions=positions, visible=visible)
-        x = x.transpose(0, 1)  # (B, S_new, H)
+        # Each layer's last residual add runs fused with the next LayerNorm (the next layer's
+        # input norm, or the final one): the same sums, one kernel fewer per layer.
+        normed, residual = self.layers[0].input_layernorm(x), x
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.final_layernorm]
+        for layer, layer_cache, norm in zip(self.layers, cache.layers, norms, strict=True):
+            out, summed = layer.decode_static_residual(
+                normed, residual, cache=layer_cache, positions=positions, bias=bias
+            )
+            normed, residual = norm.add_norm(out, summed)
+        x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
         if output_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), output_index].unsqueeze(1)
-        return self._head(x)
+        return lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""
