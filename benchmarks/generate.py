@@ -8,12 +8,17 @@ issue's probe: `min_new_tokens` for transformers). Prints new tokens/s, our/tran
 time to first token (a whole call with one new token), how many greedy tokens agree, and the
 fraction of the weight-bandwidth bound: batch x (copy bandwidth measured here) / (bytes of the
 weights read per step).
+Variants of ours: CUDA graphs over the eager step (the default), torch.compile of the step under
+CUDA graphs, and plain eager launches.
 Usage: python benchmarks/generate.py [--device cuda|cpu] [--dtype bfloat16] [--small]
+       [--variants graphs,compile,eager] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import time
 
 import torch
@@ -101,6 +106,69 @@ class RandomTokenizer:
         return ""
 
 
+VARIANTS = {  # name: (CUDA graphs, torch.compile of the one-token step)
+    "graphs": (True, False),
+    "graphs-cublas": (True, False),  # one-row products by cuBLAS instead of skinny_linear
+    "compile": (True, True),
+    "eager": (False, False),
+}
+
+
+@contextlib.contextmanager
+def cublas_projections(variant: str):
+    """For graphs-cublas: decoding's one-row products go to F.linear while the step is captured
+    (the graph then replays cuBLAS's kernels)."""
+    import mds_model.kernels
+
+    if variant != "graphs-cublas":
+        yield
+        return
+    skinny = mds_model.kernels.skinny_linear
+
+    def cublas(x, weight, bias=None, *, gelu=False, use_kernel):
+        if not gelu:
+            return torch.nn.functional.linear(x, weight, bias)
+        return mds_model.kernels.bias_gelu(x @ weight.t(), bias, use_kernel=True)
+
+    mds_model.kernels.skinny_linear = cublas
+    try:
+        yield
+    finally:
+        mds_model.kernels.skinny_linear = skinny
+
+
+def ours_model(model, config, variant: str, device):
+    """torch.compile traces the pure-torch ops (the Triton kernels are opaque to it)."""
+    from mds_model import GPT
+
+    if not VARIANTS[variant][1] or not config.use_fused_kernels:
+        return model
+    plain = GPT(dataclasses.replace(config, use_fused_kernels=False), init_seed=None)
+    plain.load_state_dict(model.state_dict())
+    return plain.to(device).eval()
+
+
+def profile_steps(generator, sampler, prompts, device, new: int) -> None:
+    """Per-kernel GPU time of a generate call (graph replays included), top 12 by time."""
+    from mds_generate import GenerationConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    generation = GenerationConfig(max_new_tokens=new, stop_at_eod=False)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        generator.generate(prompts, sampler=sampler, generation=generation)
+        sync(device)
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in events)
+    count = sum(e.count for e in events)
+    print(f"  profile: {count / new:.0f} kernels and {total / new:.0f} us of kernel time per step")
+    for event in events[:12]:
+        print(
+            f"  {event.self_device_time_total / new:8.1f} us/step {event.count / new:6.1f}x "
+            f"{event.key[:90]}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -115,7 +183,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls (best kept)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
-    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument(
+        "--variants",
+        default="graphs",
+        help=f"ours, comma-separated: {', '.join(VARIANTS)} (CPU: eager whatever is named)",
+    )
+    parser.add_argument("--profile", action="store_true", help="kernel times of each variant")
     args = parser.parse_args()
     if args.small:
         args.num_layers, args.hidden_size, args.num_attention_heads = 4, 256, 4
@@ -124,6 +197,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
+    variants = args.variants.split(",") if device.type == "cuda" else ["eager"]
 
     import transformers
     from mds_generate import GenerationConfig, Generator, Sampler, SamplingConfig
@@ -145,12 +219,19 @@ def main() -> None:
         f"{bandwidth / 1e9:,.0f} GB/s -> bound {bandwidth / weight_bytes:,.0f} steps/s",
         flush=True,
     )
-    generator = Generator(
-        ours, RandomTokenizer(args.vocab_size), device=device, cuda_graphs=not args.no_cuda_graphs
-    )
     sampler = Sampler(SamplingConfig(greedy=True), vocab_size=args.vocab_size, device=device)
+    generators = {}
+    for variant in variants:
+        cuda_graphs, compiled = VARIANTS[variant]
+        generators[variant] = Generator(
+            ours_model(ours, config, variant, device),
+            RandomTokenizer(args.vocab_size),
+            device=device,
+            cuda_graphs=cuda_graphs,
+            compile=compiled,
+        )
 
-    def run_ours(prompts, new_tokens):
+    def run_ours(generator, prompts, new_tokens):
         generation = GenerationConfig(max_new_tokens=new_tokens, stop_at_eod=False)
         return generator.generate(prompts, sampler=sampler, generation=generation)
 
@@ -165,39 +246,46 @@ def main() -> None:
             )
 
     print(
-        f"{'batch':>5} | {'transformers tok/s':>18} | {'ours tok/s':>10} | {'ratio':>6} | "
-        f"{'of bound':>8} | {'TTFT transformers':>17} | {'TTFT ours':>9} | agree",
+        f"{'batch':>5} | {'ours':>7} | {'transformers tok/s':>18} | {'ours tok/s':>10} | "
+        f"{'ratio':>6} | {'of bound':>8} | {'TTFT transformers':>17} | {'TTFT ours':>9} | "
+        "greedy tokens equal (per row)",
         flush=True,
     )
     for batch in args.batch_sizes:
         ids = torch.randint(0, args.vocab_size - 1, (batch, args.prompt_length), device=device)
-        prompts = ids.tolist()
-        new = args.new_tokens
-        (theirs_s, theirs_out), (ours_s, ours_out) = timed(
-            device,
-            [lambda: run_theirs(ids, new), lambda: run_ours(prompts, new)],  # noqa: B023
-            args.repeats,
-        )
-        (theirs_first, _), (ours_first, _) = timed(
-            device,
-            [lambda: run_theirs(ids, 1), lambda: run_ours(prompts, 1)],  # noqa: B023
-            args.repeats,
-        )
-        agree = [
-            _agreeing(row, completion.token_ids)
-            for row, completion in zip(
-                theirs_out[:, args.prompt_length :].tolist(), ours_out, strict=True
+        prompts, new = ids.tolist(), args.new_tokens
+        for variant, generator in generators.items():
+            start = time.perf_counter()
+            with cublas_projections(variant):
+                run_ours(generator, prompts, new)  # compiles and captures outside the timing
+            setup = time.perf_counter() - start
+            (theirs_s, theirs_out), (ours_s, ours_out) = timed(
+                device,
+                [lambda: run_theirs(ids, new), lambda: run_ours(generator, prompts, new)],  # noqa: B023
+                args.repeats,
             )
-        ]
-        theirs_rate, ours_rate = batch * new / theirs_s, batch * new / ours_s
-        bound = batch * bandwidth / weight_bytes
-        print(
-            f"{batch:>5} | {theirs_rate:>18,.0f} | {ours_rate:>10,.0f} | "
-            f"{ours_rate / theirs_rate:>5.2f}x | {ours_rate / bound:>7.1%} | "
-            f"{theirs_first * 1e3:>14.1f} ms | {ours_first * 1e3:>6.1f} ms | "
-            f"{min(agree)}/{new} tokens",
-            flush=True,
-        )
+            (theirs_first, _), (ours_first, _) = timed(
+                device,
+                [lambda: run_theirs(ids, 1), lambda: run_ours(generator, prompts, 1)],  # noqa: B023
+                args.repeats,
+            )
+            agree = [
+                _agreeing(row, completion.token_ids)
+                for row, completion in zip(
+                    theirs_out[:, args.prompt_length :].tolist(), ours_out, strict=True
+                )
+            ]
+            theirs_rate, ours_rate = batch * new / theirs_s, batch * new / ours_s
+            bound = batch * bandwidth / weight_bytes
+            print(
+                f"{batch:>5} | {variant:>7} | {theirs_rate:>18,.0f} | {ours_rate:>10,.0f} | "
+                f"{ours_rate / theirs_rate:>5.2f}x | {ours_rate / bound:>7.1%} | "
+                f"{theirs_first * 1e3:>14.1f} ms | {ours_first * 1e3:>6.1f} ms | "
+                f"{agree} of {new} (first call {setup:.1f} s)",
+                flush=True,
+            )
+            if args.profile and device.type == "cuda":
+                profile_steps(generator, sampler, prompts, device, new)
 
 
 if __name__ == "__main__":

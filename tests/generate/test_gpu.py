@@ -14,7 +14,7 @@ CUDA = torch.device("cuda")
 PROMPTS = [
     [464, 2106, 286, 262, 1748],
     [32],
-    [818, 7795, 262, 1664, 3414, 326, 340, 561, 1382],
+    [818, 795, 262, 1664, 3414, 326, 340, 561, 1382],
     [15],
 ]
 
@@ -51,8 +51,18 @@ def test_cuda_graphs_give_eager_tokens_in_half_precision(dtype, helpers):
     assert model.config.use_fused_kernels
     graphed = greedy(model)
     assert graphed == greedy(model, cuda_graphs=False)
-    assert graphed == [greedy(model, prompts=[p])[0] for p in PROMPTS]  # alone: same tokens
-    assert greedy(model) == graphed  # the kept graph, replayed for a second call
+    # One row alone runs its projections through skinny_linear, the batch through cuBLAS: in half
+    # precision their roundings differ, so alone is compared with alone.
+    alone = [greedy(model, prompts=[p])[0] for p in PROMPTS]
+    assert alone == [greedy(model, cuda_graphs=False, prompts=[p])[0] for p in PROMPTS]
+    generator = Generator(model, Ids(), device=CUDA)
+    sampler = Sampler(SamplingConfig(greedy=True), vocab_size=5000, device=CUDA)
+    generation = GenerationConfig(max_new_tokens=32, stop_at_eod=False)
+    first, second = (
+        [c.token_ids for c in generator.generate(PROMPTS, sampler=sampler, generation=generation)]
+        for _ in range(2)
+    )
+    assert first == second == graphed  # the kept cache and graph, replayed for a second call
 
 
 def test_cache_equals_recompute_on_the_gpu_in_fp32(helpers):

@@ -63,14 +63,19 @@ Ignored = Annotated[int | None, typer.Option(help="Ignored: the checkpoint is re
 IgnoredSwitch = Annotated[bool, typer.Option(help="Ignored (Megatron compatibility).")]
 
 
-def _source(load, iteration, vocab_file, merge_file, tokenizer_type, device, dtype, bf16, fp16,
-            no_cuda_graphs, expected):  # fmt: skip
+SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
+
+
+def model_source(flags: dict):
+    """The `--load` group of a command's flags (its parameters by name) as a ModelSource."""
     from .config import ModelSource
 
-    if tokenizer_type != "GPT2BPETokenizer":
+    if flags["tokenizer_type"] != "GPT2BPETokenizer":
         raise ValueError(
-            f"--tokenizer-type {tokenizer_type}: mds-generate reads GPT2BPETokenizer vocabularies"
+            f"--tokenizer-type {flags['tokenizer_type']}: mds-generate reads GPT2BPETokenizer "
+            "vocabularies"
         )
+    dtype, bf16, fp16 = flags["dtype"], flags["bf16"], flags["fp16"]
     if bf16 and fp16:
         raise ValueError("--bf16 and --fp16 exclude each other")
     if bf16 or fp16:
@@ -78,14 +83,16 @@ def _source(load, iteration, vocab_file, merge_file, tokenizer_type, device, dty
             raise ValueError(f"--{'bf16' if bf16 else 'fp16'} contradicts --dtype {dtype}")
         dtype = "bfloat16" if bf16 else "float16"
     return ModelSource(
-        load=load,
-        iteration=iteration,
-        vocab_file=vocab_file,
-        merge_file=merge_file,
-        device=device,
+        load=flags["load"],
+        iteration=flags["iteration"],
+        vocab_file=flags["vocab_file"],
+        merge_file=flags["merge_file"],
+        device=flags["device"],
         dtype=dtype,
-        cuda_graphs=not no_cuda_graphs,
-        expected_shape=tuple((k, v) for k, v in expected.items() if v is not None),
+        cuda_graphs=not flags.get("no_cuda_graphs", False),
+        expected_shape=tuple(
+            (name, flags[name]) for name in SHAPE_FLAGS if flags[name] is not None
+        ),
     )
 
 
@@ -150,6 +157,7 @@ def sample(
 ) -> None:
     """Sample: one --prompt, every line of --sample-input-file, --num-samples unconditional
     samples into --genfile, or (none of those) prompts read from stdin, streamed."""
+    source = model_source(locals())
     from .config import GenerationConfig, SampleConfig, SamplingConfig
     from .modes import run_sample
 
@@ -167,13 +175,6 @@ def sample(
         raise ValueError("give one of --prompt, --sample-input-file, --num-samples/--genfile")
     if sample_input_file is not None and not sample_input_file.is_file():
         raise ValueError(f"--sample-input-file {sample_input_file}: no such file")
-    source = _source(
-        load, iteration, vocab_file, merge_file, tokenizer_type, device, dtype, bf16, fp16,
-        no_cuda_graphs,
-        dict(num_layers=num_layers, hidden_size=hidden_size,
-             num_attention_heads=num_attention_heads,
-             max_position_embeddings=max_position_embeddings),
-    )  # fmt: skip
     config = SampleConfig(
         source=source,
         sampling=SamplingConfig(
@@ -242,6 +243,7 @@ def evaluate(
 ) -> None:
     """Zero-shot evaluation as Megatron's tasks/main.py: WikiText-103 perplexity (overlapping
     windows, word-level adjusted) or LAMBADA last-word accuracy."""
+    source = model_source(locals())
     from .config import EvalConfig
     from .evaluation import run_eval
 
@@ -249,13 +251,6 @@ def evaluate(
     del checkpoint_activations, no_load_optim, no_load_rng
     if len(valid_data) != 1:
         raise ValueError(f"--valid-data takes exactly one file, got {len(valid_data)}")
-    source = _source(
-        load, iteration, vocab_file, merge_file, tokenizer_type, device, dtype, bf16, fp16,
-        False,
-        dict(num_layers=num_layers, hidden_size=hidden_size,
-             num_attention_heads=num_attention_heads,
-             max_position_embeddings=max_position_embeddings),
-    )  # fmt: skip
     run_eval(
         EvalConfig(
             source=source,

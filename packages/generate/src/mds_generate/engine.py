@@ -43,10 +43,11 @@ class Generator:
         *,
         device: torch.device,
         cuda_graphs: bool = True,
+        compile: bool = False,
     ) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.vocab_size = model.config.vocab_size
-        self._cached = CachedSteps(model, device=device, cuda_graphs=cuda_graphs)
+        self._cached = CachedSteps(model, device=device, cuda_graphs=cuda_graphs, compile=compile)
         self._recomputed = RecomputedSteps(model, device=device)
 
     def context_length(self, generation: GenerationConfig) -> int:

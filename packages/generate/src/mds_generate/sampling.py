@@ -82,7 +82,10 @@ class Sampler:
         """logits (B, >= V) -> next tokens (B,) int64; columns past the vocabulary (Megatron's
         padding) are dropped."""
         config = self.config
-        logits = logits[:, : self.vocab_size].float()
+        logits = logits[:, : self.vocab_size]
+        if config.greedy and self._seen is None and self._counts is None:
+            return logits.argmax(dim=-1)  # in the logits' dtype: the same argmax, no copy
+        logits = logits.float()
         if self._seen is not None:
             logits = apply_repetition_penalty(logits, self._seen, config.repetition_penalty)
         if self._counts is not None:

@@ -27,11 +27,21 @@ class CachedSteps:
     """Per-row positions in a preallocated cache: prefill the right-padded prompts, then one
     token per row at that row's next position. On CUDA each one-token step is a CUDA graph."""
 
-    def __init__(self, model: GPT, *, device: torch.device, cuda_graphs: bool) -> None:
+    def __init__(
+        self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
+    ) -> None:
         self.model, self.device = model, device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        if compile and model.config.use_fused_kernels:
+            raise ValueError(
+                "torch.compile traces the pure-torch path: build the model with "
+                "use_fused_kernels=False to compile its decoding step"
+            )
+        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
+        self.compiled = (
+            torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else None
+        )
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
-        self._pool = None  # one CUDA graph memory pool shared by every captured step
 
     def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
         """Prefills the prompts; returns the logits (B, V) after each row's last prompt token.
@@ -63,43 +73,49 @@ class CachedSteps:
         cache = StaticKVCache(
             self.model.config, batch_size=batch, max_length=length, device=self.device
         )
-        if self.cuda_graphs and self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        step = _OneTokenStep(self.model, cache, graph_pool=self._pool if self.cuda_graphs else None)
+        step = _OneTokenStep(
+            self.model, cache, cuda_graph=self.cuda_graphs, function=self.compiled or _decode_one
+        )
         self._kept[key] = (cache, step)
         return cache, step
 
 
-class _OneTokenStep:
-    """`GPT.decode_static` of one token per row; with a graph pool, captured once as a CUDA graph
-    (static input buffers, replayed each step: no per-kernel launch cost)."""
+def _decode_one(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+    """(B, 1) tokens at (B, 1) positions -> logits (B, V)."""
+    return model.decode_static(tokens, positions=positions, cache=cache)[:, 0]
 
-    def __init__(self, model: GPT, cache: StaticKVCache, *, graph_pool) -> None:
-        self.model, self.cache, self.graph = model, cache, None
-        if graph_pool is None:
-            return
-        batch, device = cache.batch_size, cache.layers[0].keys.device
-        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        # Warm-up and capture write into slot 0, which the prefill overwrites before any read.
+
+class _OneTokenStep:
+    """`GPT.decode_static` of one token per row; on CUDA captured as a CUDA graph on its first
+    call (static input buffers, replayed each step: no per-kernel launch cost)."""
+
+    def __init__(self, model: GPT, cache: StaticKVCache, *, cuda_graph: bool, function) -> None:
+        self.model, self.cache, self.function = model, cache, function
+        self.cuda_graph, self.graph = cuda_graph, None
+
+    def _capture(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        self.tokens, self.positions = tokens.clone(), positions.clone()
+        # Warm-up and capture write the keys and values of the real next step, which the replay
+        # below writes again: nothing else in the cache changes.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):  # Triton autotuning and cuBLAS workspaces happen here
-                self._eager(self.tokens, self.positions)
+            for _ in range(2):  # compilation, Triton autotuning and cuBLAS workspaces happen here
+                self.function(self.model, self.tokens, self.positions, self.cache)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=graph_pool):
-            self.logits = self._eager(self.tokens, self.positions)
-
-    def _eager(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model.decode_static(tokens, positions=positions, cache=self.cache)[:, 0]
+        with torch.cuda.graph(self.graph):
+            self.logits = self.function(self.model, self.tokens, self.positions, self.cache)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        tokens, positions = tokens[:, None], positions[:, None]
+        if not self.cuda_graph:
+            return self.function(self.model, tokens, positions, self.cache)
         if self.graph is None:
-            return self._eager(tokens[:, None], positions[:, None])
-        self.tokens.copy_(tokens[:, None])
-        self.positions.copy_(positions[:, None])
+            self._capture(tokens, positions)
+        else:
+            self.tokens.copy_(tokens)
+            self.positions.copy_(positions)
         self.graph.replay()
         return self.logits
 
