@@ -8,7 +8,8 @@
 #      `--help` of every command it declares;
 #   3. a small real job per tool, each tool run from its own environment: mds-tokenize on a tiny
 #      jsonl with GPT-2's files, mds-index info/show on the result, its ids back through
-#      `mds-tokenize decode`, mds-model info, mds-train for 2 iterations with a checkpoint.
+#      `mds-tokenize decode`, mds-model info, mds-train for 2 iterations with a checkpoint,
+#      mds-generate samples from that checkpoint.
 #      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
@@ -136,9 +137,15 @@ OMP_NUM_THREADS=1 tool mds-train mds-train --num-layers 1 --hidden-size 16 \
     --save "$job/checkpoints" 2>&1 | grep -v "^\[" | tee "$job/train.txt"
 grep -q "saved checkpoint .*global_step2" "$job/train.txt" || fail "mds-train saved no checkpoint"
 [[ $(cat "$job/checkpoints/latest") == global_step2 ]] || fail "latest does not name global_step2"
+step "job: mds-generate, greedy samples from that checkpoint (no model flags: meta.json)"
+tool mds-generate mds-generate --load "$job/checkpoints" --prompt "Hello" --max-new-tokens 2 \
+    --greedy --device cpu | tee "$job/sample.txt"
+tool mds-generate mds-generate --load "$job/checkpoints" --num-samples 2 --genfile \
+    "$job/samples.jsonl" --max-new-tokens 3 --device cpu
+[[ $(grep -c '"finished"' "$job/samples.jsonl") == 2 ]] || fail "mds-generate wrote no 2 samples"
 for package in "${packages[@]}"; do
     case $(dist_name "$package") in
-    mds-tokenize | mds-indexed-data | mds-model | mds-train) ;;
+    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-generate) ;;
     mds-common) step "mds-common has no command; every job above ran it from a tool's environment" ;;
     *) step "no job for $(dist_name "$package") yet: checked its install, imports and --help" ;;
     esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on an embedded corpus (Python's help topics), with no downloads:
 # corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices -> model plan
-# -> a small GPT trained in 2 processes (2 pipeline stages) under the deepspeed launcher.
+# -> a small GPT trained in 2 processes (2 pipeline stages) under the deepspeed launcher -> samples
+# from it (mds-generate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -31,4 +32,14 @@ OMP_NUM_THREADS=1 deepspeed --num_gpus 2 --master_port "${MDS_DEMO_PORT:-29533}"
     --weight-decay 0.1 --clip-grad 1.0 --data-path "$out/corpus_text_document" --split 90,8,2 \
     --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" \
     --log-interval 10 --eval-interval 40 --eval-iters 2 --save "$out/checkpoints" --save-interval 60
+# Samples from the model it trained: mds-generate reads the pipeline checkpoint with no model flags
+# (meta.json names the shape and the vocabulary) and continues three prompts, one JSON line each.
+printf '%s\n' "The built-in function" "A class definition" "for" >"$out/prompts.txt"
+OMP_NUM_THREADS=1 mds-generate --load "$out/checkpoints" --sample-input-file "$out/prompts.txt" \
+    --sample-output-file "$out/samples.jsonl" --max-new-tokens 24 --top-k 20 --temperature 0.7 \
+    --seed 1 --device cpu
+python -c 'import json, sys
+for line in open(sys.argv[1]):
+    record = json.loads(line)
+    print(repr(record["prompt"]), "->", repr(record["completion"]))' "$out/samples.jsonl"
 echo "demo finished: outputs in $out/ (checkpoint: $out/checkpoints/$(cat "$out/checkpoints/latest"))"
