@@ -9,7 +9,8 @@
 #   3. a small real job per tool, each tool run from its own environment: mds-tokenize on a tiny
 #      jsonl with GPT-2's files, mds-index info/show on the result, its ids back through
 #      `mds-tokenize decode`, mds-model info, mds-train for 2 iterations with a checkpoint,
-#      mds-generate samples from that checkpoint.
+#      mds-merge-mp reshaping it (with optimizer state, verified) and exporting it to HF,
+#      mds-generate sampling from the checkpoint, the reshaped one and the HF export.
 #      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
@@ -137,15 +138,26 @@ OMP_NUM_THREADS=1 tool mds-train mds-train --num-layers 1 --hidden-size 16 \
     --save "$job/checkpoints" 2>&1 | grep -v "^\[" | tee "$job/train.txt"
 grep -q "saved checkpoint .*global_step2" "$job/train.txt" || fail "mds-train saved no checkpoint"
 [[ $(cat "$job/checkpoints/latest") == global_step2 ]] || fail "latest does not name global_step2"
-step "job: mds-generate, greedy samples from that checkpoint (no model flags: meta.json)"
+step "job: mds-merge-mp reshapes that checkpoint to TP=2 with its optimizer state, and exports it"
+tool mds-checkpoint mds-merge-mp --load "$job/checkpoints" --save "$job/reshaped" \
+    --target-tensor-model-parallel-size 2 --with-optimizer --verify | tee "$job/reshape.txt"
+grep -q "verify: largest logit difference 0$" "$job/reshape.txt" || fail "mds-merge-mp --verify"
+[[ -f "$job/reshaped/global_step2/zero/optimizer_state.pt" ]] || fail "no reshaped optimizer state"
+tool mds-checkpoint mds-merge-mp export-hf --load "$job/reshaped" --save "$job/hf"
+[[ -f "$job/hf/config.json" && -f "$job/hf/model.safetensors" ]] || fail "export-hf wrote no model"
+step "job: mds-generate samples from the checkpoint, the reshaped one and the HF export"
 tool mds-generate mds-generate --load "$job/checkpoints" --prompt "Hello" --max-new-tokens 2 \
     --greedy --device cpu | tee "$job/sample.txt"
-tool mds-generate mds-generate --load "$job/checkpoints" --num-samples 2 --genfile \
+tool mds-generate mds-generate --load "$job/hf" --prompt "Hello" --max-new-tokens 2 --greedy \
+    --device cpu --vocab-file "$data/gpt2-vocab.json" --merge-file "$data/gpt2-merges.txt" \
+    >"$job/sample-hf.txt"
+cmp -s "$job/sample.txt" "$job/sample-hf.txt" || fail "mds-generate: the HF export samples otherwise"
+tool mds-generate mds-generate --load "$job/reshaped" --num-samples 2 --genfile \
     "$job/samples.jsonl" --max-new-tokens 3 --device cpu
 [[ $(grep -c '"finished"' "$job/samples.jsonl") == 2 ]] || fail "mds-generate wrote no 2 samples"
 for package in "${packages[@]}"; do
     case $(dist_name "$package") in
-    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-generate) ;;
+    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-checkpoint | mds-generate) ;;
     mds-common) step "mds-common has no command; every job above ran it from a tool's environment" ;;
     *) step "no job for $(dist_name "$package") yet: checked its install, imports and --help" ;;
     esac

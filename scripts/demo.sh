@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on an embedded corpus (Python's help topics), with no downloads:
 # corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices -> model plan
-# -> a small GPT trained in 2 processes (2 pipeline stages) under the deepspeed launcher -> samples
-# from it (mds-generate).
+# -> a small GPT trained in 2 processes (2 pipeline stages) under the deepspeed launcher
+# -> the checkpoint reshaped to one process and exported to Hugging Face -> samples from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -32,6 +32,11 @@ OMP_NUM_THREADS=1 deepspeed --num_gpus 2 --master_port "${MDS_DEMO_PORT:-29533}"
     --weight-decay 0.1 --clip-grad 1.0 --data-path "$out/corpus_text_document" --split 90,8,2 \
     --vocab-file "$out/vocab/vocab.json" --merge-file "$out/vocab/merges.txt" \
     --log-interval 10 --eval-interval 40 --eval-iters 2 --save "$out/checkpoints" --save-interval 60
+# Reshape the 2-stage checkpoint for one process (TP=1, PP=1), checking its logits against the
+# source's on a fixed batch, then export it as a Hugging Face GPT-2 folder (transformers loads it).
+mds-merge-mp --load "$out/checkpoints" --save "$out/checkpoint-tp1-pp1" \
+    --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1 --verify
+mds-merge-mp export-hf --load "$out/checkpoint-tp1-pp1" --save "$out/hf-gpt2"
 # Samples from the model it trained: mds-generate reads the pipeline checkpoint with no model flags
 # (meta.json names the shape and the vocabulary) and continues three prompts, one JSON line each.
 printf '%s\n' "The built-in function" "A class definition" "for" >"$out/prompts.txt"

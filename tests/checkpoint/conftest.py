@@ -1,15 +1,28 @@
 """Fixtures of the mds-merge-mp tests: real mds-train checkpoints, trained once per session.
 
 The runs reuse tests/train/runs.py (tiny GPT on Megatron's golden dataset, deepspeed launcher over
-gloo). Every run here has 4 layers (so PP=2 and PP=4 split them) and 4 heads (TP=4 divides them).
+gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 divides them).
+- `tp2_run`: fp32, TP=2 in 2 processes, 8 iterations, checkpoints at 4 and 8: the uninterrupted
+  reference of the resume tests and a plain-engine source with torch's AdamW state;
+- `resumed_pp2` / `resumed_dp2`: its iteration-4 checkpoint reshaped with optimizer state to PP=2
+  (pipeline engine) and to TP=1 run at DP=2 with ZeRO-1, resumed to iteration 8 and saved;
+- `tp2pp2_checkpoint`: bf16, TP=2 x PP=2 in 4 processes, 2 iterations: pipeline layer files and
+  DeepSpeed's BF16 optimizer partitions.
 """
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 TRAIN_TESTS = Path(__file__).resolve().parent.parent / "train"
+# DeepSpeed JIT-builds its shared-memory comm op on CPU in a cache shared by every environment
+# of the user (~/.cache/torch_extensions); environments of other checkouts rewrite its build file
+# and each rebuild costs a spawned run a minute. One cache per environment, built once.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 MODEL = (
     "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
     "--micro-batch-size 2 --global-batch-size 8"
@@ -21,6 +34,21 @@ def _load_runs():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _merge_mp(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mds_checkpoint", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="session")
+def merge_mp():
+    """merge_mp(*args): mds-merge-mp as a user runs it (a subprocess)."""
+    return _merge_mp
 
 
 @pytest.fixture(scope="session")
@@ -35,17 +63,16 @@ def data_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def train_flags(runs, shared_data, data_cache):
-    """flags(out, *extra, iterations=N): a tiny fp32 run without dropout, a loss line each."""
+    """flags(out, *extra, iterations=N): a tiny run without dropout, a loss line each."""
 
-    def flags(out: Path, *extra: str, iterations: int = 4) -> list[str]:
+    def flags(out: Path, *extra: str, iterations: int = 8) -> list[str]:
         return [
             *MODEL,
             *runs.OPTIMIZER,
             *runs.NO_DROPOUT,
             *runs.data_flags(shared_data, data_cache),
             *f"--train-iters {iterations} --lr-decay-iters 20 --log-interval 1".split(),
-            *"--eval-interval 1000".split(),
-            *"--eval-iters 1 --output-dir".split(),
+            *"--eval-interval 1000 --eval-iters 1 --output-dir".split(),
             str(out),
             *extra,
         ]
@@ -53,18 +80,56 @@ def train_flags(runs, shared_data, data_cache):
     return flags
 
 
+def _train(runs, flags, nproc):
+    result = runs.train(flags, nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def tp2_run(runs, train_flags, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tp2")
+    extra = ["--tensor-model-parallel-size", "2", "--save", str(out / "checkpoints")]
+    _train(runs, train_flags(out, *extra, "--save-interval", "4"), 2)
+    return out
+
+
+def _resume(runs, train_flags, tp2_run, out: Path, target: list[str], run: list[str]) -> Path:
+    reshaped = out / "reshaped"
+    result = _merge_mp(
+        "--load", tp2_run / "checkpoints", "--iteration", "4", "--save", reshaped,
+        "--with-optimizer", *target,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _train(runs, train_flags(out, *run, "--load", str(reshaped), "--save", str(out / "ckpt")), 2)
+    return out
+
+
+@pytest.fixture(scope="session")
+def resumed_pp2(runs, train_flags, tp2_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resumed-pp2")
+    target = ["--target-pipeline-model-parallel-size", "2"]
+    return _resume(runs, train_flags, tp2_run, out, target, ["--pipeline-model-parallel-size", "2"])
+
+
+@pytest.fixture(scope="session")
+def resumed_dp2(runs, train_flags, tp2_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resumed-dp2")
+    return _resume(runs, train_flags, tp2_run, out, [], ["--zero-stage", "1"])
+
+
 @pytest.fixture(scope="session")
 def tp2pp2_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
-    """TP=2 x PP=2 in 4 processes, 2 iterations: the pipeline engine's layer files."""
     out = tmp_path_factory.mktemp("tp2pp2")
     save = out / "checkpoints"
-    flags = train_flags(
-        out,
-        *"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2".split(),
-        "--save",
-        str(save),
-        iterations=2,
-    )
-    result = runs.train(flags, nproc=4)
-    assert result.returncode == 0, result.stderr[-3000:]
+    parallel = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --bf16".split()
+    _train(runs, train_flags(out, *parallel, "--save", str(save), iterations=2), 4)
+    return save
+
+
+@pytest.fixture(scope="session")
+def zero3_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
+    """fp32, ZeRO-3 over 2 data-parallel ranks, 2 iterations: weights only in fp32 partitions."""
+    out = tmp_path_factory.mktemp("zero3")
+    save = out / "checkpoints"
+    _train(runs, train_flags(out, "--zero-stage", "3", "--save", str(save), iterations=2), 2)
     return save

@@ -46,3 +46,19 @@ def test_not_a_checkpoint_is_one_line(tmp_path):
         load_consolidated(tmp_path)
     with pytest.raises(ValueError, match="no checkpoint of iteration 7"):
         load_consolidated(tmp_path, iteration=7)
+
+
+def test_zero3_partitions_consolidate_as_deepspeed_s_zero_to_fp32(zero3_checkpoint):
+    """ZeRO-3 keeps the weights only as fp32 partitions; DeepSpeed's own zero_to_fp32 is the
+    reference for putting them back together."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    model = load_consolidated(zero3_checkpoint)
+    assert (
+        model.meta["parallel"]["zero_stage"] == 3 and model.meta["parallel"]["data_parallel"] == 2
+    )
+    reference = get_fp32_state_dict_from_zero_checkpoint(str(zero3_checkpoint))
+    assert sorted(reference) == sorted(model.state_dict)
+    for name, tensor in reference.items():
+        assert torch.equal(model.state_dict[name], tensor), name
+    GPT(model.config).load_state_dict(model.state_dict)

@@ -172,6 +172,49 @@ COMMANDS = [
         ("--valid", "--valid-data"),
     ),
     Command(
+        ("mds-merge-mp",),
+        "mds-checkpoint",
+        ("--load", "{missing}", "--save", "{tmp}/out", "--target-tensor-model-parallel-size", "2"),
+        "--save",
+        "--with-optimiser",
+        "--with-optimizer",
+        ("--target-tensor", "--target-tensor-model-parallel-size"),
+    ),
+    Command(
+        ("mds-merge-mp", "merge"),
+        "mds-checkpoint",
+        ("--load", "{missing}", "--save", "{tmp}/out", "--model-type", "GPT"),
+        "--load",
+        "--iteraton",
+        "--iteration",
+        ("--target-pipeline", "--target-pipeline-model-parallel-size"),
+    ),
+    Command(
+        ("mds-merge-mp", "export-hf"),
+        "mds-checkpoint",
+        ("--load", "{missing}", "--save", "{tmp}/hf"),
+        "--save",
+        "--verfy",
+        "--verify",
+        ("--eos-token", "--eos-token-id"),
+    ),
+    Command(
+        ("mds-merge-mp", "import-hf"),
+        "mds-checkpoint",
+        (
+            "--load",
+            "{missing}",
+            "--save",
+            "{tmp}/ckpt",
+            "--target-pipeline-model-parallel-size",
+            "2",
+        ),
+        "--load",
+        "--seq-lenght",
+        "--seq-length",
+        ("--make-vocab", "--make-vocab-size-divisible-by"),
+    ),
+    Command(
         ("mds-model", "info"),
         "mds-model",
         ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "3"),
@@ -269,7 +312,14 @@ def test_abbreviations_and_multi_value_flags(command, names):
     args = fill(command.valid, names)
     abbreviated = [prefix if arg == full else arg for arg in args]
     if abbreviated == args:  # the flag is optional: add it, with a value it accepts
-        abbreviated += [prefix, *{"--min-frequency": ["2"], "--split-name": ["train"]}[full]]
+        values = {
+            "--min-frequency": ["2"],
+            "--split-name": ["train"],
+            "--target-pipeline-model-parallel-size": ["1"],
+            "--eos-token-id": ["0"],
+            "--make-vocab-size-divisible-by": ["128"],
+        }
+        abbreviated += [prefix, *values[full]]
     # The line parses (exit 1 on the missing file, not 2 on the flags) and fails the same way.
     assert run(*command.words, *args).stderr == run(*command.words, *abbreviated).stderr
 

@@ -38,10 +38,7 @@ def single_rank_config(config: GPTConfig, tp_size: int = 1) -> GPTConfig:
             f"the vocabulary is padded to {pad_to} rows (pad_vocab_size_to), not divisible by the "
             f"target tensor-parallel size {tp_size}"
         )
-    try:
-        return dataclasses.replace(config, tensor_model_parallel_size=tp_size)
-    except ValueError as error:
-        raise ValueError(f"target tensor-parallel size {tp_size}: {error}") from None
+    return dataclasses.replace(config, tensor_model_parallel_size=tp_size)
 
 
 def consolidate(source: Source) -> ConsolidatedModel:

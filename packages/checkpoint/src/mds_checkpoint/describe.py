@@ -62,12 +62,16 @@ def config_from_megatron_args(
 
     missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads") if arg(n) is None]
     if missing:
-        raise ValueError(f"{where}: Megatron's args lack {', '.join(missing)}; not a GPT checkpoint")
+        raise ValueError(
+            f"{where}: Megatron's args lack {', '.join(missing)}; not a GPT checkpoint"
+        )
     padded = arg("padded_vocab_size")
     info = checkpoint_info or {}
     vocab = info.get("original_vocab_size") or padded
     if vocab is None:
-        raise ValueError(f"{where}: neither padded_vocab_size nor checkpoint_info in Megatron's args")
+        raise ValueError(
+            f"{where}: neither padded_vocab_size nor checkpoint_info in Megatron's args"
+        )
     fields = dict(
         num_layers=int(arg("num_layers")),
         hidden_size=int(arg("hidden_size")),

@@ -17,6 +17,7 @@ MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 MEGATRON_FILE = "model_optim_rng.pt"
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 MP_RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
+ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
 MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
 
 
@@ -30,9 +31,14 @@ def _kind_of(folder: Path) -> str | None:
     if not folder.is_dir():
         return None
     names = [p.name for p in folder.iterdir()]
-    if any(MP_RANK_FILE.fullmatch(n) or LAYER_FILE.fullmatch(n) for n in names):
+    if any(
+        MP_RANK_FILE.fullmatch(n) or LAYER_FILE.fullmatch(n) or ZERO3_MODEL_FILE.fullmatch(n)
+        for n in names
+    ):
         return "deepspeed"
-    if any(MEGATRON_RANK_DIR.fullmatch(n) and (folder / n / MEGATRON_FILE).is_file() for n in names):
+    if any(
+        MEGATRON_RANK_DIR.fullmatch(n) and (folder / n / MEGATRON_FILE).is_file() for n in names
+    ):
         return "megatron"
     return None
 
@@ -49,7 +55,9 @@ def locate(path: Path, *, iteration: int | None = None) -> Located:
     if not path.exists():
         raise ValueError(f"{path}: no such checkpoint folder")
     if not path.is_dir():
-        raise ValueError(f"{path}: not a folder; give a checkpoint save folder or a global_stepN one")
+        raise ValueError(
+            f"{path}: not a folder; give a checkpoint save folder or a global_stepN one"
+        )
     if iteration is not None:
         folder = _tag_folder(path, iteration)
         if folder is None:

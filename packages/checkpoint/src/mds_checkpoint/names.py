@@ -1,9 +1,10 @@
 """Parameter names and how each is split over tensor-parallel ranks (Megatron's `mpu/layers.py`).
 
-Every reader turns its files' names into the plain `mds_model.GPT` names (`layers.3.mlp.dense_4h_to_h
-.weight`), every writer goes from them; the split rule is one table: column-parallel weights on dim
-0 (QKV rows grouped `[heads, 3, head_dim]`, so plain concatenation keeps the grouping),
-row-parallel on dim 1, the word embeddings' padded vocabulary rows on dim 0, the rest replicated.
+Every reader turns its files' names into the plain `mds_model.GPT` names
+(`layers.3.mlp.dense_4h_to_h.weight`), every writer goes from them; the split rule is one table:
+column-parallel weights on dim 0 (QKV rows grouped `[heads, 3, head_dim]`, so plain concatenation
+keeps the grouping), row-parallel on dim 1, the word embeddings' padded vocabulary rows on dim 0,
+the rest replicated.
 """
 
 from __future__ import annotations

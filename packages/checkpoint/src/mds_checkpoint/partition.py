@@ -55,6 +55,16 @@ def resize_vocab(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, padding])
 
 
+def owned(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with storage of its own size: `torch.save` of a view writes its whole base."""
+    tensor = tensor.contiguous()
+    if tensor.storage_offset() or tensor.untyped_storage().nbytes() != (
+        tensor.numel() * tensor.element_size()
+    ):
+        return tensor.clone()
+    return tensor
+
+
 def split_whole(
     name: str, tensor: torch.Tensor, tp_size: int, *, padded_vocab_size: int
 ) -> list[torch.Tensor]:
@@ -63,14 +73,14 @@ def split_whole(
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
     if split.dim is None:
-        return [tensor.contiguous() for _ in range(tp_size)]
+        return [owned(tensor)] * tp_size
     size = tensor.shape[split.dim]
     if size % tp_size:
         raise ValueError(
             f"{name}: dimension {split.dim} has {size} entries, not divisible by the target "
             f"tensor-parallel size {tp_size}"
         )
-    return [chunk.contiguous() for chunk in tensor.chunk(tp_size, dim=split.dim)]
+    return [owned(chunk) for chunk in tensor.chunk(tp_size, dim=split.dim)]
 
 
 def shard_for_rank(

@@ -110,7 +110,7 @@ def _deepspeed_source(folder: Path) -> Source:
         tp, pp = meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]
     else:
         if not mp_files:
-            raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt to describe it")
+            raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt describe it")
         state = torchfile.load(folder / mp_files[0])
         if state.get("args") is None:
             raise ValueError(
@@ -178,7 +178,10 @@ def open_source(path: str | Path, *, iteration: int | None = None) -> Source:
         source = _megatron_source(located.folder)
     else:
         source = _deepspeed_source(located.folder)
-    if isinstance(source.reader, LayerFiles) and source.reader.num_layers != source.config.num_layers:
+    if (
+        isinstance(source.reader, LayerFiles)
+        and source.reader.num_layers != source.config.num_layers
+    ):
         raise ValueError(
             f"{source.folder}: layer files hold {source.reader.num_layers} transformer layers, "
             f"the description says num_layers {source.config.num_layers}"

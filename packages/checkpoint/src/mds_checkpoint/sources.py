@@ -99,7 +99,7 @@ class LayerFiles:
         return f"{self.folder}/{self.file(index, 0)}"
 
 
-def _split_by_part(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, dict]:
+def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:
     parts: dict[str, dict] = {name: {} for name in part_names(num_layers)}
     for name, tensor in state.items():
         if name.startswith("embedding."):
@@ -117,30 +117,36 @@ def _split_by_part(state: dict[str, torch.Tensor], num_layers: int) -> dict[str,
 
 
 class PlainEngineFiles:
-    """DeepSpeed's plain engine: `mp_rank_YY_model_states.pt` holding the GPT's state dict."""
+    """DeepSpeed's plain engine: `mp_rank_YY_model_states.pt` holding the GPT's state dict.
+
+    Each file is opened (memory-mapped) again for every part and let go after it, so the pages
+    of the parts already written are not kept mapped."""
 
     def __init__(self, folder: Path, *, tp_size: int, num_layers: int) -> None:
-        self.folder, self.tp_size = folder, tp_size
+        self.folder, self.tp_size, self.num_layers = folder, tp_size, num_layers
         _missing_ranks(folder, [self.file(t) for t in range(tp_size)])
-        self._parts = []
         for tp in range(tp_size):
-            module = torchfile.load(folder / self.file(tp)).get("module")
-            if not isinstance(module, dict):
-                raise ValueError(
-                    f"{folder / self.file(tp)}: holds no model weights ('module' is "
-                    f"{type(module).__name__}); a pipeline checkpoint needs its layer_* files"
-                )
-            try:
-                self._parts.append(_split_by_part(module, num_layers))
-            except ValueError as error:
-                raise ValueError(f"{folder / self.file(tp)}: {error}") from None
+            self._module(tp)  # checks every file's names once, up front
 
     @staticmethod
     def file(tp: int) -> str:
         return f"mp_rank_{tp:02d}_model_states.pt"
 
+    def _module(self, tp: int) -> dict[str, dict]:
+        path = self.folder / self.file(tp)
+        module = torchfile.load(path).get("module")
+        if not isinstance(module, dict):
+            raise ValueError(
+                f"{path}: holds no model weights ('module' is {type(module).__name__}); a "
+                "pipeline checkpoint needs its layer_* files"
+            )
+        try:
+            return _split_by_part(module, self.num_layers)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+
     def read_part(self, part: str) -> Shards:
-        return [parts[part] for parts in self._parts]
+        return [self._module(tp)[part] for tp in range(self.tp_size)]
 
     def where(self, part: str) -> str:
         return f"{self.folder}/{self.file(0)}"
@@ -159,10 +165,11 @@ def _fix_qkv(tensor: torch.Tensor, version: float, heads: int) -> torch.Tensor:
 
 
 class MegatronFiles:
-    """Plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`, nested `model` dicts."""
+    """Plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`, nested `model` dicts; the files of
+    the stage holding a part are opened (memory-mapped) for that part only."""
 
     def __init__(self, folder: Path, *, heads: int) -> None:
-        self.folder = folder
+        self.folder, self.heads = folder, heads
         ranks = {}
         for path in folder.iterdir():
             match = MEGATRON_RANK_DIR.fullmatch(path.name)
@@ -170,34 +177,23 @@ class MegatronFiles:
                 ranks[(int(match.group(1)), int(match.group(2) or 0))] = path
         self.tp_size = max(tp for tp, _ in ranks) + 1
         self.pp_size = max(pp for _, pp in ranks) + 1
-        names = [self.rank_dir(t, p) + "/" + MEGATRON_FILE for p in range(self.pp_size)
-                 for t in range(self.tp_size)]  # fmt: skip
-        _missing_ranks(folder, names)
-        self.first = torchfile.load(folder / names[0])
-        version = float(self.first.get("checkpoint_version", 0) or 0)
-        self._parts: list[dict[str, dict]] = [{} for _ in range(self.tp_size)]
-        offset = 0
+        names = [self.path(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+        _missing_ranks(folder, [str(path.relative_to(folder)) for path in names])
+        first = torchfile.load(self.path(0, 0))
+        self.version = float(first.get("checkpoint_version", 0) or 0)
+        self.offsets = [0]  # the first global layer of each stage
         for pp in range(self.pp_size):
-            count = None
-            for tp in range(self.tp_size):
-                path = folder / self.rank_dir(tp, pp) / MEGATRON_FILE
-                state = self.first if (tp, pp) == (0, 0) else torchfile.load(path)
-                flat = self._flatten(state, path, offset, version, heads // self.tp_size)
-                local = {int(n.split(".")[1]) for n in flat if n.startswith("layers.")}
-                count = len(local) if count is None else count
-                for name, tensor in flat.items():
-                    self._parts[tp][name] = tensor
-            offset += count or 0
-        self.num_layers = offset
-        self._parts = [_split_by_part(flat, offset) for flat in self._parts]
+            flat = self._flatten(pp, 0, offset=0)
+            self.offsets.append(self.offsets[-1] + len(_layer_numbers(flat)))
+        self.num_layers = self.offsets[-1]
 
-    def rank_dir(self, tp: int, pp: int) -> str:
-        return f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
+    def path(self, tp: int, pp: int) -> Path:
+        name = f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
+        return self.folder / name / MEGATRON_FILE
 
-    @staticmethod
-    def _flatten(
-        state: dict[str, Any], path: Path, offset: int, version: float, heads: int
-    ) -> dict[str, torch.Tensor]:
+    def _flatten(self, pp: int, tp: int, *, offset: int) -> dict[str, torch.Tensor]:
+        path = self.path(tp, pp)
+        state = torchfile.load(path)
         if "model" not in state:
             extra = " (virtual pipeline stages are not supported)" if "model0" in state else ""
             raise ValueError(f"{path}: no 'model' in the checkpoint{extra}")
@@ -208,12 +204,13 @@ class MegatronFiles:
             if sub in embedding:
                 out[f"embedding.{sub}.weight"] = embedding[sub]["weight"]
         encoder = language.get("encoder", language.get("transformer", {}))
+        heads = self.heads // self.tp_size
         for name, tensor in encoder.items():
             if name.startswith("layers."):
                 _, index, local = name.split(".", 2)
                 local = canonical_layer_key(local)
-                if local.startswith("self_attention.query_key_value") and version < 2:
-                    tensor = _fix_qkv(tensor, version, heads)
+                if local.startswith("self_attention.query_key_value") and self.version < 2:
+                    tensor = _fix_qkv(tensor, self.version, heads)
                 out[layer_name(offset + int(index), local)] = tensor
             elif name.startswith("final_layernorm."):
                 out[name] = tensor
@@ -221,11 +218,28 @@ class MegatronFiles:
                 raise ValueError(f"{path}: unexpected encoder key {name}")
         return out
 
+    def _stage_of(self, part: str) -> int:
+        if part == EMBEDDING:
+            return 0
+        if part == FINAL:
+            return self.pp_size - 1
+        index = int(part.split(".")[1])
+        return next(pp for pp in range(self.pp_size) if index < self.offsets[pp + 1])
+
     def read_part(self, part: str) -> Shards:
-        return [parts[part] for parts in self._parts]
+        pp = self._stage_of(part)
+        shards = []
+        for tp in range(self.tp_size):
+            flat = self._flatten(pp, tp, offset=self.offsets[pp])
+            shards.append(_split_by_part(flat, self.num_layers)[part])
+        return shards
 
     def where(self, part: str) -> str:
-        return f"{self.folder}/{self.rank_dir(0, 0)}/{MEGATRON_FILE}"
+        return str(self.path(0, self._stage_of(part)))
+
+
+def _layer_numbers(flat: dict[str, torch.Tensor]) -> set[int]:
+    return {int(name.split(".")[1]) for name in flat if name.startswith("layers.")}
 
 
 def is_mp_rank_file(name: str) -> bool:

@@ -4,7 +4,8 @@ Layout (README: "Checkpoints"): `{save}/global_stepN/` holds DeepSpeed's files (
 and mp_rank_XX files, ZeRO partitions), `rng_state_rankRRRRR.pt` per global rank, and `meta.json`
 (model config, topology, progress, tokenizer, versions); `{save}/latest` names the newest complete
 one. Every rank writes into `global_stepN.partial`; rank 0 renames it into place and only then
-rewrites `latest`, so a run killed mid-save leaves `latest` on the previous checkpoint.
+rewrites `latest`, so a run killed mid-save leaves `latest` on the previous checkpoint. A checkpoint
+mds-merge-mp reshaped to this topology loads its topology-free optimizer state through reshaped.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mds_common.files import (
     write_text_atomically,
 )
 
+from .reshaped import restore_optimizer_state
 from .state import TrainingState, capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ class CheckpointContext:
     barrier: Callable[[], None]
     rng_tracker: Any
     meta: dict[str, Any]  # the run's description; progress is added per save
+    groups: Any = None  # mds_model.ParallelGroups: a reshaped checkpoint's TP slices
+    optimizer: Any = None  # the base optimizer (whose param groups carry the learning rate)
 
 
 def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: Path) -> Path:
@@ -134,10 +138,27 @@ def find_checkpoint(
     return path, meta
 
 
+def reshaped_optimizer(meta: dict[str, Any]) -> bool:
+    """mds-merge-mp wrote the optimizer state topology-free (loadable at any DP)."""
+    return (meta.get("optimizer") or {}).get("layout") == "universal"
+
+
 def check_compatible(
     meta: dict[str, Any], run_meta: dict[str, Any], *, path: Path, loads_optimizer: bool
 ) -> None:
     """The checkpoint's model and topology against this run's; one line says what differs."""
+    if "reshaped" in meta and loads_optimizer:
+        if not reshaped_optimizer(meta):
+            raise ValueError(
+                f"{path}: reshaped by mds-merge-mp without --with-optimizer, so it holds no "
+                "optimizer state; add --no-load-optim (or --finetune), or reshape again with "
+                "--with-optimizer"
+            )
+        if run_meta["parallel"]["zero_stage"] == 3:
+            raise ValueError(
+                f"{path}: a reshaped checkpoint cannot resume at ZeRO-3 (its weights live in "
+                "DeepSpeed's partitions); resume at ZeRO 0-2, or add --no-load-optim"
+            )
     for name in SHAPE_FIELDS:
         theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
         if theirs != ours:
@@ -158,6 +179,7 @@ def check_compatible(
             )
     if (
         loads_optimizer
+        and not reshaped_optimizer(meta)
         and saved["zero_stage"] > 0
         and saved["data_parallel"] != current["data_parallel"]
     ):
@@ -181,23 +203,45 @@ def load_checkpoint(
     already checked with `check_compatible`."""
     path, meta = found
     load_optimizer = load_optimizer and not finetune
+    # A reshaped checkpoint's optimizer state is topology-free: DeepSpeed loads the weights only
+    # and reshaped.py fills this rank's optimizer.
+    universal = load_optimizer and reshaped_optimizer(meta)
     _, client_state = context.engine.load_checkpoint(
         str(path.parent),
         tag=path.name,
-        load_optimizer_states=load_optimizer,
+        load_optimizer_states=load_optimizer and not universal,
         load_lr_scheduler_states=False,
-        load_module_only=not load_optimizer,
+        load_module_only=not load_optimizer or universal,
     )
     if not load_optimizer:  # fp32 master copies follow the loaded weights
         refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
         if refresh is not None:
             refresh()
+    if universal:
+        step = restore_optimizer_state(
+            context.engine,
+            context.optimizer,
+            context.groups,
+            path,
+            num_layers=meta["model"]["num_layers"],
+        )
+        logger.info("optimizer state of %s restored at step %d (reshaped)", path, step)
     if finetune:
         logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
         return TrainingState()
     if client_state is None or CLIENT_KEY not in client_state:
         raise ValueError(f"{path}: the DeepSpeed files hold no mds-train progress")
     state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
+    if universal:  # as DeepSpeed's own optimizer load would have set them
+        context.engine.global_steps = state.iteration
+        context.engine.global_samples = state.consumed_train_samples
+    if load_rng and "reshaped" in meta:
+        logger.warning(
+            "%s was reshaped by mds-merge-mp: per-rank RNG states do not carry over to another "
+            "topology; dropout and other random draws continue from the seed",
+            path,
+        )
+        load_rng = False
     if load_rng:
         rng_path = path / rng_file(context.rank)
         if meta["parallel"]["world_size"] != context.world_size or not rng_path.is_file():

@@ -146,6 +146,8 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         barrier=dist.barrier,
         rng_tracker=setup.rng_tracker,
         meta=description,
+        groups=setup.groups,
+        optimizer=setup.optimizer,
     )
     state = TrainingState()
     if found is not None:

@@ -1,0 +1,147 @@
+"""mds-merge-mp on a randomly initialised GPT-2 345M checkpoint, TP=2 x PP=2 -> TP=1 x PP=1 on CPU,
+against `cp -r` of the same bytes in the same run: wall time (target: within 2x of cp) and peak
+RSS of the reshaping process (target: under 1.5 GB, about a layer above the bare interpreter).
+
+The source is written by mds-checkpoint's own writer from random tensors, one part at a time
+(24 layers, hidden 1024, 16 heads, vocab 50257 padded for TP=2, seq 1024), in --dtype. Each
+command runs as a child process; its peak RSS is its own (`os.wait4`). cp runs first and again
+last, so both see the source in the page cache as the reshape does.
+
+    python3 benchmarks/checkpoint.py [--dtype float32] [--work /tmp/mds-checkpoint-bench] [--keep]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from mds_checkpoint.output import output_meta, target_config
+from mds_checkpoint.source import part_names
+from mds_checkpoint.writer import CheckpointWriter, tag_for
+from mds_model import GPTConfig
+
+LAYER = (
+    ("input_layernorm.weight", "h"), ("input_layernorm.bias", "h"),
+    ("self_attention.query_key_value.weight", "3h,h"),
+    ("self_attention.query_key_value.bias", "3h"),
+    ("self_attention.dense.weight", "h,h"), ("self_attention.dense.bias", "h"),
+    ("post_attention_layernorm.weight", "h"), ("post_attention_layernorm.bias", "h"),
+    ("mlp.dense_h_to_4h.weight", "4h,h"), ("mlp.dense_h_to_4h.bias", "4h"),
+    ("mlp.dense_4h_to_h.weight", "h,4h"), ("mlp.dense_4h_to_h.bias", "h"),
+)  # fmt: skip
+
+
+def _shape(spec: str, h: int) -> tuple[int, ...]:
+    sizes = {"h": h, "3h": 3 * h, "4h": 4 * h}
+    return tuple(sizes[s] for s in spec.split(","))
+
+
+def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
+    """A random TP/PP checkpoint in mds-train's layout, written part by part."""
+    generator = torch.Generator().manual_seed(1234)
+    dtype, h = config.torch_dtype, config.hidden_size
+
+    def random(*shape):
+        return (torch.randn(shape, generator=generator) * 0.02).to(dtype)
+
+    tag = tag_for(100)
+    writer = CheckpointWriter(folder / tag, config=config, pipeline_parallel=pp)
+    for part in part_names(config.num_layers):
+        if part == "embedding":
+            tensors = {
+                "embedding.word_embeddings.weight": random(config.padded_vocab_size, h),
+                "embedding.position_embeddings.weight": random(config.max_positions, h),
+            }
+        elif part == "final":
+            tensors = {"final_layernorm.weight": random(h), "final_layernorm.bias": random(h)}
+        else:
+            tensors = {f"{part}.{name}": random(*_shape(spec, h)) for name, spec in LAYER}
+        writer.write_part(tensors)
+    progress = {"iteration": 100, "consumed_train_samples": 51200}
+    writer.finish(progress)
+    meta = output_meta(
+        progress, config, pipeline_parallel=pp, tag=tag, reshaped={"from": "random"}, optimizer=None
+    )
+    (folder / tag / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    (folder / "latest").write_text(tag)
+
+
+def run_measured(command: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in MiB, stdout) of one child process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(command)} failed")
+    return seconds, usage.ru_maxrss / 1024, output  # ru_maxrss: KiB on Linux
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mds-checkpoint-bench"))
+    parser.add_argument("--num-layers", type=int, default=24, help="345M: 24")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    model = GPTConfig(
+        num_layers=args.num_layers, hidden_size=1024, num_attention_heads=16, vocab_size=50257,
+        seq_length=1024, params_dtype=args.dtype,
+    )  # fmt: skip
+    source = args.work / "source"
+    start = time.perf_counter()
+    write_source(source, target_config(model, tensor_parallel=2, pipeline_parallel=2), pp=2)
+    size = folder_bytes(source)
+    print(
+        f"source: random GPT-2 345M ({args.num_layers} layers) at TP=2 PP=2, {args.dtype}, "
+        f"{size / 2**30:.2f} GiB in {len(list((source / 'global_step100').iterdir()))} files "
+        f"(written in {time.perf_counter() - start:.1f} s)"
+    )
+    python = sys.executable
+    baseline = run_measured([python, "-c", "import mds_checkpoint.cli, mds_checkpoint.reshape"])[1]
+    cp_first = run_measured(["cp", "-r", str(source), str(args.work / "copy1")])
+    reshape = run_measured(
+        [python, "-m", "mds_checkpoint", "--load", str(source), "--save", str(args.work / "out"),
+         "--target-tensor-model-parallel-size", "1", "--target-pipeline-model-parallel-size", "1"]
+    )  # fmt: skip
+    cp_last = run_measured(["cp", "-r", str(source), str(args.work / "copy2")])
+    cp_time = min(cp_first[0], cp_last[0])
+    out_size = folder_bytes(args.work / "out")
+    print(f"cp -r of the source          {cp_first[0]:7.2f} s / {cp_last[0]:7.2f} s (first/last)")
+    inside = float(re.search(r" in ([0-9.]+) s", reshape[2]).group(1))
+    print(
+        f"mds-merge-mp TP2xPP2 -> 1x1  {reshape[0]:7.2f} s   {reshape[0] / cp_time:.2f}x cp "
+        f"(target <= 2x); wrote {out_size / 2**30:.2f} GiB"
+    )
+    print(
+        f"  of which the reshape itself {inside:.2f} s ({inside / cp_time:.2f}x cp; it fsyncs "
+        f"every file, cp does not), the rest starting Python and importing torch"
+    )
+    item = torch.tensor([], dtype=model.torch_dtype).element_size()
+    layer = (12 * 1024 * 1024 + 13 * 1024) * item / 2**20
+    embedding = model.padded_vocab_size * 1024 * item / 2**20
+    print(
+        f"peak RSS: mds-merge-mp {reshape[1]:.0f} MiB (target < 1536); the interpreter with its "
+        f"imports {baseline:.0f} MiB; a transformer layer is {layer:.0f} MiB, the word "
+        f"embeddings (the largest part) {embedding:.0f} MiB"
+    )
+    if not args.keep:
+        shutil.rmtree(args.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""`mds-merge-mp`: reshape (the default command), `export-hf`, `import-hf`.
+
+Megatron's `tools/merge_mp_partitions.py` line works unchanged (`--model-type GPT`,
+`--tensor-model-parallel-size` naming the source's TP, `--target-pipeline-model-parallel-size`).
+Parsing, errors and exit codes follow the shared dialect (`mds_common.cli`, docs/cli.md); torch
+and the readers load inside the commands, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from mds_common.cli import new_app, run_app
+
+app = new_app(
+    "Reshape mds-train / Megatron(-DeepSpeed) checkpoints to any TP/PP (merge, the default), "
+    "with optimizer state; export to and import from Hugging Face GPT-2."
+)
+
+Load = Annotated[
+    Path, typer.Option("--load", help="Save folder (with `latest`) or one checkpoint folder.")
+]
+Save = Annotated[Path, typer.Option("--save", help="Output folder (created; must not exist).")]
+TargetTP = Annotated[
+    int,
+    typer.Option("--target-tensor-model-parallel-size", help="Tensor-parallel size of the output."),
+]
+TargetPP = Annotated[
+    int,
+    typer.Option(
+        "--target-pipeline-model-parallel-size",
+        help="Pipeline stages of the output (must divide --num-layers).",
+    ),
+]
+Iteration = Annotated[
+    int | None,
+    typer.Option("--iteration", help="Read global_stepN / iter_N instead of the newest."),
+]
+
+
+@app.command("merge")
+def merge(
+    load: Load,
+    save: Save,
+    target_tensor_model_parallel_size: TargetTP = 1,
+    target_pipeline_model_parallel_size: TargetPP = 1,
+    iteration: Iteration = None,
+    with_optimizer: Annotated[
+        bool,
+        typer.Option(
+            "--with-optimizer",
+            help="Also reshape fp32 master weights and Adam moments (any DP size) so that "
+            "mds-train --load resumes at the new layout.",
+        ),
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Run source and output on a fixed batch on CPU; print the largest "
+            "logit difference.",
+        ),
+    ] = False,
+    tensor_model_parallel_size: Annotated[
+        int | None,
+        typer.Option(
+            "--tensor-model-parallel-size",
+            help="The source's TP size (merge_mp_partitions' flag); checked against the files.",
+        ),
+    ] = None,
+    model_type: Annotated[
+        str, typer.Option("--model-type", help="merge_mp_partitions' flag; only GPT.")
+    ] = "GPT",
+) -> None:
+    """Reshape a checkpoint to another tensor/pipeline-parallel layout (mds-train's layout)."""
+    from .config import ReshapeConfig
+    from .reshape import reshape
+
+    if model_type.upper() != "GPT":
+        raise ValueError(f"--model-type {model_type}: only GPT checkpoints are reshaped")
+    config = ReshapeConfig(
+        load=load,
+        save=save,
+        tensor_parallel=target_tensor_model_parallel_size,
+        pipeline_parallel=target_pipeline_model_parallel_size,
+        iteration=iteration,
+        with_optimizer=with_optimizer,
+        verify=verify,
+    )
+    if tensor_model_parallel_size is not None:
+        _check_source_tp(config, tensor_model_parallel_size)
+    result = reshape(config)
+    typer.echo(
+        f"wrote {result.folder}: TP={config.tensor_parallel} PP={config.pipeline_parallel}, "
+        f"{result.num_tensors} tensors ({result.num_bytes / 2**20:.1f} MiB) in "
+        f"{result.seconds:.1f} s" + (" with optimizer state" if with_optimizer else "")
+    )
+    if result.logit_difference is not None:
+        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+
+
+def _check_source_tp(config, given: int) -> None:
+    from .source import open_source
+
+    source = open_source(config.load, iteration=config.iteration)
+    if source.tp_size != given:
+        raise ValueError(
+            f"--tensor-model-parallel-size {given}: the checkpoint was saved with TP="
+            f"{source.tp_size}"
+        )
+
+
+@app.command("export-hf")
+def export_hf(
+    load: Load,
+    save: Annotated[Path, typer.Option("--save", help="Hugging Face folder to write.")],
+    iteration: Iteration = None,
+    eos_token_id: Annotated[
+        int | None,
+        typer.Option("--eos-token-id", help="BOS/EOS id; default: the checkpoint tokenizer's."),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Compare the exported weights' logits with the source's."),
+    ] = False,
+) -> None:
+    """Write a GPT2LMHeadModel folder (config.json + model.safetensors, padding removed)."""
+    from .config import ExportConfig
+    from .hf import export_hf as run_export
+
+    result = run_export(
+        ExportConfig(
+            load=load, save=save, iteration=iteration, eos_token_id=eos_token_id, verify=verify
+        )
+    )
+    typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")
+    if result.logit_difference is not None:
+        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+
+
+@app.command("import-hf")
+def import_hf(
+    load: Annotated[
+        Path, typer.Option("--load", help="Hugging Face GPT-2 folder (config.json, safetensors).")
+    ],
+    save: Save,
+    target_tensor_model_parallel_size: TargetTP = 1,
+    target_pipeline_model_parallel_size: TargetPP = 1,
+    make_vocab_size_divisible_by: Annotated[
+        int, typer.Option("--make-vocab-size-divisible-by", help="Vocab padding multiple (x TP).")
+    ] = 128,
+    seq_length: Annotated[
+        int | None, typer.Option("--seq-length", help="Training length; default n_positions.")
+    ] = None,
+) -> None:
+    """Turn a Hugging Face GPT-2 folder into an mds-train checkpoint at any TP/PP."""
+    from .config import ImportConfig
+    from .hf import import_hf as run_import
+
+    folder = run_import(
+        ImportConfig(
+            load=load,
+            save=save,
+            tensor_parallel=target_tensor_model_parallel_size,
+            pipeline_parallel=target_pipeline_model_parallel_size,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            seq_length=seq_length,
+        )
+    )
+    typer.echo(
+        f"wrote {folder}: TP={target_tensor_model_parallel_size} "
+        f"PP={target_pipeline_model_parallel_size}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    # A CPU tool: DeepSpeed (whose files are read) then skips its accelerator probe and warning.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    run_app(
+        app, prog="mds-merge-mp", distribution="mds-checkpoint", argv=argv, default_command="merge"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Parameter names as DeepSpeed's engines know them, and the order their optimizers hold them.
+
+The plain engine names parameters as the GPT does. The pipeline engine's `PipelineModule` names a
+stage's tied embedding `tied_modules.embed.X` and every other layer `{spec index}.X`; its stages
+are cut with DeepSpeed's `partition_balanced` over the transformer layers ("type:transformer").
+mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (decayed), then the
+1-D biases and norms, each in module order.
+"""
+
+from __future__ import annotations
+
+from mds_model import GPTConfig
+
+from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
+
+TIED_PREFIX = "tied_modules.embed."
+FIRST_LAYER_INDEX = 3  # GPTModelPipe: 0 cast, 1 embedding, 2 transpose, 3.. layers
+
+
+def _embedding(config: GPTConfig) -> tuple[str, ...]:
+    return embedding_names(
+        learned_positions=config.position_embedding_type == "learned",
+        embed_layernorm=config.embed_layernorm,
+    )
+
+
+def pipeline_to_plain(name: str, num_layers: int) -> str:
+    """A PipelineModule parameter name -> the plain GPT name."""
+    if name.startswith(TIED_PREFIX):
+        return "embedding." + name[len(TIED_PREFIX) :]
+    index, rest = name.split(".", 1)
+    position = int(index) - FIRST_LAYER_INDEX
+    if 0 <= position < num_layers:
+        return layer_name(position, rest)
+    if int(index) == num_layers + 4:
+        return "final_layernorm." + rest
+    raise ValueError(f"pipeline parameter {name} is not part of a {num_layers}-layer GPT")
+
+
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """The transformer layers each pipeline stage holds ("type:transformer" partitioning)."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    weights = [0] * FIRST_LAYER_INDEX + [1] * num_layers + [0] * 4
+    parts = partition_balanced(weights=weights, num_parts=num_stages)
+    stages = []
+    for stage in range(num_stages):
+        first = max(parts[stage] - FIRST_LAYER_INDEX, 0)
+        last = min(max(parts[stage + 1] - FIRST_LAYER_INDEX, 0), num_layers)
+        stages.append(range(first, last))
+    return stages
+
+
+def module_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[str]:
+    """Plain names of the parameters one stage holds, in its module's registration order (the
+    pipeline registers its tied embedding first, also on the last stage that uses it as head)."""
+    layers = stage_layers(config.num_layers, num_stages)[stage] if num_stages > 1 else None
+    last = stage == num_stages - 1
+    names: list[str] = []
+    if stage == 0 or (num_stages > 1 and last):
+        names += _embedding(config)
+    for i in layers if layers is not None else range(config.num_layers):
+        names += [layer_name(i, local) for local in LAYER_NAMES]
+    if last:
+        names += FINAL_NORM
+    return names
+
+
+def is_matrix(name: str) -> bool:
+    """Megatron's decayed group: the 2-D weights (embeddings and linear weights)."""
+    if name.startswith("embedding.word_embeddings.norm."):
+        return False
+    return name.startswith("embedding.") or (
+        name.endswith(".weight") and ("query_key_value" in name or ".dense" in name)
+    )
+
+
+def optimizer_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[str]:
+    """The order of mds-train's optimizer over one stage: decayed weights, then the rest."""
+    names = module_order(config, stage=stage, num_stages=num_stages)
+    return [n for n in names if is_matrix(n)] + [n for n in names if not is_matrix(n)]
+
+
+def plain_parameter_name(engine_name: str, *, num_layers: int, pipeline: bool) -> str:
+    """The plain GPT name of a parameter as an engine's module names it (pipeline or plain)."""
+    return pipeline_to_plain(engine_name, num_layers) if pipeline else engine_name

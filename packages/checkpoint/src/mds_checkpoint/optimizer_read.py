@@ -1,0 +1,240 @@
+"""The source's Adam state (fp32 master weights, `exp_avg`, `exp_avg_sq`, step) per parameter,
+whole, from whichever optimizer mds-train's engine ran:
+
+- DeepSpeed's ZeRO-1/2 and BF16 optimizers: `[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt`, one
+  flat fp32 partition per parameter group and DP rank; `param_slice_mappings` says where each
+  parameter's fragment lies, and DP ranks' fragments concatenated are the parameter;
+- ZeRO-3: every parameter split in DP-equal pieces (`ceil(numel / DP)`, zero-padded) laid end to
+  end in each rank's flat groups, shapes in `param_shapes` (DeepSpeed's `zero_to_fp32` rule);
+- ZeRO-0: torch's AdamW state dict in the `mp_rank_MM` file (the model weights are the fp32
+  masters), or mds-train's `MasterWeightAdamW` (`inner` AdamW state + `masters`).
+
+Files are memory-mapped, so one parameter's slices are read without loading a whole stage.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import torchfile
+from .engine_names import optimizer_order, pipeline_to_plain
+from .partition import merge_shards
+from .source import Source
+from .torchfile import Missing
+from .zero3 import Zero3Partitions
+
+STATE_KEYS = ("exp_avg", "exp_avg_sq")
+_ZERO_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
+
+
+class OptimizerState:
+    """`read(name)` -> {"fp32", "exp_avg", "exp_avg_sq"} whole fp32 tensors; `step` the count."""
+
+    def __init__(self, source: Source, weights: Callable[[str], torch.Tensor]) -> None:
+        self.source = source
+        self._weights = weights  # whole weight by name (ZeRO-0: the masters are the weights)
+        # per plain name: one getter per TP rank, each returning {key: tensor at that rank}
+        self._getters: dict[str, list[Callable[[], dict[str, torch.Tensor]]]] = {}
+        self.step: int | None = None
+        self.hyperparameters: list[dict[str, Any]] = []
+        folder = source.folder
+        zero_files = [p for p in folder.iterdir() if _ZERO_FILE.fullmatch(p.name)]
+        if zero_files:
+            self._index_zero(zero_files)
+        else:
+            self._index_torch()
+        if self.step is None:
+            raise ValueError(f"{folder}: the optimizer state holds no step count")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, name: str) -> dict[str, torch.Tensor]:
+        getters = self._getters.get(name)
+        if getters is None:
+            raise ValueError(f"{self.source.folder}: no optimizer state for {name}")
+        per_rank = [getter() for getter in getters]
+        where = f"{self.source.folder} (optimizer state)"
+        out = {}
+        for key in ("fp32", *STATE_KEYS):
+            if key not in per_rank[0]:  # ZeRO-0 torch AdamW: the weight is the master
+                out[key] = self._weights(name).float()
+                continue
+            out[key] = merge_shards(name, [r[key] for r in per_rank], where=where).float()
+        return out
+
+    def names(self) -> list[str]:
+        return list(self._getters)
+
+    # -- indexing, per optimizer kind --------------------------------------------------------
+
+    def _set_step(self, value: Any, where: str) -> None:
+        step = int(value.item() if torch.is_tensor(value) else value)
+        if self.step is not None and step != self.step:
+            raise ValueError(f"{where}: step {step} differs from another group's {self.step}")
+        self.step = step
+
+    def _add(self, name: str, tp: int, getter: Callable[[], dict[str, torch.Tensor]]) -> None:
+        getters = self._getters.setdefault(name, [None] * self.source.tp_size)
+        if getters[tp] is None:  # a later stage's copy of the tied embedding is not the owner's
+            getters[tp] = getter
+
+    def _plain_name(self, engine_name: str) -> str:
+        if self.source.layout == "pipeline":
+            return pipeline_to_plain(engine_name, self.source.config.num_layers)
+        return engine_name
+
+    def _index_zero(self, files: list[Path]) -> None:
+        by_rank: dict[int, dict[int, Path]] = {}
+        for path in files:
+            dp, mp = map(int, _ZERO_FILE.fullmatch(path.name).groups())
+            by_rank.setdefault(mp, {})[dp] = path
+        expected_mp = self.source.tp_size * self.source.pp_size
+        if sorted(by_rank) != list(range(expected_mp)):
+            raise ValueError(
+                f"{self.source.folder}: missing rank files: optimizer files for model-parallel "
+                f"ranks {sorted(by_rank)}, expected 0..{expected_mp - 1}"
+            )
+        for mp in sorted(by_rank):
+            dp_files = by_rank[mp]
+            if sorted(dp_files) != list(range(len(dp_files))):
+                raise ValueError(
+                    f"{self.source.folder}: missing rank files: ZeRO partitions of mp_rank {mp:02d}"
+                    f" are for DP ranks {sorted(dp_files)}"
+                )
+            if "fp32_flat_groups" in torchfile.load(dp_files[0])["optimizer_state_dict"]:
+                self._index_zero3(mp)
+            else:
+                self._index_fragments(mp, dp_files)
+
+    def _index_fragments(self, mp: int, files: dict[int, Path]) -> None:
+        """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank. The partitions are
+        memory-mapped anew for each parameter read and let go after it."""
+
+        def load_states() -> list[dict]:
+            return [torchfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
+
+        states = load_states()
+        tp = mp % self.source.tp_size
+        shapes = self._param_shapes(mp)
+        num_groups = len(states[0]["single_partition_of_fp32_groups"])
+        self.hyperparameters = self.hyperparameters or _hyperparameters(
+            states[0]["base_optimizer_state"]
+        )
+        for group in range(num_groups):
+            for dp, state in enumerate(states):
+                group_state = state["base_optimizer_state"]["state"].get(group, {})
+                if "step" in group_state:
+                    self._set_step(group_state["step"], str(files[dp]))
+            pieces: dict[str, list[tuple[int, Any]]] = {}
+            for dp, state in enumerate(states):
+                for engine_name, address in state["param_slice_mappings"][group].items():
+                    pieces.setdefault(engine_name, []).append((dp, address))
+            for engine_name, fragments in pieces.items():
+                shape = shapes[engine_name]
+
+                def getter(fragments=fragments, group=group, shape=shape):
+                    states = load_states()
+                    out = {}
+                    for key in ("fp32", *STATE_KEYS):
+                        parts = []
+                        for dp, address in fragments:
+                            state = states[dp]
+                            flat = (
+                                state["single_partition_of_fp32_groups"][group]
+                                if key == "fp32"
+                                else state["base_optimizer_state"]["state"][group][key]
+                            )
+                            parts.append(_narrow(flat, address))
+                        out[key] = torch.cat(parts).view(shape)
+                    return out
+
+                self._add(self._plain_name(engine_name), tp, getter)
+        del states
+
+    def _index_zero3(self, tp: int) -> None:
+        """ZeRO-3: each parameter's DP pieces of equal length, end to end in flat groups."""
+        partitions = Zero3Partitions(self.source.folder, tp)
+        self.hyperparameters = self.hyperparameters or _hyperparameters(partitions.base)
+        for step in partitions.steps():
+            self._set_step(step, str(self.source.folder))
+        for name in partitions.shapes:
+
+            def getter(name=name):
+                return partitions.read([name], ("fp32", *STATE_KEYS))[name]
+
+            self._add(name, tp, getter)
+
+    def _param_shapes(self, mp: int, *, zero3: bool = False) -> dict[str, tuple[int, ...]]:
+        name = (
+            f"zero_pp_rank_0_mp_rank_{mp:02d}_model_states.pt"
+            if zero3
+            else f"mp_rank_{mp:02d}_model_states.pt"
+        )
+        shapes = torchfile.load(self.source.folder / name).get("param_shapes")
+        if not shapes:
+            raise ValueError(
+                f"{self.source.folder / name}: no param_shapes for the ZeRO partitions"
+            )
+        return {k: tuple(v) for group in shapes for k, v in group.items()}
+
+    def _index_torch(self) -> None:
+        """ZeRO-0: the torch optimizer's state dict inside each mp_rank file."""
+        source = self.source
+        for mp in range(source.tp_size * source.pp_size):
+            path = source.folder / f"mp_rank_{mp:02d}_model_states.pt"
+            optimizer = torchfile.load(path).get("optimizer")
+            if not isinstance(optimizer, dict):
+                raise ValueError(
+                    f"{path}: holds no optimizer state (saved without it, or by an engine "
+                    "mds-merge-mp does not read); reshape without --with-optimizer"
+                )
+            if "inner" in optimizer and "masters" in optimizer:  # mds-train's MasterWeightAdamW
+                optimizer = optimizer["inner"]
+            if "state" not in optimizer or "param_groups" not in optimizer:
+                raise ValueError(f"{path}: the optimizer state is not torch's (fp16 is not read)")
+            self.hyperparameters = self.hyperparameters or _hyperparameters(optimizer)
+            stage, tp = divmod(mp, source.tp_size)
+            order = optimizer_order(source.config, stage=stage, num_stages=source.pp_size)
+            ids = [i for group in optimizer["param_groups"] for i in group["params"]]
+            if len(ids) != len(order):
+                raise ValueError(
+                    f"{path}: the optimizer holds {len(ids)} parameters, this model's stage "
+                    f"{stage} has {len(order)}"
+                )
+            for position, (name, index) in enumerate(zip(order, ids, strict=True)):
+                state = optimizer["state"].get(index)
+                if not state or any(key not in state for key in STATE_KEYS):
+                    raise ValueError(f"{path}: no Adam moments for {name} (an SGD run?)")
+                self._set_step(state["step"], str(path))
+                self._add(name, tp, lambda p=path, i=index, m=position: _torch_entry(p, i, m))
+
+
+def _torch_entry(path: Path, index: int, position: int) -> dict[str, torch.Tensor]:
+    """One parameter's state from an mp_rank file, memory-mapped anew (let go after use)."""
+    optimizer = torchfile.load(path)["optimizer"]
+    masters = None
+    if "inner" in optimizer and "masters" in optimizer:
+        masters = [m for group in optimizer["masters"] for m in group]
+        optimizer = optimizer["inner"]
+    entry = {key: optimizer["state"][index][key] for key in STATE_KEYS}
+    if masters is not None:
+        entry["fp32"] = masters[position]
+    return entry
+
+
+def _hyperparameters(optimizer_state: dict) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in group.items() if k != "params"}
+        for group in optimizer_state.get("param_groups", [])
+    ]
+
+
+def _narrow(flat: torch.Tensor, address: Any) -> torch.Tensor:
+    """DeepSpeed's `fragment_address(numel, start)` (a `Missing` record without DeepSpeed)."""
+    fields = address.state if isinstance(address, Missing) else vars(address)
+    return flat.narrow(0, fields["start"], fields["numel"])

@@ -1,0 +1,105 @@
+"""The output side shared by the reshaper and import-hf: target checks, the save folder, meta.json.
+
+The output is a save folder holding `latest` and one `global_stepN` tag, described by a meta.json
+in mds-train's format (so `mds-train --load OUT` reads it) with a `reshaped` record of where it
+came from and an `optimizer` record (`null`, or the universal layout's step).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mds_common.sidecar import distribution_version
+from mds_model import GPTConfig
+
+from .consolidate import single_rank_config
+from .source import MDS_FORMAT, META, PROGRESS_FIELDS, model_fields
+
+LATEST = "latest"
+TOOL = "mds-merge-mp"
+DISTRIBUTION = "mds-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+def target_config(config: GPTConfig, *, tensor_parallel: int, pipeline_parallel: int) -> GPTConfig:
+    """The model at the target TP; ValueError when T does not divide heads or the vocabulary, or
+    P the layers."""
+    try:
+        target = single_rank_config(config, tensor_parallel)
+    except ValueError as error:
+        raise ValueError(
+            f"--target-tensor-model-parallel-size {tensor_parallel}: {error}"
+        ) from None
+    if config.num_layers % pipeline_parallel:
+        raise ValueError(
+            f"--target-pipeline-model-parallel-size {pipeline_parallel} does not divide "
+            f"num_layers ({config.num_layers}) into equal stages"
+        )
+    return target
+
+
+def check_save_folder(save: Path) -> None:
+    """An existing --save folder is replaced only when mds-merge-mp wrote it."""
+    if not save.exists():
+        return
+    if not save.is_dir():
+        raise ValueError(f"--save {save}: exists and is not a folder")
+    entries = list(save.iterdir())
+    if not entries:
+        return
+    latest = save / LATEST
+    if latest.is_file():
+        meta_path = save / latest.read_text().strip() / META
+        try:
+            if json.loads(meta_path.read_text()).get("tool") == TOOL:
+                return
+        except (OSError, json.JSONDecodeError):
+            pass
+    raise ValueError(
+        f"--save {save}: folder exists and was not written by {TOOL}; choose a new folder"
+    )
+
+
+def progress_of(meta: dict[str, Any]) -> dict[str, int]:
+    return {name: int(meta.get(name) or 0) for name in PROGRESS_FIELDS}
+
+
+def output_meta(
+    base: dict[str, Any],
+    config: GPTConfig,
+    *,
+    pipeline_parallel: int,
+    tag: str,
+    reshaped: dict[str, Any],
+    optimizer: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """meta.json of the output: the source's description with this model, topology and records."""
+    tp = config.tensor_model_parallel_size
+    meta = {key: value for key, value in base.items() if key not in PROGRESS_FIELDS}
+    meta.update(
+        format=MDS_FORMAT,
+        checkpoint_version=CHECKPOINT_VERSION,
+        tool=TOOL,
+        version=distribution_version(DISTRIBUTION),
+        versions={name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")},
+        model=model_fields(config),
+        parallel={
+            "world_size": tp * pipeline_parallel,
+            "tensor_parallel": tp,
+            "pipeline_parallel": pipeline_parallel,
+            "data_parallel": 1,
+            "zero_stage": 0,
+            "engine": "pipeline" if pipeline_parallel > 1 else "plain",
+        },
+        precision=config.params_dtype,
+    )
+    meta.setdefault("tokenizer", None)
+    meta.update(progress_of(base))
+    meta.update(tag=tag, reshaped=reshaped, optimizer=optimizer)
+    return meta
+
+
+def write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    (folder / META).write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -1,0 +1,144 @@
+"""`mds-merge-mp`: any checkpoint to an mds-train checkpoint at another (TP, PP), streamed.
+
+One part at a time (embedding, each transformer layer, final norm): read the part's shards from
+every source rank (memory-mapped), join them, check replicated copies agree, split for the target
+and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to the
+universal layout (`universal.py`). Peak memory is about one layer across all source ranks plus
+its output. The output folder appears complete or not at all (`atomic_directory`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from mds_common.files import atomic_directory
+from mds_common.progress import Meter, eta_seconds, format_duration
+
+from . import universal
+from .config import ReshapeConfig
+from .consolidate import consolidate
+from .optimizer_read import OptimizerState
+from .output import (
+    LATEST,
+    check_save_folder,
+    output_meta,
+    progress_of,
+    target_config,
+    write_meta,
+)
+from .source import Source, merged_part, open_source
+from .verify import check_logits
+from .writer import CheckpointWriter, tag_for
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReshapeResult:
+    folder: Path  # OUT/global_stepN
+    num_tensors: int
+    num_bytes: int
+    seconds: float
+    logit_difference: float | None  # with --verify
+
+
+def reshape(config: ReshapeConfig) -> ReshapeResult:
+    start = time.perf_counter()
+    source = open_source(config.load, iteration=config.iteration)
+    target = target_config(
+        source.config,
+        tensor_parallel=config.tensor_parallel,
+        pipeline_parallel=config.pipeline_parallel,
+    )
+    check_save_folder(config.save)
+    tag = tag_for(source.iteration)
+    num_tensors = num_bytes = 0
+    difference = None
+    with atomic_directory(config.save) as staging:
+        folder = staging / tag
+        writer = CheckpointWriter(folder, config=target, pipeline_parallel=config.pipeline_parallel)
+        current: dict[str, torch.Tensor] = {}
+        optimizer = None
+        if config.with_optimizer:
+            optimizer = OptimizerState(source, lambda name: current[name])
+        parts = source.parts()
+        meter = Meter(logger=logger)
+        # One part is written (a thread: torch's copies and file writes release the GIL) while
+        # the next is read and joined; at most two parts are in memory.
+        with ThreadPoolExecutor(max_workers=1) as background:
+            pending = None
+            for number, part in enumerate(parts, start=1):
+                current = merged_part(source, part)
+                if pending is not None:
+                    pending.result()
+                pending = background.submit(writer.write_part, current)
+                if optimizer is not None:
+                    for name in current:
+                        states = optimizer.read(name)
+                        rows = target.padded_vocab_size
+                        universal.write_parameter(folder, name, states, rows=rows)
+                num_tensors += len(current)
+                num_bytes += sum(t.numel() * t.element_size() for t in current.values())
+                _show_progress(meter, number, len(parts), num_bytes)
+            if pending is not None:
+                pending.result()
+            meter.close()
+        current = {}
+        writer.finish(progress_of(source.meta))
+        optimizer_record = None
+        if optimizer is not None:
+            universal.write_global_state(
+                folder, step=optimizer.step, param_groups=optimizer.hyperparameters
+            )
+            optimizer_record = {"layout": "universal", "folder": universal.FOLDER}
+            optimizer_record["step"] = optimizer.step
+        meta = output_meta(
+            source.meta,
+            target,
+            pipeline_parallel=config.pipeline_parallel,
+            tag=tag,
+            reshaped=_provenance(source),
+            optimizer=optimizer_record,
+        )
+        write_meta(folder, meta)
+        (staging / LATEST).write_text(tag)
+        if config.verify:
+            difference = check_logits(consolidate(source), consolidate(open_source(folder)))
+    return ReshapeResult(
+        folder=config.save / tag,
+        num_tensors=num_tensors,
+        num_bytes=num_bytes,
+        seconds=time.perf_counter() - start,
+        logit_difference=difference,
+    )
+
+
+def _show_progress(meter: Meter, done: int, total: int, num_bytes: int) -> None:
+    """A bar on a terminal, a log line every 10 s otherwise (SLURM logs)."""
+    if not (meter.draw_due() or meter.log_due()):
+        return
+    elapsed = meter.elapsed()
+    eta = format_duration(eta_seconds(elapsed=elapsed, fraction=done / total)) if done else "?"
+    text = (
+        f"{done}/{total} parts, {num_bytes / 2**20:,.0f} MiB, "
+        f"{num_bytes / 2**20 / elapsed:,.0f} MiB/s, ETA {eta}"
+    )
+    if meter.interactive:
+        meter.draw(done / total, text, label="reshape")
+    else:
+        logger.info("reshape: %s", text)
+
+
+def _provenance(source: Source) -> dict:
+    return {
+        "from": str(source.folder.resolve()),
+        "layout": source.layout,
+        "tensor_parallel": source.tp_size,
+        "pipeline_parallel": source.pp_size,
+        "rng_states": False,  # per-rank RNG states do not carry over to another topology
+    }

@@ -1,0 +1,126 @@
+"""ZeRO-3 checkpoints of DeepSpeed's plain engine: the weights exist only as fp32 partitions.
+
+`zero_pp_rank_D_mp_rank_TT_model_states.pt` holds empty placeholders and `param_shapes`;
+`zero_pp_rank_D_mp_rank_TT_optim_states.pt` holds each DP rank's flat groups (`fp32_flat_groups`
+and the Adam moments alike). Every parameter, in `param_shapes` order, takes `ceil(numel / DP)`
+values of each rank's groups laid end to end, zero-padded at its end (DeepSpeed's `zero_to_fp32`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from mds_model import GPTConfig
+
+from . import torchfile
+from .sources import Shards, _split_by_part
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def _flat_slice(groups: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
+    """`length` values from `start` of the groups laid end to end."""
+    parts, position = [], 0
+    for tensor in groups:
+        size = tensor.numel()
+        lo, hi = max(start, position), min(start + length, position + size)
+        if lo < hi:
+            parts.append(tensor.narrow(0, lo - position, hi - lo))
+        position += size
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class Zero3Partitions:
+    """One TP rank's ZeRO-3 files: `read(name, key)` for key fp32, exp_avg or exp_avg_sq."""
+
+    def __init__(self, folder: Path, tp: int) -> None:
+        self.folder = folder
+        files = sorted(folder.glob(f"zero_pp_rank_*_mp_rank_{tp:02d}_optim_states.pt"))
+        if not files:
+            raise ValueError(f"{folder}: missing rank files: no ZeRO-3 partitions of TP rank {tp}")
+        world = len(files)
+        wanted = [f"zero_pp_rank_{d}_mp_rank_{tp:02d}_optim_states.pt" for d in range(world)]
+        absent = [name for name in wanted if not (folder / name).is_file()]
+        if absent:
+            raise ValueError(f"{folder}: missing rank files: {', '.join(absent)}")
+        self.paths = [folder / name for name in wanted]
+        first = self._states()[0]
+        model_file = folder / f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt"
+        shapes = torchfile.load(model_file).get("param_shapes")
+        if not shapes:
+            raise ValueError(f"{model_file}: no param_shapes for the ZeRO-3 partitions")
+        self.shapes = {k: tuple(v) for group in shapes for k, v in group.items()}
+        self._offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, shape in self.shapes.items():
+            piece = -(-_numel(shape) // world)
+            self._offsets[name] = (offset, piece)
+            offset += piece
+        available = sum(t.numel() for t in first["fp32_flat_groups"])
+        if offset != available:
+            raise ValueError(
+                f"{folder}: ZeRO-3 partitions of TP rank {tp} hold {available} values per rank, "
+                f"the parameter shapes need {offset}"
+            )
+        self.base = first["optimizer_state_dict"]
+
+    def _states(self) -> list[dict[str, Any]]:
+        """Every DP rank's partitions, memory-mapped anew: let go after each use, so the pages
+        read stay mapped only while their parameters are being written."""
+        return [torchfile.load(path)["optimizer_state_dict"] for path in self.paths]
+
+    def read(self, names: list[str], keys: tuple[str, ...] = ("fp32",)) -> dict[str, dict]:
+        """{name: {key: whole tensor}} for key fp32, exp_avg or exp_avg_sq."""
+        states = self._states()
+        out: dict[str, dict] = {}
+        for name in names:
+            offset, piece = self._offsets[name]
+            shape = self.shapes[name]
+            out[name] = {}
+            for key in keys:
+                parts = []
+                for state in states:
+                    if key == "fp32":
+                        groups = state["fp32_flat_groups"]
+                    else:
+                        inner = state["optimizer_state_dict"]["state"]
+                        groups = [inner[g][key] for g in range(len(state["fp32_flat_groups"]))]
+                    parts.append(_flat_slice(groups, offset, piece))
+                out[name][key] = torch.cat(parts)[: _numel(shape)].view(shape)
+        return out
+
+    def steps(self) -> list[Any]:
+        return [s["step"] for s in self.base["state"].values() if "step" in s]
+
+
+class Zero3Files:
+    """The weights of a ZeRO-3 checkpoint, from the fp32 partitions, in the run's dtype."""
+
+    def __init__(self, folder: Path, *, tp_size: int, config: GPTConfig) -> None:
+        self.folder, self.tp_size, self.config = folder, tp_size, config
+        self.partitions = [Zero3Partitions(folder, tp) for tp in range(tp_size)]
+        self._parts = []
+        for partitions in self.partitions:
+            lazy = {name: name for name in partitions.shapes}
+            try:
+                self._parts.append(_split_by_part(lazy, config.num_layers))
+            except ValueError as error:
+                raise ValueError(f"{folder}: {error}") from None
+
+    def read_part(self, part: str) -> Shards:
+        dtype = self.config.torch_dtype
+        shards = []
+        for partitions, parts in zip(self.partitions, self._parts, strict=True):
+            read = partitions.read(list(parts[part]))
+            shards.append({name: read[name]["fp32"].to(dtype) for name in parts[part]})
+        return shards
+
+    def where(self, part: str) -> str:
+        return f"{self.folder}/zero_pp_rank_0_mp_rank_00_optim_states.pt"

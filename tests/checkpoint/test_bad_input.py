@@ -1,0 +1,104 @@
+"""Bad input: one line naming what is wrong, exit 1, and nothing left under the target name."""
+
+import shutil
+
+import pytest
+import torch
+from mds_checkpoint.cli import main
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mds-merge-mp: error: "), captured.err
+    return exit_info.value.code, lines[0][len("mds-merge-mp: error: ") :]
+
+
+@pytest.fixture
+def copy(tp2pp2_checkpoint, tmp_path):
+    target = tmp_path / "source"
+    shutil.copytree(tp2pp2_checkpoint, target)
+    return target
+
+
+def _fails(capsys, tmp_path, *args):
+    out = tmp_path / "out"
+    code, message = run(capsys, "--save", out, *args)
+    assert code == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []
+    return message
+
+
+def test_a_folder_that_is_not_a_checkpoint(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    message = _fails(capsys, tmp_path, "--load", tmp_path / "empty")
+    assert message.startswith(f"{tmp_path / 'empty'}: not a checkpoint")
+
+
+def test_missing_rank_files(capsys, tmp_path, copy):
+    (copy / "global_step2" / "layer_05-model_01-model_states.pt").unlink()
+    message = _fails(capsys, tmp_path, "--load", copy)
+    assert (
+        message == f"{copy / 'global_step2'}: missing rank files: layer_05-model_01-model_states.pt"
+    )
+
+
+def test_targets_that_do_not_divide(capsys, tmp_path, tp2pp2_checkpoint):
+    message = _fails(
+        capsys, tmp_path, "--load", tp2pp2_checkpoint, "--target-tensor-model-parallel-size", "8"
+    )
+    assert "num_attention_heads (4) must be divisible by tensor_model_parallel_size (8)" in message
+    message = _fails(
+        capsys, tmp_path, "--load", tp2pp2_checkpoint, "--target-pipeline-model-parallel-size", "3"
+    )
+    assert message == (
+        "--target-pipeline-model-parallel-size 3 does not divide num_layers (4) into equal stages"
+    )
+
+
+def _tamper(path, key, value):
+    state = torch.load(path)
+    state[key] = value
+    torch.save(state, path)
+
+
+def test_shapes_that_disagree_across_ranks(capsys, tmp_path, copy):
+    path = copy / "global_step2" / "layer_04-model_01-model_states.pt"
+    _tamper(path, "mlp.dense_h_to_4h.weight", torch.zeros(100, 64, dtype=torch.bfloat16))
+    message = _fails(capsys, tmp_path, "--load", copy)
+    assert "layers.1.mlp.dense_h_to_4h.weight has shape (100, 64) on TP rank 1 but (128, 64)" in (
+        message
+    )
+
+
+def test_replicated_copies_that_differ(capsys, tmp_path, copy):
+    path = copy / "global_step2" / "layer_06-model_01-model_states.pt"
+    _tamper(path, "input_layernorm.weight", torch.full((64,), 2.0, dtype=torch.bfloat16))
+    message = _fails(capsys, tmp_path, "--load", copy)
+    assert "layers.3.input_layernorm.weight is replicated but TP rank 1's copy differs" in message
+
+
+def test_an_existing_foreign_save_folder_is_kept(capsys, tmp_path, tp2pp2_checkpoint):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, message = run(capsys, "--load", tp2pp2_checkpoint, "--save", out)
+    assert code == 1 and "was not written by mds-merge-mp" in message
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_optimizer_state_that_is_not_there(capsys, tmp_path, tp2pp2_checkpoint):
+    reshaped = tmp_path / "weights-only"
+    code, _ = _exit(capsys, "--load", tp2pp2_checkpoint, "--save", reshaped)
+    assert code == 0
+    message = _fails(capsys, tmp_path, "--load", reshaped, "--with-optimizer")
+    assert "holds no optimizer state" in message
+
+
+def _exit(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    return exit_info.value.code, capsys.readouterr()

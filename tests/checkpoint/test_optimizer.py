@@ -1,0 +1,96 @@
+"""--with-optimizer: a TP=2 run's checkpoint reshaped with its fp32 masters and Adam moments resumes
+at PP=2 (pipeline engine) and at DP=2 with ZeRO-1, and the losses continue as the uninterrupted
+TP=2 run's; the optimizer states of all engines read alike."""
+
+import json
+
+import pytest
+import torch
+from mds_checkpoint.optimizer_read import OptimizerState
+from mds_checkpoint.source import merged_part, open_source
+
+# fp32 reduction order differs between TP=2, PP=2 and DP=2 (the uninterrupted runs of the
+# equivalence tests agree to 2e-5); the resumed losses match to about 1e-7 on CPU.
+RTOL = 2e-5
+
+
+def _check_continues(runs, whole_run, resumed_run):
+    whole, resumed = runs.losses(whole_run), runs.losses(resumed_run)
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for iteration, loss in resumed.items():
+        assert loss == pytest.approx(whole[iteration], rel=RTOL), iteration
+    assert resumed[8] < whole[1]  # still learning
+
+
+def test_resumed_at_pp2_continues_the_loss(runs, tp2_run, resumed_pp2):
+    _check_continues(runs, tp2_run, resumed_pp2)
+    meta = json.loads((resumed_pp2 / "reshaped" / "global_step4" / "meta.json").read_text())
+    assert meta["optimizer"] == {"layout": "universal", "folder": "zero", "step": 4}
+    assert meta["reshaped"]["tensor_parallel"] == 2 and meta["parallel"]["pipeline_parallel"] == 2
+
+
+def test_resumed_at_dp2_with_zero1_continues_the_loss(runs, tp2_run, resumed_dp2):
+    _check_continues(runs, tp2_run, resumed_dp2)
+    partitions = sorted((resumed_dp2 / "ckpt" / "global_step8").glob("zero_pp_rank_*"))
+    assert [p.name for p in partitions] == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+
+
+def _state(folder):
+    source = open_source(folder)
+    weights = {}
+    for part in source.parts():
+        weights.update(merged_part(source, part))
+    return OptimizerState(source, weights.__getitem__)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["embedding.word_embeddings.weight", "layers.2.self_attention.query_key_value.weight",
+     "layers.3.mlp.dense_4h_to_h.weight", "final_layernorm.bias"],
+)  # fmt: skip
+def test_every_engine_s_state_reads_alike(tp2_run, resumed_pp2, resumed_dp2, name):
+    """Iteration 8 reached three ways: torch's AdamW at TP=2 (mp_rank files), the pipeline's
+    AdamW per stage, ZeRO-1's flat partitions over 2 DP ranks."""
+    whole = _state(tp2_run / "checkpoints")
+    assert whole.step == 8
+    expected = whole.read(name)
+    for other in (resumed_pp2 / "ckpt", resumed_dp2 / "ckpt"):
+        state = _state(other)
+        assert state.step == 8
+        for key, tensor in state.read(name).items():
+            torch.testing.assert_close(tensor, expected[key], rtol=1e-3, atol=1e-7)
+
+
+def test_the_bf16_optimizer_partitions_of_tp2_pp2(merge_mp, tp2pp2_checkpoint, tmp_path):
+    """DeepSpeed's BF16 optimizer at TP=2 x PP=2: fp32 masters cast to bf16 are the weights."""
+    out = tmp_path / "reshaped"
+    result = merge_mp("--load", tp2pp2_checkpoint, "--save", out, "--with-optimizer")
+    assert result.returncode == 0, result.stderr
+    zero = out / "global_step2" / "zero"
+    assert torch.load(zero / "optimizer_state.pt")["step"] == 2
+    source = open_source(out)
+    for part in source.parts():
+        for name, weight in merged_part(source, part).items():
+            record = torch.load(zero / name / "fp32.pt")
+            assert record["param"].dtype == torch.float32
+            assert torch.equal(record["param"].to(torch.bfloat16), weight), name
+            moments = torch.load(zero / name / "exp_avg_sq.pt")["param"]
+            assert moments.shape == weight.shape and moments.abs().sum() > 0, name
+    qkv = torch.load(zero / "layers.0.self_attention.query_key_value.weight" / "exp_avg.pt")
+    assert qkv["cat_dim"] == 0
+    words = torch.load(zero / "embedding.word_embeddings.weight" / "fp32.pt")
+    assert words["vocab_tensor"] and words["param"].shape == (5120, 64)
+
+
+def test_weights_only_reshape_refuses_to_resume_silently(
+    merge_mp, runs, train_flags, tp2_run, tmp_path, shared_data
+):
+    out = tmp_path / "weights-only"
+    result = merge_mp("--load", tp2_run / "checkpoints", "--iteration", "4", "--save", out)
+    assert result.returncode == 0, result.stderr
+    resumed = runs.train(train_flags(tmp_path / "run", "--load", str(out)))
+    assert resumed.returncode == 1
+    assert "holds no optimizer state; add --no-load-optim" in resumed.stderr

@@ -1,0 +1,214 @@
+"""Reshaping weights: the round trip over every layout is bit-identical, every layout computes the
+same logits (TP=2 shards run as a real TP=2 model too), Megatron-DeepSpeed's and plain Megatron's
+checkpoints load, and the written files are the layout mds-train's engines read."""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import torch
+from mds_checkpoint import load_consolidated
+from mds_checkpoint.config import ReshapeConfig
+from mds_checkpoint.reshape import reshape
+from mds_checkpoint.verify import fixed_batch, logits_of
+
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2)]
+
+
+def assert_same_weights(a, b, *, same_config=True):
+    if same_config:
+        assert a.config == b.config
+    else:  # Megatron's args: the same shapes, spelled out (ffn_hidden_size, dropout, ...)
+        assert (a.config.padded_vocab_size, a.config.ffn_size) == (
+            b.config.padded_vocab_size,
+            b.config.ffn_size,
+        )
+    assert list(a.state_dict) == list(b.state_dict)
+    for name, tensor in a.state_dict.items():
+        other = b.state_dict[name]
+        assert tensor.dtype == other.dtype and torch.equal(tensor, other), name
+
+
+def test_round_trip_over_every_layout_is_bit_identical(tp2pp2_checkpoint, tmp_path):
+    start = load_consolidated(tp2pp2_checkpoint)
+    tokens = fixed_batch(start)
+    expected = logits_of(start, tokens)
+    current = tp2pp2_checkpoint
+    for tp, pp in LAYOUTS:
+        out = tmp_path / f"tp{tp}-pp{pp}"
+        reshape(ReshapeConfig(load=current, save=out, tensor_parallel=tp, pipeline_parallel=pp))
+        folder = out / "global_step2"
+        meta = json.loads((folder / "meta.json").read_text())
+        assert (meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]) == (
+            tp,
+            pp,
+        )
+        assert meta["iteration"] == 2 and meta["tool"] == "mds-merge-mp"
+        assert (out / "latest").read_text() == "global_step2"
+        mp_files = sorted(p.name for p in folder.glob("mp_rank_*_model_states.pt"))
+        assert mp_files == [f"mp_rank_{m:02d}_model_states.pt" for m in range(tp * pp)]
+        layer_files = sorted(p.name for p in folder.glob("layer_*"))
+        if pp == 1:
+            assert layer_files == []
+            shard = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)
+            assert shard["module"]["layers.0.self_attention.query_key_value.weight"].shape == (
+                192 // tp,
+                64,
+            )
+            assert shard["mds_train"]["state"]["iteration"] == 2
+        else:  # 01 embedding, 03..06 layers, 08 final norm, for each TP rank
+            assert len(layer_files) == 6 * tp
+        model = load_consolidated(out)
+        assert_same_weights(start, model)
+        assert torch.equal(logits_of(model, tokens), expected)
+        current = out
+
+
+def test_tp2_shards_run_as_a_tp2_model_give_the_same_logits(tp2pp2_checkpoint, tmp_path):
+    out = tmp_path / "tp2"
+    reshape(ReshapeConfig(load=tp2pp2_checkpoint, save=out, tensor_parallel=2))
+    whole = load_consolidated(out)
+    tokens = fixed_batch(whole)
+    torch.save(tokens, tmp_path / "tokens.pt")
+    worker = Path(__file__).with_name("tp_worker.py")
+    result = subprocess.run(
+        [sys.executable, str(worker), str(out / "global_step2"), str(tmp_path / "tokens.pt"),
+         str(tmp_path / "logits.pt")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    parallel = torch.load(tmp_path / "logits.pt")[..., : whole.config.vocab_size]
+    torch.testing.assert_close(parallel, logits_of(whole, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_the_cli_reshapes_and_verifies(merge_mp, tp2pp2_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    result = merge_mp(
+        "--load", tp2pp2_checkpoint, "--save", out, "--target-tensor-model-parallel-size", "1",
+        "--target-pipeline-model-parallel-size", "4", "--verify",
+        "--model-type", "GPT", "--tensor-model-parallel-size", "2",  # merge_mp_partitions' flags
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith(f"wrote {out}/global_step2: TP=1 PP=4")
+    assert result.stdout.splitlines()[1] == "verify: largest logit difference 0"
+    assert len(list((out / "global_step2").glob("layer_*"))) == 6
+
+
+def _megatron_args(config, *, tp, pp):
+    enums = types.ModuleType("megatron.enums")  # BS's enum, absent where the file is read
+
+    class PositionEmbeddingType:
+        __module__, __qualname__ = "megatron.enums", "PositionEmbeddingType"
+
+        def __init__(self, value):
+            self.value = value
+
+        def __reduce__(self):
+            return (PositionEmbeddingType, (self.value,))
+
+    enums.PositionEmbeddingType = PositionEmbeddingType
+    args = argparse.Namespace(
+        num_layers=config.num_layers, hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads, seq_length=config.seq_length,
+        max_position_embeddings=config.max_positions, ffn_hidden_size=config.ffn_size,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        padded_vocab_size=config.padded_vocab_size, make_vocab_size_divisible_by=128,
+        bf16=True, fp16=False, position_embedding_type=PositionEmbeddingType(2),
+        consumed_train_samples=16, consumed_valid_samples=0,
+    )  # fmt: skip
+    return args, enums
+
+
+def _save_with_enums(obj, path, enums):
+    megatron = types.ModuleType("megatron")
+    sys.modules.update({"megatron": megatron, "megatron.enums": enums})
+    try:
+        torch.save(obj, path)
+    finally:
+        del sys.modules["megatron"], sys.modules["megatron.enums"]
+
+
+def test_megatron_deepspeed_layer_files_load(tp2pp2_checkpoint, tmp_path):
+    """Megatron-DeepSpeed's own checkpoint: the same layer files, no meta.json, its `args`
+    (with BS's pickled enum) and checkpoint_info in the mp_rank files."""
+    start = load_consolidated(tp2pp2_checkpoint)
+    folder = tmp_path / "megatron-deepspeed" / "global_step2"
+    folder.mkdir(parents=True)
+    for path in (tp2pp2_checkpoint / "global_step2").glob("layer_*"):
+        shutil.copy(path, folder / path.name)
+    args, enums = _megatron_args(start.config, tp=2, pp=2)
+    for m in range(4):
+        state = {
+            "module": None, "dp_world_size": 1, "mp_world_size": 4, "global_steps": 2,
+            "args": args, "iteration": 2, "tokens": 512, "checkpoint_version": 3.0,
+            "checkpoint_info": {"padded_vocab_size": 5120, "original_vocab_size": 5000},
+        }  # fmt: skip
+        _save_with_enums(state, folder / f"mp_rank_{m:02d}_model_states.pt", enums)
+    (folder.parent / "latest").write_text("global_step2")
+    model = load_consolidated(folder.parent)
+    assert_same_weights(start, model, same_config=False)
+    assert model.meta["iteration"] == 2 and model.meta["consumed_train_samples"] == 16
+    out = tmp_path / "reshaped"
+    reshape(ReshapeConfig(load=folder.parent, save=out, tensor_parallel=1, pipeline_parallel=1))
+    assert_same_weights(start, load_consolidated(out), same_config=False)
+
+
+def _megatron_model(state_dict, config, *, tp, pp, stage, rank, version):
+    """Megatron's nested `model` dict for one (tp, pp) rank, checkpoint_version `version`."""
+    per_stage = config.num_layers // pp
+    heads = config.num_attention_heads // tp
+
+    def shard(name, tensor):
+        split = 1 if name.endswith(("dense.weight", "dense_4h_to_h.weight")) else 0
+        replicated = tensor.dim() == 1 and not name.endswith(("query_key_value.bias", "4h.bias"))
+        if replicated or "position" in name:
+            return tensor
+        return tensor.chunk(tp, dim=split)[rank]
+
+    encoder = {}
+    for i in range(stage * per_stage, (stage + 1) * per_stage):
+        for name, tensor in state_dict.items():
+            if name.startswith(f"layers.{i}."):
+                local = name.split(".", 2)[2]
+                piece = shard(name, tensor)
+                if "query_key_value" in local and version == 0:  # rows [3, np, hn]
+                    piece = piece.view(heads, 3, -1, *piece.shape[1:]).transpose(0, 1)
+                    piece = piece.reshape(-1, *tensor.shape[1:]).contiguous()
+                local = local.replace("self_attention.", "attention.")  # the old spelling
+                encoder[f"layers.{i - stage * per_stage}.{local}"] = piece
+    language = {"transformer": encoder}
+    if stage == 0:
+        language["embedding"] = {
+            "word_embeddings": {
+                "weight": shard("w", state_dict["embedding.word_embeddings.weight"])
+            },
+            "position_embeddings": {"weight": state_dict["embedding.position_embeddings.weight"]},
+        }
+    if stage == pp - 1:
+        for name in ("final_layernorm.weight", "final_layernorm.bias"):
+            encoder[name] = state_dict[name]
+    return {"language_model": language}
+
+
+def test_plain_megatron_iter_folders_load(tp2pp2_checkpoint, tmp_path):
+    """`iter_0000002/mp_rank_TT_PPP/model_optim_rng.pt` with the tracker file, in checkpoint
+    version 0 (QKV rows [3, heads, head_dim], the `attention.` and `transformer` spellings)."""
+    start = load_consolidated(tp2pp2_checkpoint)
+    args, enums = _megatron_args(start.config, tp=2, pp=2)
+    for stage in range(2):
+        for rank in range(2):
+            folder = tmp_path / "megatron" / "iter_0000002" / f"mp_rank_{rank:02d}_{stage:03d}"
+            folder.mkdir(parents=True)
+            model = _megatron_model(
+                start.state_dict, start.config, tp=2, pp=2, stage=stage, rank=rank, version=0
+            )
+            state = {"model": model, "args": args, "iteration": 2, "checkpoint_version": 0}
+            _save_with_enums(state, folder / "model_optim_rng.pt", enums)
+    (tmp_path / "megatron" / "latest_checkpointed_iteration.txt").write_text("2")
+    model = load_consolidated(tmp_path / "megatron")
+    assert_same_weights(start, model, same_config=False)
+    assert model.meta["iteration"] == 2
