@@ -1,7 +1,7 @@
 """From a real TP=2, PP=2 mds-train checkpoint, with no model flags: the KV cache gives
 `--recompute`'s greedy tokens (batched, alone, mixed prompt lengths), the vocabulary comes from
-meta.json, the same weights in transformers generate the same tokens, and broken checkpoints
-get one line."""
+meta.json, its `mds-merge-mp export-hf` folder generates the same tokens in transformers (and in
+ours), and broken checkpoints get one line."""
 
 import json
 import shutil
@@ -11,7 +11,6 @@ import torch
 import transformers
 from mds_generate import GenerationConfig, Generator, ModelSource, Sampler, SamplingConfig, load
 from mds_generate.cli import main
-from mds_model import hf_gpt2_config, to_hf_gpt2_state_dict
 
 PROMPTS = ["The history of the city", "A", "In 1998 the company announced that it", "Hello, world"]
 
@@ -40,21 +39,28 @@ def test_cache_equals_recompute_from_a_tp2_pp2_checkpoint(loaded):
     assert len({token for row in cached for token in row}) > 5  # not one repeated token
 
 
-def test_transformers_generates_the_same_tokens_from_the_same_weights(loaded, tmp_path, helpers):
-    from mds_checkpoint import load_consolidated
+def test_transformers_generates_the_same_tokens_from_the_hf_export(
+    loaded, tp2_pp2_checkpoint, tmp_path, helpers
+):
+    """`mds-merge-mp export-hf` of the TP=2, PP=2 checkpoint, generated greedily in transformers,
+    gives our tokens from the checkpoint itself, and so does ours from the exported folder."""
+    from mds_checkpoint.cli import main as merge_mp
 
-    whole = load_consolidated(loaded.inputs[0])
     folder = tmp_path / "hf"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(hf_gpt2_config(whole.config)))
-    from safetensors.torch import save_file
-
-    save_file(to_hf_gpt2_state_dict(whole.state_dict, whole.config), folder / "model.safetensors")
+    with pytest.raises(SystemExit) as exit_:
+        merge_mp(["export-hf", "--load", str(tp2_pp2_checkpoint), "--save", str(folder)])
+    assert exit_.value.code == 0
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
     generator = Generator(loaded.model, loaded.tokenizer, device=loaded.device)
     prompts = [loaded.tokenizer.encode(text) for text in PROMPTS]
-    for prompt, ours in zip(prompts, greedy(generator, prompts), strict=True):
-        assert list(ours) == helpers.greedy_hf(hf_model, prompt, 20)
+    ours = greedy(generator, prompts)
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert list(tokens) == helpers.greedy_hf(hf_model, prompt, 20)
+    vocab, merges = loaded.inputs[1:]
+    exported = load(ModelSource(load=folder, vocab_file=vocab, merge_file=merges, device="cpu"))
+    assert exported.kind == "hf"
+    from_export = Generator(exported.model, exported.tokenizer, device=exported.device)
+    assert greedy(from_export, prompts) == ours
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:
