@@ -55,8 +55,7 @@ def test_sampled_cache_equals_recompute_with_the_same_seed(generator, tokenizer)
 def test_rows_end_at_end_of_document_and_the_others_carry_on(generator, tokenizer):
     prompts = [tokenizer.encode(text) for text in PROMPTS[:2]]
     free = run(generator, prompts, max_new_tokens=12)
-    # Make row 0's fourth token end-of-document by making the model love it there: easier to
-    # force through a stop on the text; here the sampler's logits are biased instead.
+    # The sampler is made to emit end-of-document as row 0's fourth token.
     forced = _with_eod_at(generator, prompts, row=0, step=3)
     assert forced[0].token_ids == free[0].token_ids[:3] and forced[0].finish_reason == "eod"
     assert forced[1].token_ids == free[1].token_ids and forced[1].finish_reason == "length"
