@@ -103,3 +103,16 @@ def test_bad_shapes_are_errors():
         model.decode_static(
             torch.zeros(1, 1, dtype=torch.long), positions=torch.zeros(1, 1), cache=cache
         )
+
+
+def test_one_layers_decode_static_is_its_forward():
+    model = GPT(tiny(), init_seed=6).eval()
+    layer = model.layers[0]
+    x = torch.randn(5, 2, 32, generator=torch.Generator().manual_seed(1))  # (S, B, H)
+    cache = StaticKVCache(model.config, batch_size=2, max_length=8)
+    positions = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        got = layer.decode_static(
+            x, cache=cache.layers[0], positions=positions, bias=cache.attention_bias(positions)
+        )
+        torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
