@@ -12,7 +12,8 @@
 #      without the hf extra, then (mds-tokenize[hf] installed) tokenized through PretrainedFromHF
 #      into the same bytes as its vocab.json + merges.txt; mds-model info, mds-train for 2
 #      iterations with a checkpoint, mds-merge-mp reshaping it (with optimizer state, verified)
-#      and exporting it to HF.
+#      and exporting it to HF, mds-generate sampling from the checkpoint, the reshaped one and
+#      the HF export.
 #      mds-common (no command) runs inside each of them.
 # Everything happens in a temporary folder, removed at the end. Run by scripts/test.sh (CI).
 # GPT-2's files come from $MDS_SHARED_DATA (default ../shared/data beside the checkout).
@@ -178,9 +179,19 @@ grep -q "verify: largest logit difference 0$" "$job/reshape.txt" || fail "mds-me
 [[ -f "$job/reshaped/global_step2/zero/optimizer_state.pt" ]] || fail "no reshaped optimizer state"
 tool mds-checkpoint mds-merge-mp export-hf --load "$job/reshaped" --save "$job/hf"
 [[ -f "$job/hf/config.json" && -f "$job/hf/model.safetensors" ]] || fail "export-hf wrote no model"
+step "job: mds-generate samples from the checkpoint, the reshaped one and the HF export"
+tool mds-generate mds-generate --load "$job/checkpoints" --prompt "Hello" --max-new-tokens 2 \
+    --greedy --device cpu | tee "$job/sample.txt"
+tool mds-generate mds-generate --load "$job/hf" --prompt "Hello" --max-new-tokens 2 --greedy \
+    --device cpu --vocab-file "$data/gpt2-vocab.json" --merge-file "$data/gpt2-merges.txt" \
+    >"$job/sample-hf.txt"
+cmp -s "$job/sample.txt" "$job/sample-hf.txt" || fail "mds-generate: the HF export samples otherwise"
+tool mds-generate mds-generate --load "$job/reshaped" --num-samples 2 --genfile \
+    "$job/samples.jsonl" --max-new-tokens 3 --device cpu
+[[ $(grep -c '"finished"' "$job/samples.jsonl") == 2 ]] || fail "mds-generate wrote no 2 samples"
 for package in "${packages[@]}"; do
     case $(dist_name "$package") in
-    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-checkpoint) ;;
+    mds-tokenize | mds-indexed-data | mds-model | mds-train | mds-checkpoint | mds-generate) ;;
     mds-common) step "mds-common has no command; every job above ran it from a tool's environment" ;;
     *) step "no job for $(dist_name "$package") yet: checked its install, imports and --help" ;;
     esac

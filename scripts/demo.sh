@@ -2,7 +2,7 @@
 # The main job end to end on an embedded corpus (Python's help topics), with no downloads:
 # corpus -> learned BPE vocabulary -> .bin/.idx dataset -> training sample indices -> model plan
 # -> a small GPT trained in 2 processes (2 pipeline stages) under the deepspeed launcher
-# -> the checkpoint reshaped to one process and exported to Hugging Face.
+# -> the checkpoint reshaped to one process and exported to Hugging Face -> samples from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -37,4 +37,14 @@ OMP_NUM_THREADS=1 deepspeed --num_gpus 2 --master_port "${MDS_DEMO_PORT:-29533}"
 mds-merge-mp --load "$out/checkpoints" --save "$out/checkpoint-tp1-pp1" \
     --target-tensor-model-parallel-size 1 --target-pipeline-model-parallel-size 1 --verify
 mds-merge-mp export-hf --load "$out/checkpoint-tp1-pp1" --save "$out/hf-gpt2"
+# Samples from the model it trained: mds-generate reads the pipeline checkpoint with no model flags
+# (meta.json names the shape and the vocabulary) and continues three prompts, one JSON line each.
+printf '%s\n' "The built-in function" "A class definition" "for" >"$out/prompts.txt"
+OMP_NUM_THREADS=1 mds-generate --load "$out/checkpoints" --sample-input-file "$out/prompts.txt" \
+    --sample-output-file "$out/samples.jsonl" --max-new-tokens 24 --top-k 20 --temperature 0.7 \
+    --seed 1 --device cpu
+python -c 'import json, sys
+for line in open(sys.argv[1]):
+    record = json.loads(line)
+    print(repr(record["prompt"]), "->", repr(record["completion"]))' "$out/samples.jsonl"
 echo "demo finished: outputs in $out/ (checkpoint: $out/checkpoints/$(cat "$out/checkpoints/latest"))"

@@ -145,6 +145,33 @@ COMMANDS = [
         ("--micro-batch", "--micro-batch-size"),
     ),
     Command(
+        ("mds-generate",),  # `sample` is the default command
+        "mds-generate",
+        ("--load", "{missing}", "--prompt", "Hello", "--top_k", "5"),
+        "--load",
+        "--promt",
+        "--prompt",
+        ("--promp", "--prompt"),
+    ),
+    Command(
+        ("mds-generate", "sample"),
+        "mds-generate",
+        ("--load", "{missing}", "--stop", "a", "b", "--out-seq-length", "8"),
+        "--load",
+        "--temprature",
+        "--temperature",
+        ("--loa", "--load"),
+    ),
+    Command(
+        ("mds-generate", "eval"),
+        "mds-generate",
+        ("--load", "{tmp}", "--task", "lambada", "--valid-data", "{missing}"),
+        "--task",
+        "--valid-dta",
+        "--valid-data",
+        ("--valid", "--valid-data"),
+    ),
+    Command(
         ("mds-merge-mp",),
         "mds-checkpoint",
         ("--load", "{missing}", "--save", "{tmp}/out", "--target-tensor-model-parallel-size", "2"),

@@ -5,7 +5,7 @@ the trainer, the checkpoint reshaper and the sampler import them from here. The 
 import DeepSpeed, so they load on first use and `import mds_model` stays light.
 """
 
-from .attention import KVCache, LayerKVCache
+from .attention import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
 from .config import GPTConfig, padded_vocab_size
 from .estimate import (
     Plan,
@@ -33,6 +33,8 @@ __all__ = [
     "PipeLoss",
     "Plan",
     "RNGStatesTracker",
+    "StaticKVCache",
+    "StaticLayerCache",
     "activation_bytes_per_layer",
     "build_gpt_pipe",
     "embedding_parameters",

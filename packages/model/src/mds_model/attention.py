@@ -5,6 +5,8 @@ QKV comes out of one column-parallel linear laid out per partition as `[heads/TP
 precision), else `scaled_dot_product_attention`, else (ALiBi, or cached queries shorter than keys)
 explicit scores through the kernel API's scaled masked softmax. Rotary follows GPT-NeoX's
 rotate-half over the whole head; ALiBi slopes follow Press et al. and BS, sliced per TP partition.
+Two decoding caches: `KVCache` grows by concatenation, `StaticKVCache` is preallocated with
+per-row positions (ragged batches, CUDA graphs).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 
 from . import kernels
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, RowParallelLinear
+from .layers import ColumnParallelLinear, RowParallelLinear, decode_linear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint
 
@@ -63,6 +65,90 @@ class KVCache:
         return self.layers[0].num_positions if self.layers else 0
 
 
+class StaticLayerCache:
+    """One layer's preallocated keys and values, `kv` (2, B, heads/TP, max_length, head_dim);
+    `keys` and `values` are its two halves.
+
+    Row b's token at position p lives in slot p (per-row positions, no left padding): a batch
+    of prompts of different lengths is right-padded, and each row writes and reads its own slots.
+    Writes are in place (shapes never change: CUDA graphs can replay them).
+    """
+
+    def __init__(self, kv: torch.Tensor) -> None:
+        self.kv = kv
+        self.keys, self.values = kv[0], kv[1]
+
+    def write(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores keys, values (B, nh, S_new, hd) at the slots `positions` (B, S_new); returns the
+        whole keys and values (B, nh, max_length, hd)."""
+        return self.write_kv(torch.stack((keys, values)), positions)
+
+    def write_kv(
+        self, kv: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`write` of keys and values stacked as kv (2, B, nh, S_new, hd) (any strides, such as a
+        view of the QKV projection): one scatter for both."""
+        index = positions[None, :, None, :, None].expand_as(kv)
+        self.kv.scatter_(3, index, kv.to(self.kv.dtype))
+        return self.keys, self.values
+
+
+class StaticKVCache:
+    """The whole model's preallocated cache for `GPT.decode_static`: one `StaticLayerCache` per
+    layer, `batch_size` rows of `max_length` positions, allocated once (a fixed memory address
+    for CUDA graphs and torch.compile).
+
+    A query at position p sees the slots 0..p of its row (`visibility`): slots past a row's
+    prompt hold padding or the last call's tokens until that row writes them, and are never
+    read before.
+    """
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        *,
+        batch_size: int,
+        max_length: int,
+        tensor_parallel_size: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if not 1 <= max_length <= config.max_positions:
+            raise ValueError(
+                f"max_length must be in 1..{config.max_positions} (max_position_embeddings), "
+                f"got {max_length}"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        shape = (
+            2,
+            batch_size,
+            config.num_attention_heads // tensor_parallel_size,
+            max_length,
+            config.head_dim,
+        )
+        dtype = dtype or config.torch_dtype
+        self.batch_size, self.max_length, self.dtype = batch_size, max_length, dtype
+        self.layers = [
+            StaticLayerCache(torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(config.num_layers)
+        ]
+        self._slots = torch.arange(max_length, device=device)
+
+    def visibility(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, S_new) -> attention mask (B, 1, S_new, max_length): slot <= position."""
+        return self._slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
+
+    def attention_bias(self, positions: torch.Tensor) -> torch.Tensor:
+        """`visibility` as an additive mask in the cache's dtype (0 where seen, -inf elsewhere),
+        built once per step for every layer (a boolean mask is converted again by each call)."""
+        visible = self.visibility(positions)
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
+        return bias.masked_fill_(~visible, float("-inf"))
+
+
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """Per-head slopes 2^(-8i/n); for n not a power of two, Press et al.'s interleaved extension."""
 
@@ -93,6 +179,16 @@ class RotaryEmbedding(nn.Module):
         seq = x.shape[2]
         cos = self.cos[offset : offset + seq].to(x.dtype)
         sin = self.sin[offset : offset + seq].to(x.dtype)
+        return self._rotate(x, cos, sin)
+
+    def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, heads, S, head_dim) rotated by per-row positions (B, S)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, S, head_dim)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        return self._rotate(x, cos, sin)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -162,7 +258,34 @@ class ParallelSelfAttention(nn.Module):
         k, v = cache.extend(k, v)
         return self._project(self._core(q, k, v))
 
-    def _qkv(self, x: torch.Tensor, *, position_offset: int):
+    def decode_static(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """x (S_new, B, H) of tokens at per-row positions (B, S_new) -> (S_new, B, H).
+
+        Their keys and values go into cache's slots `positions`; `bias` (B, 1, S_new, L) is
+        `StaticKVCache.attention_bias(positions)`, computed once per step for every layer.
+        """
+        if self.rotary is not None:
+            q, k, v = self._qkv(x, position_offset=0, positions=positions)
+            keys, values = cache.write(k, v, positions)
+        else:  # keys and values straight from the projection's output: one scatter, no copy
+            qkv = decode_linear(self.query_key_value, x, use_kernel=self.config.use_fused_kernels)
+            seq, batch = qkv.shape[:2]
+            qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
+            q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
+            keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
+        context = self._masked_core(q, keys, values, bias)  # (B, nh, S, hd)
+        seq, batch = context.shape[2], context.shape[0]
+        context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
+        return decode_linear(self.dense, context, use_kernel=self.config.use_fused_kernels)
+
+    def _qkv(self, x: torch.Tensor, *, position_offset: int, positions=None):
         """Queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary."""
         qkv = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
@@ -170,7 +293,9 @@ class ParallelSelfAttention(nn.Module):
         # unbind, not three index ops: its backward writes one stacked gradient instead of three
         # zero-filled full-size ones.
         q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
-        if self.rotary is not None:
+        if self.rotary is not None and positions is not None:
+            q, k = self.rotary.at(q, positions), self.rotary.at(k, positions)
+        elif self.rotary is not None:
             q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
         return q, k, v
 
@@ -203,6 +328,20 @@ class ParallelSelfAttention(nn.Module):
             if backend == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
             return self._softmax_core(q, k, v, p)
+
+    def _masked_core(self, q, k, v, bias: torch.Tensor) -> torch.Tensor:
+        """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd), plus the
+        additive bias (B, 1, Sq, L); inference only (no dropout). ALiBi's key positions are the
+        slots."""
+        q = q.to(k.dtype)
+        if self.alibi is None and not self.config.explicit_attention_scores:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+        if self.alibi is not None:
+            slots = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
+            scores = scores + self.alibi.to(q.device).float() * slots
+        probs = torch.softmax(scores + bias.float(), dim=-1)
+        return torch.matmul(probs.to(v.dtype), v)
 
     def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:
         scale = 1.0 / math.sqrt(self.head_dim)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import KVCache
+from .attention import KVCache, StaticKVCache
 from .config import GPTConfig
 from .layers import LayerNorm, VocabParallelEmbedding, _master_slice
 from .parallel import (
@@ -65,16 +65,26 @@ class Embedding(nn.Module):
                     )
                 )
 
-    def forward(self, tokens: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        position_offset: int = 0,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """positions (B, S): per-row positions (cached decoding of ragged rows); else the
+        positions are position_offset onwards for every row."""
         seq = tokens.shape[1]
-        if position_offset + seq > self.config.max_positions:
+        if positions is None and position_offset + seq > self.config.max_positions:
             raise ValueError(
                 f"positions up to {position_offset + seq} exceed max_position_embeddings "
                 f"({self.config.max_positions})"
             )
         x = self.word_embeddings(tokens)  # (B, S, H)
         if self.position_embeddings is not None:
-            positions = torch.arange(position_offset, position_offset + seq, device=tokens.device)
+            if positions is None:
+                positions = torch.arange(
+                    position_offset, position_offset + seq, device=tokens.device
+                )
             x = x + self.position_embeddings(positions)
         p = self.config.hidden_dropout if self.training else 0.0
         return F.dropout(x, p=p) if p > 0.0 else x
@@ -233,6 +243,50 @@ class GPT(nn.Module):
         for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
             x = layer.decode(x, cache=layer_cache)  # (S_new, B, H)
         return self._head(x.transpose(0, 1))
+
+    def decode_static(
+        self,
+        tokens: torch.Tensor,
+        *,
+        positions: torch.Tensor,
+        cache: StaticKVCache,
+        output_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens (B, S_new) at per-row positions (B, S_new) -> vocab-parallel logits
+        (B, S_new, V/TP), or (B, 1, V/TP) at each row's `output_index` (B,) when given.
+
+        Writes the tokens' keys and values into the preallocated cache at slots `positions`;
+        each token attends to its row's slots up to its own position. A batch of prompts of
+        different lengths is right-padded and prefilled with positions 0..S-1 (padding past a
+        row's end is written but never seen), then each step feeds one token per row at that
+        row's next position. Shapes never change between steps, so a step can be captured in a
+        CUDA graph. Positions must be < cache.max_length (not checked: that would wait on the
+        device).
+        """
+        if len(cache.layers) != len(self.layers):
+            raise ValueError(
+                f"the cache has {len(cache.layers)} layers, the model {len(self.layers)}"
+            )
+        if tokens.shape[0] != cache.batch_size or positions.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must both "
+                f"be (batch {cache.batch_size}, S_new)"
+            )
+        bias = cache.attention_bias(positions)  # (B, 1, S_new, L), shared by every layer
+        x = self.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
+        # Each layer's last residual add runs fused with the next LayerNorm (the next layer's
+        # input norm, or the final one): the same sums, one kernel fewer per layer.
+        normed, residual = self.layers[0].input_layernorm(x), x
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.final_layernorm]
+        for layer, layer_cache, norm in zip(self.layers, cache.layers, norms, strict=True):
+            out, summed = layer.decode_static_residual(
+                normed, residual, cache=layer_cache, positions=positions, bias=bias
+            )
+            normed, residual = norm.add_norm(out, summed)
+        x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
+        if output_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), output_index].unsqueeze(1)
+        return lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""

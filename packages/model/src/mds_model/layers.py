@@ -164,7 +164,7 @@ class VocabParallelEmbedding(nn.Module):
         """At TP > 1 an id past the (padded) vocabulary would silently embed as zeros; fail instead.
         On a GPU the check is asynchronous, so the training step never waits on the host for it."""
         in_range = ((tokens >= 0) & (tokens < self.num_embeddings)).all()
-        if tokens.is_cuda:
+        if tokens.is_cuda or torch.compiler.is_compiling():  # no host branch in a traced graph
             torch._assert_async(in_range)
         elif not in_range:
             raise ValueError(
@@ -285,3 +285,26 @@ class RowParallelLinear(nn.Module):
             y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
             bias = self.bias
         return y if bias is None else y + bias
+
+
+def decode_linear(
+    layer: ColumnParallelLinear | RowParallelLinear,
+    x: torch.Tensor,
+    *,
+    use_kernel: bool,
+    gelu: bool = False,
+) -> torch.Tensor:
+    """A decoding step's projection: `kernels.skinny_linear` for one row at TP=1 in half
+    precision on CUDA (cuBLAS reads a one-row product's weight at a fraction of the bandwidth),
+    else the layer's forward; with gelu, bias + Megatron's GeLU follow (the layer skips its bias).
+    Inference only."""
+    if (
+        use_kernel
+        and layer.groups.tp_size == 1
+        and x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.numel() == x.shape[-1]
+    ):
+        return kernels.skinny_linear(x, layer.weight, layer.bias, gelu=gelu, use_kernel=True)
+    y = layer(x)
+    return kernels.bias_gelu(y, layer.bias, use_kernel=use_kernel) if gelu else y

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import LayerKVCache, ParallelSelfAttention
+from .attention import LayerKVCache, ParallelSelfAttention, StaticLayerCache
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
+from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear, decode_linear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint, init_rng
 
@@ -48,6 +48,11 @@ class ParallelMLP(nn.Module):
         y = self.dense_h_to_4h(x)  # (S, B, ffn/TP), bias left out for the fused bias+GeLU
         y = kernels.bias_gelu(y, self.dense_h_to_4h.bias, use_kernel=self.use_kernel)
         return self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` for a decoding step (inference): one-row products by the skinny kernel."""
+        y = decode_linear(self.dense_h_to_4h, x, use_kernel=self.use_kernel, gelu=True)
+        return decode_linear(self.dense_4h_to_h, y, use_kernel=self.use_kernel)
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -104,6 +109,41 @@ class ParallelTransformerLayer(nn.Module):
         if self.sequence_parallel:
             raise ValueError("decoding needs a config with sequence_parallel=False")
         return self._block(x, cache=cache)
+
+    def decode_static(
+        self,
+        x: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """x (S_new, B, H) at per-row positions (B, S_new); writes their keys and values into
+        cache (see `ParallelSelfAttention.decode_static`)."""
+        out, summed = self.decode_static_residual(
+            self.input_layernorm(x), x, cache=cache, positions=positions, bias=bias
+        )
+        return summed + out
+
+    def decode_static_residual(
+        self,
+        normed: torch.Tensor,
+        residual: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode_static` without its first LayerNorm and last add, which the caller fuses with
+        the neighbouring layers' (one kernel fewer each): normed = input_layernorm(residual) ->
+        (mlp_out, summed), the layer's output being summed + mlp_out. Inference only."""
+        if self.sequence_parallel:
+            raise ValueError("decoding needs a config with sequence_parallel=False")
+        attn = self.self_attention.decode_static(
+            normed, cache=cache, positions=positions, bias=bias
+        )
+        normed, summed = self.post_attention_layernorm.add_norm(attn, residual)
+        return self.mlp.decode(normed), summed
 
     def _block(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0

@@ -8,12 +8,14 @@ from ._common import triton_available
 from .bias_gelu import bias_gelu
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layer_norm import add_layer_norm
+from .skinny_linear import skinny_linear
 from .softmax import scaled_masked_softmax
 
 __all__ = [
     "add_layer_norm",
     "bias_gelu",
     "scaled_masked_softmax",
+    "skinny_linear",
     "triton_available",
     "vocab_parallel_cross_entropy",
 ]

@@ -1,0 +1,5 @@
+"""`python -m mds_generate` runs the mds-generate command line."""
+
+from .cli import main
+
+main()

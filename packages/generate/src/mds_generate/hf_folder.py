@@ -1,0 +1,122 @@
+"""Reading a Hugging Face GPT-2 folder without `transformers`: `config.json` and the weights
+(`model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`), mapped
+to our layout by `mds_model.from_hf_gpt2_state_dict`.
+
+Names with or without the `transformer.` prefix are read (OpenAI's `gpt2` on the Hub has none);
+the attention-mask buffers and the tied `lm_head.weight` of older files are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from mds_model import GPTConfig, from_hf_gpt2_state_dict
+
+CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A `config.json` with a `model_type`, or beside Hugging Face weights; mds-train's save
+    folder has a `config.json` of its own (the run's flags), next to `latest`."""
+    if not (path / CONFIG).is_file() or (path / "latest").is_file():
+        return False
+    if any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN)):
+        return True
+    try:
+        return "model_type" in json.loads((path / CONFIG).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def read_hf_config(path: Path) -> tuple[GPTConfig, str | None]:
+    """The GPTConfig of the folder's GPT-2 and its stored dtype name (None when unsaid)."""
+    file = path / CONFIG
+    try:
+        hf = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(
+            f"{file}: model_type is {hf.get('model_type')!r}; only GPT-2 folders (model_type "
+            "'gpt2') can be loaded"
+        )
+    activation = hf.get("activation_function", "gelu_new")
+    if activation not in _TANH_GELUS:
+        raise ValueError(
+            f"{file}: activation_function {activation!r}; mds GPTs use the tanh GeLU (gelu_new)"
+        )
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            raise ValueError(f"{file}: {flag} is set, which mds GPTs do not implement")
+    if hf.get("scale_attn_weights") is False:
+        raise ValueError(f"{file}: scale_attn_weights is false, which mds GPTs do not implement")
+    try:
+        config = GPTConfig(
+            num_layers=hf["n_layer"],
+            hidden_size=hf["n_embd"],
+            num_attention_heads=hf["n_head"],
+            vocab_size=hf["vocab_size"],
+            seq_length=hf["n_positions"],
+            ffn_hidden_size=hf.get("n_inner"),
+            layernorm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+            init_method_std=hf.get("initializer_range", 0.02),
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
+    except KeyError as error:
+        raise ValueError(f"{file}: no {error.args[0]!r}") from None
+    dtype = hf.get("dtype") or hf.get("torch_dtype")
+    return config, _DTYPES.get(dtype)
+
+
+def _normalised(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state_dict.items():
+        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # tied to wte / causal-mask buffers of older transformers versions
+        out[name if name.startswith("transformer.") else f"transformer.{name}"] = tensor
+    return out
+
+
+def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The folder's GPT2LMHeadModel state dict (CPU tensors, stored dtype)."""
+    from safetensors.torch import load_file
+
+    if (path / SAFETENSORS).is_file():
+        return _normalised(load_file(path / SAFETENSORS))
+    if (path / SAFETENSORS_INDEX).is_file():
+        index = json.loads((path / SAFETENSORS_INDEX).read_text())
+        state_dict = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state_dict.update(load_file(path / shard))
+        return _normalised(state_dict)
+    if (path / TORCH_BIN).is_file():
+        return _normalised(torch.load(path / TORCH_BIN, map_location="cpu", weights_only=True))
+    raise ValueError(
+        f"{path}: a Hugging Face folder ({CONFIG}) without weights: no {SAFETENSORS}, "
+        f"{SAFETENSORS_INDEX} or {TORCH_BIN}"
+    )
+
+
+def read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str | None]:
+    """(config, our plain GPT state dict, stored dtype name or None)."""
+    config, dtype = read_hf_config(path)
+    weights = read_hf_weights(path)
+    try:
+        state_dict = from_hf_gpt2_state_dict(weights, config)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return config, state_dict, dtype
+
+
+def hf_tokenizer_files(path: Path) -> tuple[Path, Path] | None:
+    """GPT-2's `vocab.json` + `merges.txt` saved in the folder, when both are there."""
+    vocab, merges = path / "vocab.json", path / "merges.txt"
+    return (vocab, merges) if vocab.is_file() and merges.is_file() else None

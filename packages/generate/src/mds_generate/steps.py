@@ -1,0 +1,146 @@
+"""Where each step's logits come from: the static KV cache (eager, or one CUDA graph replay per
+step) or a full recomputation of every row (`--recompute`, the cache's check).
+
+Both take a batch of prompts (one list of ids per row, any lengths) and return the logits that
+predict each row's next token; the generation loop (engine.py) is the same for both.
+"""
+
+from __future__ import annotations
+
+import torch
+from mds_model import GPT, StaticKVCache
+
+# Cache lengths are rounded up to this, so prompts of nearby lengths share a cache and a graph.
+LENGTH_BUCKET = 64
+MAX_KEPT = 4  # caches (and their graphs) kept for reuse, the oldest dropped first
+
+
+def pad_rows(prompts: list[list[int]], *, width: int, pad: int, device) -> torch.Tensor:
+    """Right-padded (B, width) int64."""
+    padded = torch.full((len(prompts), width), pad, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        padded[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    return padded.to(device)
+
+
+class CachedSteps:
+    """Per-row positions in a preallocated cache: prefill the right-padded prompts, then one
+    token per row at that row's next position. On CUDA each one-token step is a CUDA graph."""
+
+    def __init__(
+        self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
+    ) -> None:
+        self.model, self.device = model, device
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        if compile and model.config.use_fused_kernels:
+            raise ValueError(
+                "torch.compile traces the pure-torch path: build the model with "
+                "use_fused_kernels=False to compile its decoding step"
+            )
+        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
+        self.compiled = (
+            torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else None
+        )
+        self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
+
+    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
+        """Prefills the prompts; returns the logits (B, V) after each row's last prompt token.
+        max_length: the largest position any row will feed + 1."""
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        length = min(
+            -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET, self.model.config.max_positions
+        )
+        self.cache, self.step = self._cache_and_step(batch, max(length, width))
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        tokens = pad_rows(prompts, width=width, pad=pad, device=self.device)
+        positions = torch.arange(width, device=self.device).expand(batch, width)
+        logits = self.model.decode_static(
+            tokens, positions=positions, cache=self.cache, output_index=lengths - 1
+        )
+        return logits[:, 0]
+
+    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens, positions (B,) -> logits (B, V) predicting the token after each."""
+        return self.step(tokens, positions)
+
+    def _cache_and_step(self, batch: int, length: int):
+        key = (batch, length)
+        if key in self._kept:
+            self._kept[key] = self._kept.pop(key)  # most recently used last
+            return self._kept[key]
+        if len(self._kept) >= MAX_KEPT:
+            del self._kept[next(iter(self._kept))]
+        cache = StaticKVCache(
+            self.model.config, batch_size=batch, max_length=length, device=self.device
+        )
+        step = _OneTokenStep(
+            self.model, cache, cuda_graph=self.cuda_graphs, function=self.compiled or _decode_one
+        )
+        self._kept[key] = (cache, step)
+        return cache, step
+
+
+def _decode_one(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+    """(B, 1) tokens at (B, 1) positions -> logits (B, V)."""
+    return model.decode_static(tokens, positions=positions, cache=cache)[:, 0]
+
+
+class _OneTokenStep:
+    """`GPT.decode_static` of one token per row; on CUDA captured as a CUDA graph on its first
+    call (static input buffers, replayed each step: no per-kernel launch cost)."""
+
+    def __init__(self, model: GPT, cache: StaticKVCache, *, cuda_graph: bool, function) -> None:
+        self.model, self.cache, self.function = model, cache, function
+        self.cuda_graph, self.graph = cuda_graph, None
+
+    def _capture(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        self.tokens, self.positions = tokens.clone(), positions.clone()
+        # Warm-up and capture write the keys and values of the real next step, which the replay
+        # below writes again: nothing else in the cache changes.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compilation, Triton autotuning and cuBLAS workspaces happen here
+                self.function(self.model, self.tokens, self.positions, self.cache)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.function(self.model, self.tokens, self.positions, self.cache)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        tokens, positions = tokens[:, None], positions[:, None]
+        if not self.cuda_graph:
+            return self.function(self.model, tokens, positions, self.cache)
+        if self.graph is None:
+            self._capture(tokens, positions)
+        else:
+            self.tokens.copy_(tokens)
+            self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+
+class RecomputedSteps:
+    """No cache: every step runs the whole right-padded batch through `GPT.logits` and reads each
+    row's logits at its last position (causal attention: the padding after it is never seen)."""
+
+    def __init__(self, model: GPT, *, device: torch.device) -> None:
+        self.model, self.device = model, device
+
+    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
+        batch = len(prompts)
+        self.lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.tokens = torch.full((batch, max_length + 1), pad, dtype=torch.long, device=self.device)
+        width = max(len(p) for p in prompts)
+        self.tokens[:, :width] = pad_rows(prompts, width=width, pad=pad, device=self.device)
+        return self._last_logits(self.lengths)
+
+    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(tokens.shape[0], device=self.device)
+        self.tokens[rows, positions] = tokens
+        return self._last_logits(positions + 1)
+
+    def _last_logits(self, lengths: torch.Tensor) -> torch.Tensor:
+        width = int(lengths.max())
+        logits = self.model.logits(self.tokens[:, :width])  # (B, width, V)
+        return logits[torch.arange(logits.shape[0], device=self.device), lengths - 1]

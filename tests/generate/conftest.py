@@ -1,0 +1,134 @@
+"""Fixtures of the mds-generate tests: a tiny random GPT on Megatron's tiny GPT-2 vocabulary (5000
+tokens), the same model as a Hugging Face folder, and one real mds-train checkpoint of layout
+TP=2, PP=2 (4 CPU processes under the deepspeed launcher), shared by the whole session.
+
+Test modules reach the helpers below through the `helpers` fixture (this module), since
+pytest's importlib mode does not let them import conftest."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mds_model import GPT, GPTConfig, hf_gpt2_config, to_hf_gpt2_state_dict
+
+TESTS = Path(__file__).resolve().parent.parent
+VOCAB_SIZE, EOD = 5000, 4999
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    base = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        vocab_size=VOCAB_SIZE,
+        seq_length=128,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_fused_kernels=False,
+        init_method_std=0.1,  # larger than 0.02: random text varies more than one repeated token
+    )
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def write_hf_folder(path: Path, model: GPT, vocab: tuple[Path, Path] | None = None) -> Path:
+    """The model as `save_pretrained` writes a GPT-2 (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    (path / "config.json").write_text(json.dumps(hf_gpt2_config(config, eos_token_id=EOD)))
+    state_dict = to_hf_gpt2_state_dict(model.state_dict(), config)
+    save_file(state_dict, path / "model.safetensors", metadata={"format": "pt"})
+    if vocab is not None:
+        shutil.copyfile(vocab[0], path / "vocab.json")
+        shutil.copyfile(vocab[1], path / "merges.txt")
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one thread per op, as the training tests run
+    (two threads wait for each other's time slices, 10 ms per op)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def helpers():
+    return sys.modules[__name__]
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(shared_data) -> tuple[Path, Path]:
+    folder = shared_data / "megatron-golden"
+    return folder / "gpt2-tiny-vocab.json", folder / "gpt2-tiny-merges.txt"
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_vocab):
+    from mds_generate import build_tokenizer
+
+    return build_tokenizer(*tiny_vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> GPT:
+    return GPT(tiny_config(), init_seed=7).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_folder(tmp_path_factory, tiny_model, tiny_vocab) -> Path:
+    return write_hf_folder(tmp_path_factory.mktemp("hf") / "tiny-gpt2", tiny_model, tiny_vocab)
+
+
+def _train_runs():
+    path = TESTS / "train" / "runs.py"
+    spec = importlib.util.spec_from_file_location("train_runs_for_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tp2_pp2_checkpoint(tmp_path_factory, shared_data) -> Path:
+    """A TP=2, PP=2 mds-train checkpoint (2 layers, hidden 64, 4 heads, seq 64, tiny vocab, one
+    iteration; init std 0.1 so that greedy text from random weights varies)."""
+    runs = _train_runs()
+    out = tmp_path_factory.mktemp("tp2pp2")
+    flags = [
+        *"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64".split(),
+        *"--micro-batch-size 2 --global-batch-size 4 --tensor-model-parallel-size 2".split(),
+        *"--pipeline-model-parallel-size 2 --train-iters 1 --lr 1e-4 --seed 1234".split(),
+        *"--eval-iters 0 --log-interval 1 --init-method-std 0.1".split(),
+        *runs.data_flags(shared_data, out / "index-cache"),
+        *("--save", str(out / "checkpoints")),
+    ]
+    # DeepSpeed builds its CPU shared-memory op on first use, into ~/.cache/torch_extensions by
+    # default, where checkouts with other virtual environments rebuild it over each other (its
+    # build file names the environment's paths: 75 s each time). One folder per environment.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+        result = runs.train(flags, nproc=4, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return out / "checkpoints"
+
+
+def greedy_hf(model, prompt: list[int], num_new: int) -> list[int]:
+    """transformers' greedy generate of one prompt, the new ids."""
+    output = model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=num_new,
+        min_new_tokens=num_new,
+        pad_token_id=EOD,
+    )
+    return output[0, len(prompt) :].tolist()
