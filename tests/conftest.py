@@ -29,3 +29,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # GPU tests use GPU-sized shapes; through the CPU interpreter they would run for hours.
     if "gpu" in item.keywords and not torch.cuda.is_available():
         pytest.fail("needs a CUDA GPU; on CPU run the suite with -m 'not gpu'", pytrace=False)
+
+
+# DeepSpeed's CPU shared-memory all-reduce creates a 67 MB /dev/shm buffer per rank and run and
+# never unlinks it; over the suite's spawned runs they would fill the RAM-backed /dev/shm. Buffers
+# older than two minutes are past their run's start-up (when ranks open them by name) and go.
+_SHM_BUFFERS = Path("/dev/shm")
+_SHM_MIN_AGE_S = 120
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:  # noqa: ARG001 - pytest's signature
+    import time
+
+    cutoff = time.time() - _SHM_MIN_AGE_S
+    for buffer in _SHM_BUFFERS.glob("deepspeed_allreduce_buffer_*"):
+        try:
+            if buffer.stat().st_mtime < cutoff:
+                buffer.unlink()
+        except OSError:  # gone already, or not ours to remove
+            pass
