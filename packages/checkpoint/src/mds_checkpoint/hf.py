@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from mds_common.files import atomic_directory
@@ -21,12 +20,12 @@ from mds_model import GPTConfig, from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_
 
 from .config import ExportConfig, ImportConfig
 from .consolidate import consolidate
+from .hf_folder import CONFIG, SAFETENSORS, gpt_config_from_hf, read_hf_config, read_hf_weights
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
 from .source import open_source
 from .writer import CheckpointWriter, tag_for
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -65,8 +64,8 @@ def export_hf(config: ExportConfig) -> ExportResult:
     _check_hf_folder(config.save)
     difference = None
     with atomic_directory(config.save) as staging:
-        (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
-        save_file(state, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
         if config.verify:
             from .verify import check_logits
 
@@ -76,76 +75,21 @@ def export_hf(config: ExportConfig) -> ExportResult:
 
 def _check_hf_folder(save: Path) -> None:
     """An existing folder is replaced only when it holds nothing but an earlier export."""
-    if save.is_dir() and {p.name for p in save.iterdir()} - {CONFIG_FILE, WEIGHTS_FILE}:
+    if save.is_dir() and {p.name for p in save.iterdir()} - {CONFIG, SAFETENSORS}:
         raise ValueError(f"--save {save}: folder exists with other files; choose a new folder")
     if save.exists() and not save.is_dir():
         raise ValueError(f"--save {save}: exists and is not a folder")
 
 
-def _read_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise ValueError(f"{path}: missing; import-hf reads a Hugging Face GPT-2 folder")
-    try:
-        hf_config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{config_path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if hf_config.get("model_type") != "gpt2":
-        raise ValueError(
-            f"{config_path}: model_type {hf_config.get('model_type')!r}; only GPT-2 is imported"
-        )
-    try:
-        weights = load_file(str(weights_path))
-    except (SafetensorError, OSError) as error:
-        raise ValueError(f"{weights_path}: not a readable safetensors file ({error})") from None
-    # Hugging Face's own checkpoints prefix nothing (GPT2Model) or 'transformer.' (LMHead).
-    weights = {
-        (k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v
-        for k, v in weights.items()
-    }
-    return hf_config, weights
-
-
-def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> GPTConfig:
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"activation_function {activation!r}: ours is GPT-2's tanh GeLU")
-    if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-        raise ValueError("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not ours")
-    dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
-    seq = overrides.pop("seq_length", None) or hf["n_positions"]
-    return GPTConfig(
-        num_layers=hf["n_layer"],
-        hidden_size=hf["n_embd"],
-        num_attention_heads=hf["n_head"],
-        vocab_size=hf["vocab_size"],
-        seq_length=seq,
-        ffn_hidden_size=hf.get("n_inner") or None,
-        max_position_embeddings=hf["n_positions"],
-        layernorm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-        hidden_dropout=hf.get("resid_pdrop", 0.1),
-        attention_dropout=hf.get("attn_pdrop", 0.1),
-        init_method_std=hf.get("initializer_range", 0.02),
-        params_dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "float32",
-        tensor_model_parallel_size=tp,
-        **overrides,
-    )
-
-
 def _consolidated_from_hf(folder: Path):
     from .consolidate import ConsolidatedModel
 
-    hf_config, weights = _read_hf(folder)
-    config = gpt_config_from_hf(hf_config)
-    return ConsolidatedModel(config, {}, from_hf_gpt2_state_dict(weights, config))
+    config = gpt_config_from_hf(read_hf_config(folder))
+    return ConsolidatedModel(config, {}, from_hf_gpt2_state_dict(read_hf_weights(folder), config))
 
 
 def import_hf(config: ImportConfig) -> Path:
-    hf_config, weights = _read_hf(config.load)
+    hf_config = read_hf_config(config.load)
     try:
         model = gpt_config_from_hf(
             hf_config,
@@ -153,12 +97,11 @@ def import_hf(config: ImportConfig) -> Path:
             seq_length=config.seq_length,
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{config.load / CONFIG_FILE}: {error}") from None
+        raise ValueError(f"{config.load / CONFIG}: {error}") from None
     target = target_config(
         model, tensor_parallel=config.tensor_parallel, pipeline_parallel=config.pipeline_parallel
     )
-    state = from_hf_gpt2_state_dict(weights, model)
-    del weights
+    state = from_hf_gpt2_state_dict(read_hf_weights(config.load), model)
     check_save_folder(config.save)
     tag = tag_for(0)
     with atomic_directory(config.save) as staging:

@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_model import GPT, GPTConfig
+from mds_checkpoint.hf_folder import (
+    CONFIG,
+    gpt_config_from_hf,
+    hf_tokenizer_files,
+    is_hf_folder,
+    read_hf_config,
+    read_hf_weights,
+    stored_dtype,
+)
+from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
 from mds_model.kernels import triton_available
 
 from .config import ModelSource
-from .hf_folder import hf_tokenizer_files, is_hf_folder, read_hf_folder
 from .tokenizer import Tokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -75,7 +83,7 @@ def _read_checkpoint(source: ModelSource):
     if not path.exists():
         raise ValueError(f"--load {path}: no such checkpoint folder")
     if is_hf_folder(path):
-        config, state_dict, dtype = read_hf_folder(path)
+        config, state_dict, dtype = _read_hf_folder(path)
         return "hf", config, state_dict, {}, dtype
     try:
         from mds_checkpoint import load_consolidated
@@ -83,6 +91,21 @@ def _read_checkpoint(source: ModelSource):
         raise ValueError("reading mds checkpoints needs the mds-checkpoint package") from None
     whole = load_consolidated(path, iteration=source.iteration)
     return "mds", whole.config, whole.state_dict, whole.meta, whole.meta.get("precision")
+
+
+def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str | None]:
+    """(config, our plain GPT state dict, stored dtype name or None)."""
+    hf = read_hf_config(path)
+    try:
+        config = gpt_config_from_hf(hf)
+    except ValueError as error:
+        raise ValueError(f"{path / CONFIG}: {error}") from None
+    weights = read_hf_weights(path)
+    try:
+        state_dict = from_hf_gpt2_state_dict(weights, config)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return config, state_dict, stored_dtype(hf)
 
 
 def tokenizer_files(source: ModelSource, kind: str, meta: dict) -> tuple[Path, Path]:
@@ -145,12 +168,12 @@ def check_shape(config: GPTConfig, expected: tuple[tuple[str, int], ...]) -> Non
 
 def load(source: ModelSource) -> LoadedModel:
     device = resolve_device(source.device)
-    kind, config, state_dict, meta, stored_dtype = _read_checkpoint(source)
+    kind, config, state_dict, meta, saved_dtype = _read_checkpoint(source)
     check_shape(config, source.expected_shape)
     vocab_file, merge_file = tokenizer_files(source, kind, meta)
     tokenizer = build_tokenizer(vocab_file, merge_file)
     check_vocabulary(tokenizer, config, meta, vocab_file=vocab_file)
-    dtype = run_dtype(source.dtype, stored_dtype, device)
+    dtype = run_dtype(source.dtype, saved_dtype, device)
     config = inference_config(config, dtype=dtype, device=device)
     model = GPT(config, init_seed=None)
     result = model.load_state_dict(

@@ -1,6 +1,6 @@
-"""Reading a Hugging Face GPT-2 folder without `transformers`: `config.json` and the weights
-(`model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`), mapped
-to our layout by `mds_model.from_hf_gpt2_state_dict`.
+"""Reading a Hugging Face GPT-2 folder without `transformers`: `config.json`, the GPTConfig it
+describes, and the weights (`model.safetensors`, a sharded `model.safetensors.index.json`, or
+`pytorch_model.bin`). The one reader behind import-hf, export-hf's check and mds-generate.
 
 Names with or without the `transformer.` prefix are read (OpenAI's `gpt2` on the Hub has none);
 the attention-mask buffers and the tied `lm_head.weight` of older files are skipped.
@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
-from mds_model import GPTConfig, from_hf_gpt2_state_dict
+from mds_model import GPTConfig
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
-_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # one function, three names
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -35,9 +36,11 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
-def read_hf_config(path: Path) -> tuple[GPTConfig, str | None]:
-    """The GPTConfig of the folder's GPT-2 and its stored dtype name (None when unsaid)."""
+def read_hf_config(path: Path) -> dict[str, Any]:
+    """The folder's `config.json`, checked to describe a GPT-2."""
     file = path / CONFIG
+    if not file.is_file():
+        raise ValueError(f"{file}: missing; a Hugging Face GPT-2 folder holds its config there")
     try:
         hf = json.loads(file.read_text())
     except json.JSONDecodeError as error:
@@ -45,35 +48,48 @@ def read_hf_config(path: Path) -> tuple[GPTConfig, str | None]:
     if hf.get("model_type") != "gpt2":
         raise ValueError(
             f"{file}: model_type is {hf.get('model_type')!r}; only GPT-2 folders (model_type "
-            "'gpt2') can be loaded"
+            "'gpt2') can be read"
         )
+    return hf
+
+
+def stored_dtype(hf: dict[str, Any]) -> str | None:
+    """The dtype name the config says its weights were saved in, when it says one we know."""
+    dtype = hf.get("torch_dtype") or hf.get("dtype")
+    return dtype if dtype in _DTYPES else None
+
+
+def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> GPTConfig:
+    """The GPTConfig of a GPT-2 `config.json`; a ValueError (without the file's name) for what
+    mds GPTs do not implement or a missing key."""
     activation = hf.get("activation_function", "gelu_new")
     if activation not in _TANH_GELUS:
-        raise ValueError(
-            f"{file}: activation_function {activation!r}; mds GPTs use the tanh GeLU (gelu_new)"
-        )
+        raise ValueError(f"activation_function {activation!r}: ours is GPT-2's tanh GeLU")
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if hf.get(flag):
-            raise ValueError(f"{file}: {flag} is set, which mds GPTs do not implement")
+            raise ValueError(f"{flag} is set, which mds GPTs do not implement")
     if hf.get("scale_attn_weights") is False:
-        raise ValueError(f"{file}: scale_attn_weights is false, which mds GPTs do not implement")
+        raise ValueError("scale_attn_weights is false, which mds GPTs do not implement")
     try:
-        config = GPTConfig(
+        seq = overrides.pop("seq_length", None) or hf["n_positions"]
+        return GPTConfig(
             num_layers=hf["n_layer"],
             hidden_size=hf["n_embd"],
             num_attention_heads=hf["n_head"],
             vocab_size=hf["vocab_size"],
-            seq_length=hf["n_positions"],
-            ffn_hidden_size=hf.get("n_inner"),
+            seq_length=seq,
+            ffn_hidden_size=hf.get("n_inner") or None,
+            max_position_embeddings=hf["n_positions"],
             layernorm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+            hidden_dropout=hf.get("resid_pdrop", 0.1),
+            attention_dropout=hf.get("attn_pdrop", 0.1),
             init_method_std=hf.get("initializer_range", 0.02),
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
+            params_dtype=stored_dtype(hf) or "float32",
+            tensor_model_parallel_size=tp,
+            **overrides,
         )
     except KeyError as error:
-        raise ValueError(f"{file}: no {error.args[0]!r}") from None
-    dtype = hf.get("dtype") or hf.get("torch_dtype")
-    return config, _DTYPES.get(dtype)
+        raise ValueError(f"no {error.args[0]!r}") from None
 
 
 def _normalised(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -87,33 +103,26 @@ def _normalised(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     """The folder's GPT2LMHeadModel state dict (CPU tensors, stored dtype)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if (path / SAFETENSORS).is_file():
-        return _normalised(load_file(path / SAFETENSORS))
-    if (path / SAFETENSORS_INDEX).is_file():
-        index = json.loads((path / SAFETENSORS_INDEX).read_text())
-        state_dict = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state_dict.update(load_file(path / shard))
-        return _normalised(state_dict)
+    try:
+        if (path / SAFETENSORS).is_file():
+            return _normalised(load_file(path / SAFETENSORS))
+        if (path / SAFETENSORS_INDEX).is_file():
+            index = json.loads((path / SAFETENSORS_INDEX).read_text())
+            state_dict = {}
+            for shard in sorted(set(index["weight_map"].values())):
+                state_dict.update(load_file(path / shard))
+            return _normalised(state_dict)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{path}: not readable safetensors weights ({error})") from None
     if (path / TORCH_BIN).is_file():
         return _normalised(torch.load(path / TORCH_BIN, map_location="cpu", weights_only=True))
     raise ValueError(
         f"{path}: a Hugging Face folder ({CONFIG}) without weights: no {SAFETENSORS}, "
         f"{SAFETENSORS_INDEX} or {TORCH_BIN}"
     )
-
-
-def read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str | None]:
-    """(config, our plain GPT state dict, stored dtype name or None)."""
-    config, dtype = read_hf_config(path)
-    weights = read_hf_weights(path)
-    try:
-        state_dict = from_hf_gpt2_state_dict(weights, config)
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}") from None
-    return config, state_dict, dtype
 
 
 def hf_tokenizer_files(path: Path) -> tuple[Path, Path] | None:
