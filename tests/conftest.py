@@ -4,7 +4,9 @@ Without a GPU the Triton kernels run through Triton's interpreter. triton.jit re
 when a kernel module is imported, and any test folder may import mds_model first, so it is set
 here, before collection."""
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# DeepSpeed JIT-builds its shared-memory comm op on CPU in a cache shared by every environment
+# of the user (~/.cache/torch_extensions); environments of other checkouts rewrite its build file
+# and each rebuild costs a spawned run a minute. One cache per environment, built once.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +29,22 @@ def shared_data() -> Path:
     if not (path / "gpt2-vocab.json").is_file():
         pytest.fail(f"shared data not found at {path}; set MDS_SHARED_DATA to the folder")
     return path
+
+
+@pytest.fixture(scope="session")
+def runs():
+    """tests/train/runs.py, loaded once: launching real mds-train runs (the train, checkpoint
+    and generate tests train with it)."""
+    spec = importlib.util.spec_from_file_location("train_runs", REPO_ROOT / "tests/train/runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """The sample-index cache the tests' training runs share."""
+    return tmp_path_factory.mktemp("index-cache")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -11,31 +11,16 @@ gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 
 """
 
 import contextlib
-import importlib.util
 import io
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-TRAIN_TESTS = Path(__file__).resolve().parent.parent / "train"
-# DeepSpeed JIT-builds its shared-memory comm op on CPU in a cache shared by every environment
-# of the user (~/.cache/torch_extensions); environments of other checkouts rewrite its build file
-# and each rebuild costs a spawned run a minute. One cache per environment, built once.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 MODEL = (
     "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
     "--micro-batch-size 2 --global-batch-size 8"
 ).split()
-
-
-def _load_runs():
-    spec = importlib.util.spec_from_file_location("checkpoint_train_runs", TRAIN_TESTS / "runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _merge_mp(*args) -> subprocess.CompletedProcess:
@@ -57,16 +42,6 @@ def _merge_mp(*args) -> subprocess.CompletedProcess:
 def merge_mp():
     """merge_mp(*args): mds-merge-mp's command line -> CompletedProcess (code, stdout, stderr)."""
     return _merge_mp
-
-
-@pytest.fixture(scope="session")
-def runs():
-    return _load_runs()
-
-
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("index-cache")
 
 
 @pytest.fixture(scope="session")

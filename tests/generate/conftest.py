@@ -7,7 +7,6 @@ pytest's importlib mode does not let them import conftest."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -17,7 +16,6 @@ import pytest
 import torch
 from mds_model import GPT, GPTConfig, hf_gpt2_config, to_hf_gpt2_state_dict
 
-TESTS = Path(__file__).resolve().parent.parent
 VOCAB_SIZE, EOD = 5000, 4999
 
 
@@ -90,19 +88,10 @@ def hf_folder(tmp_path_factory, tiny_model, tiny_vocab) -> Path:
     return write_hf_folder(tmp_path_factory.mktemp("hf") / "tiny-gpt2", tiny_model, tiny_vocab)
 
 
-def _train_runs():
-    path = TESTS / "train" / "runs.py"
-    spec = importlib.util.spec_from_file_location("train_runs_for_generate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
-def tp2_pp2_checkpoint(tmp_path_factory, shared_data) -> Path:
+def tp2_pp2_checkpoint(tmp_path_factory, shared_data, runs) -> Path:
     """A TP=2, PP=2 mds-train checkpoint (2 layers, hidden 64, 4 heads, seq 64, tiny vocab, one
     iteration; init std 0.1 so that greedy text from random weights varies)."""
-    runs = _train_runs()
     out = tmp_path_factory.mktemp("tp2pp2")
     flags = [
         *"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64".split(),
@@ -112,12 +101,7 @@ def tp2_pp2_checkpoint(tmp_path_factory, shared_data) -> Path:
         *runs.data_flags(shared_data, out / "index-cache"),
         *("--save", str(out / "checkpoints")),
     ]
-    # DeepSpeed builds its CPU shared-memory op on first use, into ~/.cache/torch_extensions by
-    # default, where checkouts with other virtual environments rebuild it over each other (its
-    # build file names the environment's paths: 75 s each time). One folder per environment.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-        result = runs.train(flags, nproc=4, timeout=300)
+    result = runs.train(flags, nproc=4, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return out / "checkpoints"
 

@@ -1,27 +1,9 @@
-"""Fixtures of the mds-train tests: the launch helpers (runs.py) and one shared reference run."""
+"""Fixtures of the mds-train tests: one shared reference run (the launch helpers, runs.py, are
+the `runs` fixture of tests/conftest.py)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-
-def _load_runs():
-    path = Path(__file__).with_name("runs.py")
-    spec = importlib.util.spec_from_file_location("train_runs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
-def runs():
-    return _load_runs()
-
-
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("index-cache")
 
 
 @pytest.fixture(scope="session")
