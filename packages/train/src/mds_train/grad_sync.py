@@ -68,19 +68,16 @@ class GradientReduction:
                 bucket.wire = torch.empty_like(bucket.flat, dtype=reduce_dtype)
         self._master_grads = [master.grad for master in masters]  # views into the buckets
         self._state = _StepState(written=[False] * len(params))
-        self._handles = [
+        for index, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._hook(index))
-            for index, param in enumerate(params)
-        ]
 
     def _build_buckets(self, masters: list[torch.Tensor], bucket_elements: int):
         """Buckets in reverse parameter order: roughly the order backward produces gradients."""
-        buckets, bucket_of, current = [], [0] * len(masters), []
-        order = list(reversed(range(len(masters))))
-        for position, index in enumerate(order):
+        buckets, bucket_of, current, size = [], [0] * len(masters), [], 0
+        for index in reversed(range(len(masters))):
             current.append(index)
-            size = sum(masters[i].numel() for i in current)
-            if size >= bucket_elements or position == len(order) - 1:
+            size += masters[index].numel()
+            if size >= bucket_elements or index == 0:
                 flat = torch.zeros(size, dtype=torch.float32, device=masters[index].device)
                 offset = 0
                 for i in current:
@@ -89,7 +86,7 @@ class GradientReduction:
                     bucket_of[i] = len(buckets)
                     offset += numel
                 buckets.append(_Bucket(flat=flat, indices=current))
-                current = []
+                current, size = [], 0
         return buckets, bucket_of
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -143,7 +140,3 @@ class GradientReduction:
                     bucket.flat.copy_(bucket.wire)
             bucket.handle, bucket.num_ready = None, 0
         self._state = _StepState(written=[False] * len(self._params))
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
