@@ -4,6 +4,7 @@ weights made by transformers itself import at TP=2 x PP=2; rotary checkpoints ar
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +33,10 @@ def exported(merge_mp, tp2pp2_checkpoint, tmp_path_factory):
 
 
 def test_transformers_loads_the_export_and_computes_our_logits(tp2pp2_checkpoint, exported):
-    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    names = sorted(p.name for p in exported.iterdir())
+    assert names == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    recorded = load_consolidated(tp2pp2_checkpoint).meta["tokenizer"]  # the tokenizer, carried
+    assert (exported / "vocab.json").read_bytes() == Path(recorded["vocab_file"]).read_bytes()
     config = json.loads((exported / "config.json").read_text())
     assert config["vocab_size"] == 5000 and config["n_layer"] == 4 and config["n_inner"] == 256
     weights = load_file(exported / "model.safetensors")
@@ -67,6 +71,8 @@ def test_import_then_export_is_bit_identical(merge_mp, exported, tmp_path):
     assert json.loads((again / "config.json").read_text()) == json.loads(
         (exported / "config.json").read_text()
     )
+    for name in ("vocab.json", "merges.txt"):  # the folder's tokenizer goes round too
+        assert (again / name).read_bytes() == (exported / name).read_bytes()
 
 
 def test_gpt2_weights_from_transformers_import_at_tp2_pp2(merge_mp, tmp_path):

@@ -10,7 +10,10 @@ written as an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,13 @@ from .source import open_source
 from .writer import CheckpointWriter, tag_for
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# A tokenizer as meta.json records it (mds_tokenize's description) and as a Hugging Face folder
+# holds it: the recorded key, the file name in the folder.
+_TOKENIZER_FILES = {
+    "GPT2BPETokenizer": (("vocab_file", "vocab.json"), ("merge_file", "merges.txt")),
+    "PretrainedFromHF": (("tokenizer_file", "tokenizer.json"),),
+}
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
     with atomic_directory(config.save) as staging:
         (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
+        _copy_tokenizer(model.meta.get("tokenizer") or {}, staging)
         if config.verify:
             from .verify import check_logits
 
@@ -73,9 +84,39 @@ def export_hf(config: ExportConfig) -> ExportResult:
     return ExportResult(config.save, len(state), difference)
 
 
+def _copy_tokenizer(recorded: dict, folder: Path) -> None:
+    """The checkpoint's tokenizer files, under the names a Hugging Face folder uses, so that the
+    folder is whole (mds-generate and `transformers` find them there); skipped with a note when
+    meta.json names none or they are gone."""
+    pairs = _TOKENIZER_FILES.get(recorded.get("type", "GPT2BPETokenizer"), ())
+    sources = [(recorded.get(key), name) for key, name in pairs]
+    if not sources or any(not path or not Path(path).is_file() for path, _ in sources):
+        logger.info("the checkpoint's tokenizer files are not at hand; exported without them")
+        return
+    for path, name in sources:
+        shutil.copyfile(path, folder / name)
+
+
+def _folder_tokenizer(folder: Path) -> dict:
+    """meta.json's `tokenizer` for the files a Hugging Face folder holds (tokenizer.json, else
+    vocab.json + merges.txt): paths and contents' SHA-256, as mds-train records them; {} when it
+    holds none."""
+    for kind, pairs in _TOKENIZER_FILES.items():
+        paths = {key: folder / name for key, name in pairs}
+        if all(path.is_file() for path in paths.values()):
+            recorded = {"type": kind}
+            for key, path in paths.items():
+                recorded[key] = str(path.resolve())
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                recorded[key.replace("_file", "_sha256")] = digest
+            return recorded
+    return {}
+
+
 def _check_hf_folder(save: Path) -> None:
     """An existing folder is replaced only when it holds nothing but an earlier export."""
-    if save.is_dir() and {p.name for p in save.iterdir()} - {CONFIG, SAFETENSORS}:
+    exported = {CONFIG, SAFETENSORS, *(n for pairs in _TOKENIZER_FILES.values() for _, n in pairs)}
+    if save.is_dir() and {p.name for p in save.iterdir()} - exported:
         raise ValueError(f"--save {save}: folder exists with other files; choose a new folder")
     if save.exists() and not save.is_dir():
         raise ValueError(f"--save {save}: exists and is not a folder")
@@ -114,7 +155,8 @@ def import_hf(config: ImportConfig) -> Path:
             writer.write_part({name: state.pop(name) for name in names})
         writer.finish({})
         eos = hf_config.get("eos_token_id")
-        base = {"tokenizer": {"vocab_size": model.vocab_size, "eod_id": eos}}
+        tokenizer = {**_folder_tokenizer(config.load), "vocab_size": model.vocab_size}
+        base = {"tokenizer": {**tokenizer, "eod_id": eos}}
         provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
         write_meta(
             folder,

@@ -70,8 +70,13 @@ def vocabulary_label(vocabulary: dict) -> str:
 def _identity(vocabulary: dict) -> tuple:
     """Contents' hashes when recorded or still readable, else the paths."""
     if is_hugging_face(vocabulary):
-        digest = vocabulary.get("tokenizer_sha256")
-        return ("tokenizer.json", digest or vocabulary.get("tokenizer_file"))
+        digest, file = vocabulary.get("tokenizer_sha256"), vocabulary.get("tokenizer_file")
+        if digest is None and file is not None:
+            try:
+                digest = file_sha256(file)
+            except OSError:
+                pass
+        return ("sha256", digest) if digest else ("path", file or vocabulary.get("name_or_path"))
     hashes = []
     for key in ("vocab", "merge"):
         digest = vocabulary.get(f"{key}_sha256")
