@@ -35,13 +35,15 @@ def tiny_config(**overrides) -> GPTConfig:
     return GPTConfig(**base)
 
 
-def write_hf_folder(path: Path, model: GPT, vocab: tuple[Path, Path] | None = None) -> Path:
+def write_hf_folder(
+    path: Path, model: GPT, vocab: tuple[Path, Path] | None = None, *, eos: int = EOD
+) -> Path:
     """The model as `save_pretrained` writes a GPT-2 (config.json + model.safetensors)."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
-    (path / "config.json").write_text(json.dumps(hf_gpt2_config(config, eos_token_id=EOD)))
+    (path / "config.json").write_text(json.dumps(hf_gpt2_config(config, eos_token_id=eos)))
     state_dict = to_hf_gpt2_state_dict(model.state_dict(), config)
     save_file(state_dict, path / "model.safetensors", metadata={"format": "pt"})
     if vocab is not None:
@@ -73,9 +75,9 @@ def tiny_vocab(shared_data) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_vocab):
-    from mds_generate import build_tokenizer
+    from mds_tokenize import load_tokenizer
 
-    return build_tokenizer(*tiny_vocab)
+    return load_tokenizer(vocab_file=tiny_vocab[0], merge_file=tiny_vocab[1])
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +115,6 @@ def greedy_hf(model, prompt: list[int], num_new: int) -> list[int]:
         do_sample=False,
         max_new_tokens=num_new,
         min_new_tokens=num_new,
-        pad_token_id=EOD,
+        pad_token_id=model.config.eos_token_id,
     )
     return output[0, len(prompt) :].tolist()

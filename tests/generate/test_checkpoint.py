@@ -11,6 +11,7 @@ import torch
 import transformers
 from mds_generate import GenerationConfig, Generator, ModelSource, Sampler, SamplingConfig, load
 from mds_generate.cli import main
+from mds_tokenize import TokenizerSpec
 
 PROMPTS = ["The history of the city", "A", "In 1998 the company announced that it", "Hello, world"]
 
@@ -56,8 +57,12 @@ def test_transformers_generates_the_same_tokens_from_the_hf_export(
     ours = greedy(generator, prompts)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert list(tokens) == helpers.greedy_hf(hf_model, prompt, 20)
+    # The folder carries the checkpoint's vocabulary files; the flags naming them work too.
     vocab, merges = loaded.inputs[1:]
-    exported = load(ModelSource(load=folder, vocab_file=vocab, merge_file=merges, device="cpu"))
+    assert (folder / "vocab.json").read_bytes() == vocab.read_bytes()
+    assert (folder / "merges.txt").read_bytes() == merges.read_bytes()
+    spec = TokenizerSpec(vocab_file=vocab, merge_file=merges)
+    exported = load(ModelSource(load=folder, tokenizer=spec, device="cpu"))
     assert exported.kind == "hf"
     from_export = Generator(exported.model, exported.tokenizer, device=exported.device)
     assert greedy(from_export, prompts) == ours
@@ -92,6 +97,7 @@ def test_broken_checkpoints_are_one_line(capsys, tp2_pp2_checkpoint, tmp_path, s
     )
     code, line = run_cli(capsys, "--load", broken, "--prompt", "x", "--device", "cpu")
     assert code == 1 and line == (
-        f"mds-generate: error: {tmp_path / 'moved-vocab.json'}: no such file (the vocabulary the "
-        "checkpoint's meta.json names); pass --vocab-file and --merge-file"
+        f"mds-generate: error: {tmp_path / 'moved-vocab.json'}: no such file (the tokenizer the "
+        "checkpoint's meta.json names); pass --vocab-file and --merge-file, or "
+        "--tokenizer-name-or-path"
     )

@@ -104,3 +104,14 @@ def test_dataset_of_another_tokenizer_is_refused(shared_data, tmp_path, word_tok
         f"{dataset} was tokenized with PretrainedFromHF "
         f"{(word_tokenizer / 'tokenizer.json').resolve()}, but the tokenizer flags name "
     )
+
+
+def test_a_missing_tokenizer_flag_is_a_usage_error(capsys, shared_data):
+    """Exit 2 and one line, before any training starts, as in mds-tokenize and mds-generate."""
+    from mds_train.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*MODEL, "--data-path", "D", "--vocab-file", str(shared_data / "gpt2-vocab.json")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("mds-train: error: Missing option '--merge-file': "), err

@@ -9,7 +9,7 @@ from .engine import Completion, Generator
 from .evaluation import run_eval
 from .loading import LoadedModel, load
 from .sampling import Sampler, top_k_filter, top_p_filter
-from .tokenizer import TextStream, build_tokenizer
+from .tokenizer import TextStream
 
 __all__ = [
     "Completion",
@@ -22,7 +22,6 @@ __all__ = [
     "Sampler",
     "SamplingConfig",
     "TextStream",
-    "build_tokenizer",
     "load",
     "run_eval",
     "top_k_filter",

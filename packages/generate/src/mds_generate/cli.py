@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from mds_common.cli import new_app, run_app
+from mds_tokenize.flags import EodToken, MergeFile, TokenizerNameOrPath, VocabFile
 
 app = new_app(
     "Sample text from an mds checkpoint or a Hugging Face GPT-2 folder, or evaluate it zero-shot "
@@ -29,14 +30,14 @@ Load = Annotated[
 Iteration = Annotated[
     int | None, typer.Option(help="Load global_stepN of the save folder instead of `latest`.")
 ]
-VocabFile = Annotated[
-    Path | None, typer.Option(help="GPT-2 vocab.json; default: the checkpoint's.")
-]
-MergeFile = Annotated[
-    Path | None, typer.Option(help="GPT-2 merges.txt; default: the checkpoint's.")
-]
+# The tokenizer flags of every mds tool (mds_tokenize.flags); all default to the checkpoint's.
 TokenizerType = Annotated[
-    str, typer.Option(help="Megatron's name; GPT2BPETokenizer is the one there is.")
+    str | None,
+    typer.Option(
+        "--tokenizer-type",
+        help="GPT2BPETokenizer (--vocab-file, --merge-file) or PretrainedFromHF "
+        "(--tokenizer-name-or-path) [default: the checkpoint's tokenizer].",
+    ),
 ]
 Device = Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (cuda when available).")]
 Dtype = Annotated[
@@ -66,15 +67,27 @@ IgnoredSwitch = Annotated[bool, typer.Option(help="Ignored (Megatron compatibili
 SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
 
 
+def tokenizer_flags(flags: dict):
+    """The tokenizer the flags name, or None when they name no files (then the checkpoint's is
+    used, and a lone --tokenizer-type is checked against it); a misplaced flag exits 2."""
+    from mds_tokenize.flags import tokenizer_spec
+    from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF
+
+    named = ("vocab_file", "merge_file", "tokenizer_name_or_path", "eod_token")
+    kind = flags["tokenizer_type"]
+    if all(flags[name] is None for name in named):
+        if kind not in (None, GPT2_BPE, PRETRAINED_FROM_HF):
+            tokenizer_spec(kind, None, None, None, None)  # the usage error naming the types
+        return None
+    if kind is None:
+        kind = GPT2_BPE if flags["tokenizer_name_or_path"] is None else PRETRAINED_FROM_HF
+    return tokenizer_spec(kind, *(flags[name] for name in named))
+
+
 def model_source(flags: dict):
     """The `--load` group of a command's flags (its parameters by name) as a ModelSource."""
     from .config import ModelSource
 
-    if flags["tokenizer_type"] != "GPT2BPETokenizer":
-        raise ValueError(
-            f"--tokenizer-type {flags['tokenizer_type']}: mds-generate reads GPT2BPETokenizer "
-            "vocabularies"
-        )
     dtype, bf16, fp16 = flags["dtype"], flags["bf16"], flags["fp16"]
     if bf16 and fp16:
         raise ValueError("--bf16 and --fp16 exclude each other")
@@ -85,8 +98,8 @@ def model_source(flags: dict):
     return ModelSource(
         load=flags["load"],
         iteration=flags["iteration"],
-        vocab_file=flags["vocab_file"],
-        merge_file=flags["merge_file"],
+        tokenizer=tokenizer_flags(flags),
+        tokenizer_type=flags["tokenizer_type"],
         device=flags["device"],
         dtype=dtype,
         cuda_graphs=not flags.get("no_cuda_graphs", False),
@@ -138,9 +151,11 @@ def sample(
     micro_batch_size: MicroBatch = 8,
     log_interval: Annotated[int, typer.Option(help="Batches between timing lines.")] = 100,
     iteration: Iteration = None,
+    tokenizer_type: TokenizerType = None,
     vocab_file: VocabFile = None,
     merge_file: MergeFile = None,
-    tokenizer_type: TokenizerType = "GPT2BPETokenizer",
+    tokenizer_name_or_path: TokenizerNameOrPath = None,
+    eod_token: EodToken = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     bf16: Bf16 = False,
@@ -223,9 +238,11 @@ def evaluate(
     micro_batch_size: MicroBatch = 8,
     log_interval: Annotated[int, typer.Option(help="Batches between progress lines.")] = 10,
     iteration: Iteration = None,
+    tokenizer_type: TokenizerType = None,
     vocab_file: VocabFile = None,
     merge_file: MergeFile = None,
-    tokenizer_type: TokenizerType = "GPT2BPETokenizer",
+    tokenizer_name_or_path: TokenizerNameOrPath = None,
+    eod_token: EodToken = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     bf16: Bf16 = False,

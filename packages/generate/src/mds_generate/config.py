@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from mds_tokenize.interface import TOKENIZER_TYPES, TokenizerSpec
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("prompt", "input-file", "unconditional", "interactive")
 TASKS = ("wikitext103", "lambada")
@@ -21,12 +23,13 @@ TASKS = ("wikitext103", "lambada")
 @dataclass(frozen=True)
 class ModelSource:
     """An mds checkpoint (`--load` folder with `latest`, or one `global_stepN`) or a Hugging Face
-    GPT-2 folder; vocabulary files default to the checkpoint's."""
+    GPT-2 folder. The tokenizer defaults to the checkpoint's (meta.json's `tokenizer`, or the
+    folder's tokenizer.json / vocab.json + merges.txt); `tokenizer_type` alone only checks it."""
 
     load: Path
     iteration: int | None = None
-    vocab_file: Path | None = None
-    merge_file: Path | None = None
+    tokenizer: TokenizerSpec | None = None  # None: the checkpoint's
+    tokenizer_type: str | None = None
     device: str = "auto"  # auto: cuda when available
     dtype: str = "auto"  # auto: the checkpoint's on a GPU, float32 on CPU
     cuda_graphs: bool = True
@@ -39,8 +42,10 @@ class ModelSource:
             raise ValueError(f"--iteration must be >= 0, got {self.iteration}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if (self.vocab_file is None) != (self.merge_file is None):
-            raise ValueError("--vocab-file and --merge-file go together: give both or neither")
+        if self.tokenizer_type is not None and self.tokenizer_type not in TOKENIZER_TYPES:
+            raise ValueError(
+                f"--tokenizer-type {self.tokenizer_type}: choose {' or '.join(TOKENIZER_TYPES)}"
+            )
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 from mds_model import GPT
+from mds_tokenize.interface import Tokenizer
 
 from .config import GenerationConfig
 from .sampling import Sampler
 from .steps import CachedSteps, RecomputedSteps
-from .tokenizer import Tokenizer
 
 CHECK_EVERY = 16
 

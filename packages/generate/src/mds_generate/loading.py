@@ -2,9 +2,10 @@
 
 PATH is an mds checkpoint of any TP/PP layout (read whole by `mds_checkpoint.load_consolidated`:
 its `meta.json` gives the model, so no model flags are needed) or a Hugging Face GPT-2 folder.
-The vocabulary comes from `--vocab-file/--merge-file`, else from the checkpoint (meta.json's
-`tokenizer`, or the HF folder's `vocab.json` + `merges.txt`), and must be the one it was trained
-with.
+The tokenizer (mds_tokenize's one interface: GPT-2 BPE files, a learned vocabulary or a Hugging
+Face tokenizer.json) comes from the tokenizer flags, else from the checkpoint (meta.json's
+`tokenizer`, or the HF folder's tokenizer.json or vocab.json + merges.txt), and must be the one
+the model was trained with.
 """
 
 from __future__ import annotations
@@ -27,9 +28,16 @@ from mds_checkpoint.hf_folder import (
 )
 from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
 from mds_model.kernels import triton_available
+from mds_tokenize.interface import (
+    PRETRAINED_FROM_HF,
+    Tokenizer,
+    TokenizerSpec,
+    check_checkpoint_tokenizer,
+    load_tokenizer,
+    spec_from_description,
+)
 
 from .config import ModelSource
-from .tokenizer import Tokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +49,7 @@ class LoadedModel:
     device: torch.device
     kind: str  # "mds" or "hf"
     meta: dict[str, Any]  # an mds checkpoint's meta.json ({} for a Hugging Face folder)
-    inputs: tuple[Path, ...]  # what was read: the checkpoint, the vocabulary files
+    inputs: tuple[Path, ...]  # what was read: the checkpoint, the tokenizer's files
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,48 +116,82 @@ def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str
     return config, state_dict, stored_dtype(hf)
 
 
-def tokenizer_files(source: ModelSource, kind: str, meta: dict) -> tuple[Path, Path]:
-    if source.vocab_file is not None:
-        return source.vocab_file, source.merge_file
+HF_TOKENIZER = "tokenizer.json"
+TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
+_GPT2_FILES = ("vocab_file", "merge_file")
+
+
+def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
+    """The flags' tokenizer, else the one the checkpoint names: a Hugging Face folder's
+    tokenizer.json (else its vocab.json + merges.txt), an mds checkpoint's meta.json `tokenizer`."""
+    if source.tokenizer is not None:
+        return source.tokenizer
     if kind == "hf":
-        files = hf_tokenizer_files(source.load)
-        if files is None:
-            raise ValueError(
-                f"--load {source.load}: the folder has no vocab.json and merges.txt; pass "
-                "--vocab-file and --merge-file"
-            )
-        return files
-    recorded = meta.get("tokenizer") or {}
-    vocab, merges = recorded.get("vocab_file"), recorded.get("merge_file")
-    if not vocab or not merges:
+        spec = _hf_folder_tokenizer(source.load)
+    else:
+        spec = _recorded_tokenizer(source.load, meta.get("tokenizer") or {})
+    if source.tokenizer_type not in (None, spec.tokenizer_type):
         raise ValueError(
-            f"--load {source.load}: the checkpoint names no vocabulary files; pass --vocab-file "
-            "and --merge-file"
+            f"--tokenizer-type {source.tokenizer_type}, but {source.load} was trained with a "
+            f"{spec.tokenizer_type} tokenizer; drop the flag or pass the tokenizer's files too"
         )
-    for name in (vocab, merges):
-        if not Path(name).is_file():
+    return spec
+
+
+def _hf_folder_tokenizer(folder: Path) -> TokenizerSpec:
+    if (folder / HF_TOKENIZER).is_file():
+        return TokenizerSpec(tokenizer_type=PRETRAINED_FROM_HF, tokenizer_name_or_path=str(folder))
+    files = hf_tokenizer_files(folder)
+    if files is None:
+        raise ValueError(
+            f"--load {folder}: the folder has no {HF_TOKENIZER}, nor vocab.json and merges.txt; "
+            f"pass {TOKENIZER_FLAGS}"
+        )
+    return TokenizerSpec(vocab_file=files[0], merge_file=files[1])
+
+
+def _recorded_tokenizer(load: Path, recorded: dict) -> TokenizerSpec:
+    keys = ("tokenizer_file",) if recorded.get("type") == PRETRAINED_FROM_HF else _GPT2_FILES
+    for key in keys:
+        if recorded.get(key) and not Path(recorded[key]).is_file():
             raise ValueError(
-                f"{name}: no such file (the vocabulary the checkpoint's meta.json names); pass "
-                "--vocab-file and --merge-file"
+                f"{recorded[key]}: no such file (the tokenizer the checkpoint's meta.json names); "
+                f"pass {TOKENIZER_FLAGS}"
             )
-    return Path(vocab), Path(merges)
+    try:
+        return spec_from_description(recorded)
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"--load {load}: the checkpoint names no tokenizer files; pass {TOKENIZER_FLAGS}"
+        ) from None
+
+
+def tokenizer_name(spec: TokenizerSpec) -> str:
+    """What error lines call the tokenizer: its vocabulary file or its tokenizer.json's place."""
+    return (
+        str(spec.vocab_file) if spec.tokenizer_name_or_path is None else spec.tokenizer_name_or_path
+    )
 
 
 def check_vocabulary(
-    tokenizer: Tokenizer, config: GPTConfig, meta: dict, *, vocab_file: Path
+    tokenizer: Tokenizer, config: GPTConfig, recorded: dict, *, name: str, compare_files: str | None
 ) -> None:
-    if tokenizer.vocab_size != config.vocab_size:
+    """The tokenizer is the one the model was trained with: the same number of ids, the same
+    end-of-document id as `recorded` (meta.json's `tokenizer`) and, when `compare_files` names the
+    checkpoint and it records files, the same files by content."""
+    size = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)  # as mds-train sizes the model
+    if size != config.vocab_size:
         raise ValueError(
-            f"{vocab_file}: {tokenizer.vocab_size} tokens, but the checkpoint's model was "
-            f"trained with a vocabulary of {config.vocab_size}; pass the vocabulary it was "
-            "trained with (--vocab-file, --merge-file)"
+            f"{name}: {size} tokens, but the checkpoint's model was trained with a vocabulary of "
+            f"{config.vocab_size}; pass the tokenizer it was trained with ({TOKENIZER_FLAGS})"
         )
-    recorded = (meta.get("tokenizer") or {}).get("eod_id")
-    if recorded is not None and recorded != tokenizer.eod:
+    if recorded.get("eod_id") is not None and recorded["eod_id"] != tokenizer.eod:
         raise ValueError(
-            f"{vocab_file}: end-of-document is id {tokenizer.eod}, the checkpoint's vocabulary "
-            f"had {recorded}; pass the vocabulary it was trained with"
+            f"{name}: end-of-document is id {tokenizer.eod}, the checkpoint's tokenizer had "
+            f"{recorded['eod_id']}; pass the tokenizer it was trained with"
         )
+    if compare_files and ("type" in recorded or "vocab_file" in recorded):
+        check_checkpoint_tokenizer(recorded, tokenizer.description(), checkpoint=compare_files)
 
 
 def check_shape(config: GPTConfig, expected: tuple[tuple[str, int], ...]) -> None:
@@ -170,9 +212,15 @@ def load(source: ModelSource) -> LoadedModel:
     device = resolve_device(source.device)
     kind, config, state_dict, meta, saved_dtype = _read_checkpoint(source)
     check_shape(config, source.expected_shape)
-    vocab_file, merge_file = tokenizer_files(source, kind, meta)
-    tokenizer = build_tokenizer(vocab_file, merge_file)
-    check_vocabulary(tokenizer, config, meta, vocab_file=vocab_file)
+    spec = tokenizer_spec(source, kind, meta)
+    tokenizer = load_tokenizer(spec)
+    check_vocabulary(
+        tokenizer,
+        config,
+        meta.get("tokenizer") or {},
+        name=tokenizer_name(spec),
+        compare_files=None if source.tokenizer is None else f"--load {source.load}",
+    )
     dtype = run_dtype(source.dtype, saved_dtype, device)
     config = inference_config(config, dtype=dtype, device=device)
     model = GPT(config, init_seed=None)
@@ -199,5 +247,5 @@ def load(source: ModelSource) -> LoadedModel:
         device=device,
         kind=kind,
         meta=meta,
-        inputs=(source.load, vocab_file, merge_file),
+        inputs=(source.load, *tokenizer.files),
     )

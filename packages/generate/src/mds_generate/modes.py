@@ -18,12 +18,13 @@ from typing import TextIO
 
 from mds_common.files import AtomicFile
 from mds_common.sidecar import write_sidecar
+from mds_tokenize.interface import Tokenizer
 
 from .config import SampleConfig, as_dict
 from .engine import Completion, Generator
 from .loading import LoadedModel, load
 from .sampling import Sampler
-from .tokenizer import TextStream, Tokenizer
+from .tokenizer import TextStream
 
 logger = logging.getLogger(__name__)
 DISTRIBUTION = "mds-generate"

@@ -1,35 +1,13 @@
-"""The tokenizer the sampler and the evaluations use, built in one place, and text streaming.
-
-`build_tokenizer` is the single construction point (GPT-2 byte-level BPE from `vocab.json` +
-`merges.txt`, Megatron's `GPT2BPETokenizer`); `TextStream` turns ids into text as they arrive,
-holding back the bytes of a character that a later token completes.
+"""Text streaming: `TextStream` turns ids into text as they arrive, holding back the bytes of a
+character that a later token completes. The tokenizer itself is mds_tokenize's one interface
+(`Tokenizer`: GPT-2 BPE files, a learned vocabulary or a Hugging Face tokenizer.json).
 """
 
 from __future__ import annotations
 
 import codecs
-from pathlib import Path
-from typing import Protocol
 
-
-class Tokenizer(Protocol):
-    """What mds-generate needs of a tokenizer."""
-
-    vocab_size: int
-
-    @property
-    def eod(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids) -> str: ...
-
-
-def build_tokenizer(vocab_file: Path, merge_file: Path) -> Tokenizer:
-    """GPT-2 BPE from its two files; a ValueError naming the file for a missing or bad one."""
-    from mds_tokenize import GPT2BPETokenizer
-
-    return GPT2BPETokenizer.from_files(vocab_file, merge_file)
+from mds_tokenize.interface import Tokenizer
 
 
 class TextStream:

@@ -156,6 +156,19 @@ def check_tokenizer_matches(recorded: dict | None, given: dict, *, source: str) 
         )
 
 
+def check_checkpoint_tokenizer(recorded: dict, given: dict, *, checkpoint: str) -> None:
+    """ValueError in one line when a checkpoint's meta.json `tokenizer` (recorded by mds-train) is
+    not `given` (a `Tokenizer.description()`)."""
+    from mds_indexed_data.vocabulary import same_vocabulary, vocabulary_label
+
+    if not same_vocabulary(recorded, given):
+        raise ValueError(
+            f"{checkpoint}: the model was trained with {vocabulary_label(recorded)}, but the "
+            f"tokenizer flags name {vocabulary_label(given)}: token ids mean different things; "
+            "pass the tokenizer it was trained with (its meta.json records it)"
+        )
+
+
 def check_dataset_tokenizer(prefix: str | Path, given: dict) -> None:
     """`check_tokenizer_matches` against the tokenizer a dataset's sidecar records (datasets
     without a sidecar, e.g. made by Megatron, are not checked)."""

@@ -51,10 +51,22 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 
 
 def _train(**values: Any) -> int:
+    from mds_tokenize.flags import tokenizer_spec
+
     from .run import run
 
     values.pop("preset", None)
-    return run(build_config(values), warnings=ignored_flags_given(values))
+    config = build_config(values)
+    data = config.data
+    # A missing or misplaced tokenizer flag is a usage error (exit 2), as in the other tools.
+    tokenizer_spec(
+        data.tokenizer_type,
+        data.vocab_file,
+        data.merge_file,
+        data.tokenizer_name_or_path,
+        data.eod_token,
+    )
+    return run(config, warnings=ignored_flags_given(values))
 
 
 def make_app() -> typer.Typer:
