@@ -16,6 +16,8 @@ Variants (`--variants`, comma-separated) differ only in the optimizer path:
   bf16-optimizer   --zero-stage 1: DeepSpeed's BF16_Optimizer (fp32 gradient accumulation)
   no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
   zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
+  zero3            ZeRO-3 (parameters sharded too)
+  fp16             default in fp16 instead of bf16 (DeepSpeed's dynamic loss scaling)
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
@@ -41,6 +43,8 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "bf16-optimizer": (1, {}, []),
     "no-overflow-check": (1, {"bf16": {"check_grad_overflow": False}}, []),
     "zero2": (2, {}, []),
+    "zero3": (3, {}, []),
+    "fp16": (0, {}, ["--fp16"]),
 }
 
 
@@ -62,7 +66,8 @@ def train_command(
         *("--seq-length", str(SHAPE["seq_length"]), "--micro-batch-size", str(args.micro_batch)),
         *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
         *("--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.01"),
-        *("--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--bf16"),
+        *("--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0"),
+        *([] if "--fp16" in extra_flags else ["--bf16"]),
         *("--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", str(zero)),
         *("--data-path", args.data_path, "--vocab-file", args.vocab_file),
         *("--merge-file", args.merge_file, "--split", "100,0,0", "--eval-iters", "0"),

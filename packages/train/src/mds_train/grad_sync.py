@@ -63,6 +63,10 @@ class GradientReduction:
         self._group = data_parallel_group
         self._dp_size = data_parallel_size
         self._buckets, self._bucket_of = self._build_buckets(masters, bucket_elements)
+        # NCCL averages inside the all-reduce; gloo has no AVG, so its buckets are divided first.
+        self._average_on_wire = (
+            data_parallel_size > 1 and dist.get_backend(data_parallel_group) == "nccl"
+        )
         if reduce_dtype != torch.float32 and data_parallel_size > 1:
             for bucket in self._buckets:
                 bucket.wire = torch.empty_like(bucket.flat, dtype=reduce_dtype)
@@ -120,8 +124,12 @@ class GradientReduction:
         if self._dp_size == 1:
             return
         wire = bucket.flat if bucket.wire is None else bucket.wire.copy_(bucket.flat)
-        wire.div_(self._dp_size)  # a sum of averages: gloo has no AVG
-        bucket.handle = dist.all_reduce(wire, group=self._group, async_op=True)
+        if self._average_on_wire:
+            op = dist.ReduceOp.AVG
+        else:
+            wire.div_(self._dp_size)  # a sum of averages
+            op = dist.ReduceOp.SUM
+        bucket.handle = dist.all_reduce(wire, op=op, group=self._group, async_op=True)
 
     @torch.no_grad()
     def finish(self) -> None:
