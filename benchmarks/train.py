@@ -101,7 +101,8 @@ def run_ours(args, variant: str, work: Path) -> dict:
         print(f"{variant}: failed (exit {result.returncode})\n{result.stderr[-3000:]}", flush=True)
         return {}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["event"] == "train" and r["iteration"] > args.warmup]
+    every = [r for r in records if r["event"] == "train"]
+    train = [r for r in every if r["iteration"] > args.warmup]
     ms = statistics.median(r["ms_per_iteration"] for r in train)
     batch = train[-1]["global_batch_size"]
     return {
@@ -110,6 +111,9 @@ def run_ours(args, variant: str, work: Path) -> dict:
         "mfu": statistics.median(r["mfu"] for r in train if r["mfu"] is not None),
         "memory_gib": max(r["max_memory_allocated_gib"] for r in train),
         "loss": train[-1]["lm_loss"],
+        "first_loss": next(r["lm_loss"] for r in every if r["lm_loss"] is not None),
+        "skipped": sum(r["skipped_iterations"] for r in every),
+        "loss_scale": train[-1]["loss_scale"],
     }
 
 
@@ -162,11 +166,14 @@ def main() -> None:
                 ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
             zero = VARIANT_CONFIGS[variant][0]
             estimate = f", mds-model info estimate {estimated_memory_gib(args, zero):.1f} GiB"
+            scaling = ""
+            if figures["loss_scale"] is not None:
+                scaling = f", {figures['skipped']} skipped, loss scale {figures['loss_scale']:g}"
             print(
                 f"mds-train {variant} (nproc {args.nproc}, TP {args.tp}, PP {args.pp}): "
                 f"{figures['tokens_per_second']:,.0f} tokens/s{ratio}, {figures['ms']:.1f} ms/it, "
                 f"MFU {figures['mfu']:.1%}, peak {figures['memory_gib']:.1f} GiB{estimate}, "
-                f"loss {figures['loss']:.3f}",
+                f"loss {figures['first_loss']:.3f} -> {figures['loss']:.3f}{scaling}",
                 flush=True,
             )
 

@@ -169,6 +169,18 @@ def test_bf16_optimizer_paths():
     assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
+def test_fp16_runs_at_zero_stage_1():
+    """DeepSpeed 0.19 scales the loss in engine.backward only for its ZeRO optimizers (its stage-0
+    fp16 wrappers would divide unscaled gradients by 2^32): fp16 never runs at stage 0."""
+    argv = list(BIGSCIENCE_TINY)
+    argv[argv.index("--zero-stage") + 1] = "0"
+    for pipeline in (1, 2):
+        config = build_config(parse(argv))
+        topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=pipeline)
+        ds = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
+        assert ds["fp16"]["enabled"] and ds["zero_optimization"]["stage"] == 1
+
+
 def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
     ds = derived(WALKTHROUGH_345M, world=8)
     # The seed's ZeRO-3 file: deprecated cpu_offload, an agreeing batch and fp16 section.
