@@ -23,19 +23,21 @@ from mds_model import GPTConfig, from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_
 
 from .config import ExportConfig, ImportConfig
 from .consolidate import consolidate
-from .hf_folder import CONFIG, SAFETENSORS, gpt_config_from_hf, read_hf_config, read_hf_weights
+from .hf_folder import (
+    CONFIG,
+    SAFETENSORS,
+    TOKENIZER_FILES,
+    gpt_config_from_hf,
+    hf_folder_tokenizer,
+    read_hf_config,
+    read_hf_weights,
+)
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
 from .source import open_source
 from .writer import CheckpointWriter, tag_for
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-# A tokenizer as meta.json records it (mds_tokenize's description) and as a Hugging Face folder
-# holds it: the recorded key, the file name in the folder.
-_TOKENIZER_FILES = {
-    "GPT2BPETokenizer": (("vocab_file", "vocab.json"), ("merge_file", "merges.txt")),
-    "PretrainedFromHF": (("tokenizer_file", "tokenizer.json"),),
-}
 logger = logging.getLogger(__name__)
 
 
@@ -88,7 +90,7 @@ def _copy_tokenizer(recorded: dict, folder: Path) -> None:
     """The checkpoint's tokenizer files, under the names a Hugging Face folder uses, so that the
     folder is whole (mds-generate and `transformers` find them there); skipped with a note when
     meta.json names none or they are gone."""
-    pairs = _TOKENIZER_FILES.get(recorded.get("type", "GPT2BPETokenizer"), ())
+    pairs = TOKENIZER_FILES.get(recorded.get("type", "GPT2BPETokenizer"), ())
     sources = [(recorded.get(key), name) for key, name in pairs]
     if not sources or any(not path or not Path(path).is_file() for path, _ in sources):
         logger.info("the checkpoint's tokenizer files are not at hand; exported without them")
@@ -97,25 +99,19 @@ def _copy_tokenizer(recorded: dict, folder: Path) -> None:
         shutil.copyfile(path, folder / name)
 
 
-def _folder_tokenizer(folder: Path) -> dict:
-    """meta.json's `tokenizer` for the files a Hugging Face folder holds (tokenizer.json, else
-    vocab.json + merges.txt): paths and contents' SHA-256, as mds-train records them; {} when it
-    holds none."""
-    for kind, pairs in _TOKENIZER_FILES.items():
-        paths = {key: folder / name for key, name in pairs}
-        if all(path.is_file() for path in paths.values()):
-            recorded = {"type": kind}
-            for key, path in paths.items():
-                recorded[key] = str(path.resolve())
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                recorded[key.replace("_file", "_sha256")] = digest
-            return recorded
-    return {}
+def _recorded_folder_tokenizer(folder: Path) -> dict:
+    """meta.json's `tokenizer` for the folder's tokenizer files: paths and contents' SHA-256, as
+    mds-train records its own; {} when it holds none."""
+    recorded = hf_folder_tokenizer(folder)
+    for key in [key for key in recorded if key.endswith("_file")]:
+        digest = hashlib.sha256(Path(recorded[key]).read_bytes()).hexdigest()
+        recorded[key.replace("_file", "_sha256")] = digest
+    return recorded
 
 
 def _check_hf_folder(save: Path) -> None:
     """An existing folder is replaced only when it holds nothing but an earlier export."""
-    exported = {CONFIG, SAFETENSORS, *(n for pairs in _TOKENIZER_FILES.values() for _, n in pairs)}
+    exported = {CONFIG, SAFETENSORS, *(n for pairs in TOKENIZER_FILES.values() for _, n in pairs)}
     if save.is_dir() and {p.name for p in save.iterdir()} - exported:
         raise ValueError(f"--save {save}: folder exists with other files; choose a new folder")
     if save.exists() and not save.is_dir():
@@ -155,7 +151,7 @@ def import_hf(config: ImportConfig) -> Path:
             writer.write_part({name: state.pop(name) for name in names})
         writer.finish({})
         eos = hf_config.get("eos_token_id")
-        tokenizer = {**_folder_tokenizer(config.load), "vocab_size": model.vocab_size}
+        tokenizer = {**_recorded_folder_tokenizer(config.load), "vocab_size": model.vocab_size}
         base = {"tokenizer": {**tokenizer, "eod_id": eos}}
         provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
         write_meta(

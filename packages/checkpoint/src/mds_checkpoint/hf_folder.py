@@ -125,7 +125,20 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def hf_tokenizer_files(path: Path) -> tuple[Path, Path] | None:
-    """GPT-2's `vocab.json` + `merges.txt` saved in the folder, when both are there."""
-    vocab, merges = path / "vocab.json", path / "merges.txt"
-    return (vocab, merges) if vocab.is_file() and merges.is_file() else None
+# A tokenizer in a Hugging Face folder: the keys meta.json's `tokenizer` (mds_tokenize's
+# description) records its files under, and the names the folder gives them; tokenizer.json, the
+# whole description of any tokenizer, comes first.
+TOKENIZER_FILES = {
+    "PretrainedFromHF": (("tokenizer_file", "tokenizer.json"),),
+    "GPT2BPETokenizer": (("vocab_file", "vocab.json"), ("merge_file", "merges.txt")),
+}
+
+
+def hf_folder_tokenizer(path: Path) -> dict:
+    """The tokenizer the folder holds (tokenizer.json, else vocab.json + merges.txt) as meta.json's
+    `tokenizer` records one: `type` and the files' absolute paths; {} when it holds none."""
+    for kind, pairs in TOKENIZER_FILES.items():
+        files = {key: path / name for key, name in pairs}
+        if all(file.is_file() for file in files.values()):
+            return {"type": kind, **{key: str(file.resolve()) for key, file in files.items()}}
+    return {}

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from mds_checkpoint.hf_folder import (
     CONFIG,
+    TOKENIZER_FILES,
     gpt_config_from_hf,
-    hf_tokenizer_files,
+    hf_folder_tokenizer,
     is_hf_folder,
     read_hf_config,
     read_hf_weights,
@@ -29,7 +30,7 @@ from mds_checkpoint.hf_folder import (
 from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
 from mds_model.kernels import triton_available
 from mds_tokenize.interface import (
-    PRETRAINED_FROM_HF,
+    GPT2_BPE,
     Tokenizer,
     TokenizerSpec,
     check_checkpoint_tokenizer,
@@ -116,9 +117,7 @@ def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str
     return config, state_dict, stored_dtype(hf)
 
 
-HF_TOKENIZER = "tokenizer.json"
 TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
-_GPT2_FILES = ("vocab_file", "merge_file")
 
 
 def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
@@ -139,20 +138,17 @@ def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
 
 
 def _hf_folder_tokenizer(folder: Path) -> TokenizerSpec:
-    if (folder / HF_TOKENIZER).is_file():
-        return TokenizerSpec(tokenizer_type=PRETRAINED_FROM_HF, tokenizer_name_or_path=str(folder))
-    files = hf_tokenizer_files(folder)
-    if files is None:
+    recorded = hf_folder_tokenizer(folder)
+    if not recorded:
         raise ValueError(
-            f"--load {folder}: the folder has no {HF_TOKENIZER}, nor vocab.json and merges.txt; "
+            f"--load {folder}: the folder has no tokenizer.json, nor vocab.json and merges.txt; "
             f"pass {TOKENIZER_FLAGS}"
         )
-    return TokenizerSpec(vocab_file=files[0], merge_file=files[1])
+    return spec_from_description(recorded)
 
 
 def _recorded_tokenizer(load: Path, recorded: dict) -> TokenizerSpec:
-    keys = ("tokenizer_file",) if recorded.get("type") == PRETRAINED_FROM_HF else _GPT2_FILES
-    for key in keys:
+    for key, _ in TOKENIZER_FILES.get(recorded.get("type", GPT2_BPE), ()):
         if recorded.get(key) and not Path(recorded[key]).is_file():
             raise ValueError(
                 f"{recorded[key]}: no such file (the tokenizer the checkpoint's meta.json names); "

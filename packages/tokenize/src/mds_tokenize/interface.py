@@ -143,29 +143,36 @@ def spec_from_description(description: dict) -> TokenizerSpec:
 
 
 def check_tokenizer_matches(recorded: dict | None, given: dict, *, source: str) -> None:
-    """ValueError in one line when `recorded` (a dataset's or checkpoint's tokenizer; None when it
-    records none) is not `given` (a `Tokenizer.description()`): same files by content (or path),
-    same EOD where both record one."""
-    from mds_indexed_data.vocabulary import same_vocabulary, vocabulary_label
-
-    if recorded is not None and not same_vocabulary(recorded, given):
-        raise ValueError(
-            f"{source} was tokenized with {vocabulary_label(recorded)}, but the tokenizer flags "
-            f"name {vocabulary_label(given)}: token ids mean different things; pass the tokenizer "
-            "it was made with (its .tokenize.json records it) or re-tokenize it"
+    """ValueError in one line when `recorded` (a dataset's tokenizer; None when it records none) is
+    not `given` (a `Tokenizer.description()`): same files by content (or path), same EOD where
+    both record one."""
+    if recorded is not None:
+        _check_same_tokenizer(
+            recorded,
+            given,
+            made=f"{source} was tokenized with",
+            remedy="pass the tokenizer it was made with (its .tokenize.json records it) or "
+            "re-tokenize it",
         )
 
 
 def check_checkpoint_tokenizer(recorded: dict, given: dict, *, checkpoint: str) -> None:
-    """ValueError in one line when a checkpoint's meta.json `tokenizer` (recorded by mds-train) is
-    not `given` (a `Tokenizer.description()`)."""
+    """The same for a checkpoint's meta.json `tokenizer` (recorded by mds-train)."""
+    _check_same_tokenizer(
+        recorded,
+        given,
+        made=f"{checkpoint}: the model was trained with",
+        remedy="pass the tokenizer it was trained with (its meta.json records it)",
+    )
+
+
+def _check_same_tokenizer(recorded: dict, given: dict, *, made: str, remedy: str) -> None:
     from mds_indexed_data.vocabulary import same_vocabulary, vocabulary_label
 
     if not same_vocabulary(recorded, given):
         raise ValueError(
-            f"{checkpoint}: the model was trained with {vocabulary_label(recorded)}, but the "
-            f"tokenizer flags name {vocabulary_label(given)}: token ids mean different things; "
-            "pass the tokenizer it was trained with (its meta.json records it)"
+            f"{made} {vocabulary_label(recorded)}, but the tokenizer flags name "
+            f"{vocabulary_label(given)}: token ids mean different things; {remedy}"
         )
 
 
