@@ -1,5 +1,6 @@
 """Where each step's logits come from: the static KV cache (eager, or one CUDA graph replay per
-step) or a full recomputation of every row (`--recompute`, the cache's check).
+step) or a full recomputation of every row (`--recompute`, the cache's check). Eager on CPU, the
+tied head runs over `CpuLmHead`'s copies and attention reads only the slots written so far.
 
 Both take a batch of prompts (one list of ids per row, any lengths) and return the logits that
 predict each row's next token; the generation loop (engine.py) is the same for both.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import torch
 from mds_model import GPT, StaticKVCache
+
+from .cpu_head import CpuLmHead
 
 # Cache lengths are rounded up to this, so prompts of nearby lengths share a cache and a graph.
 LENGTH_BUCKET = 64
@@ -25,7 +28,8 @@ def pad_rows(prompts: list[list[int]], *, width: int, pad: int, device) -> torch
 
 class CachedSteps:
     """Per-row positions in a preallocated cache: prefill the right-padded prompts, then one
-    token per row at that row's next position. On CUDA each one-token step is a CUDA graph."""
+    token per row at that row's next position. On CUDA each one-token step is a CUDA graph; on
+    CPU (not compiled) the steps run eagerly over `CpuLmHead` and the slots written so far."""
 
     def __init__(
         self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
@@ -42,6 +46,11 @@ class CachedSteps:
             torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else None
         )
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
+        self.cpu_head = None
+        if device.type == "cpu" and not compile and model.groups.tp_size == 1:
+            self.cpu_head = CpuLmHead(
+                model.embedding.word_embeddings.weight, vocab_size=model.config.vocab_size
+            )
 
     def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
         """Prefills the prompts; returns the logits (B, V) after each row's last prompt token.
@@ -54,14 +63,33 @@ class CachedSteps:
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         tokens = pad_rows(prompts, width=width, pad=pad, device=self.device)
         positions = torch.arange(width, device=self.device).expand(batch, width)
+        if self.cpu_head is not None:
+            hidden = self.model.decode_static_hidden(
+                tokens,
+                positions=positions,
+                cache=self.cache,
+                output_index=lengths - 1,
+                num_slots=width,
+            )
+            return self.cpu_head(hidden[:, 0])
         logits = self.model.decode_static(
             tokens, positions=positions, cache=self.cache, output_index=lengths - 1
         )
         return logits[:, 0]
 
     def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens, positions (B,) -> logits (B, V) predicting the token after each."""
-        return self.step(tokens, positions)
+        """tokens, positions (B,) -> logits (B, V or padded V) predicting the token after
+        each."""
+        if self.cpu_head is None:
+            return self.step(tokens, positions)
+        # Reading the largest position is free on CPU; the slots past it are never seen.
+        hidden = self.model.decode_static_hidden(
+            tokens[:, None],
+            positions=positions[:, None],
+            cache=self.cache,
+            num_slots=int(positions.max()) + 1,
+        )
+        return self.cpu_head(hidden[:, 0])
 
     def _cache_and_step(self, batch: int, length: int):
         key = (batch, length)

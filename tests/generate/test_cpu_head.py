@@ -1,0 +1,59 @@
+"""CPU decoding's LM head (`CpuLmHead`): its two layouts give `F.linear`'s logits over the real
+vocabulary, follow the embeddings when they change in place, and the Generator's CPU steps (which
+use it, with attention over the written slots only) give the tokens of the model's own head:
+`torch.compile` of the plain step, and `--recompute` (test_engine.py, at 1 and 4 rows)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mds_generate import GenerationConfig, Generator, Sampler, SamplingConfig
+from mds_generate.cpu_head import BLOCK, MIN_BLOCKED_ROWS, CpuLmHead
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("rows", [1, MIN_BLOCKED_ROWS - 1, MIN_BLOCKED_ROWS, 8])
+def test_logits_are_f_linear_s_over_the_real_vocabulary(rows):
+    generator = torch.Generator().manual_seed(rows)
+    vocab = 3 * BLOCK + 5  # a last block part-filled
+    embeddings = torch.randn(vocab + 11, 64, generator=generator)  # Megatron's padding rows
+    hidden = torch.randn(rows, 64, generator=generator)
+    logits = CpuLmHead(embeddings, vocab_size=vocab)(hidden)
+    assert logits.shape == (rows, vocab)
+    torch.testing.assert_close(logits, F.linear(hidden, embeddings)[:, :vocab])
+
+
+def test_the_copies_follow_the_embeddings_changed_in_place():
+    embeddings = torch.randn(300, 32, generator=torch.Generator().manual_seed(0))
+    head = CpuLmHead(embeddings, vocab_size=300)
+    for rows in (1, 8):
+        hidden = torch.randn(rows, 32)
+        head(hidden)  # builds the copy
+        embeddings.mul_(2.0)  # as load_state_dict's copy_ would
+        torch.testing.assert_close(head(hidden), hidden @ embeddings.t())
+
+
+def test_a_cuda_tensor_is_refused():
+    with pytest.raises(ValueError, match="CPU decoding"):
+        CpuLmHead(torch.empty(4, 4, device="meta"), vocab_size=4)
+
+
+def test_the_cpu_steps_use_it(tiny_model, tokenizer):
+    generator = Generator(tiny_model, tokenizer, device=CPU)
+    assert isinstance(generator._cached.cpu_head, CpuLmHead)
+    compiled = Generator(tiny_model, tokenizer, device=CPU, compile=True)
+    assert compiled._cached.cpu_head is None  # the compiled step keeps the model's own head
+
+
+def test_compiled_cpu_step_gives_the_eager_tokens(tiny_model, tokenizer):
+    prompts = [tokenizer.encode(text) for text in ["The history of the city", "A", "Hello"]]
+    sampler = Sampler(SamplingConfig(greedy=True), vocab_size=5000, device=CPU)
+    config = GenerationConfig(max_new_tokens=12)
+    eager = Generator(tiny_model, tokenizer, device=CPU).generate(
+        prompts, sampler=sampler, generation=config
+    )
+    compiled = Generator(tiny_model, tokenizer, device=CPU, compile=True).generate(
+        prompts, sampler=sampler, generation=config
+    )
+    assert [c.token_ids for c in compiled] == [c.token_ids for c in eager]
+    assert all(len(c.token_ids) == 12 for c in eager)
