@@ -1,5 +1,6 @@
 """CPU decoding's LM head (`CpuLmHead`): its two layouts give `F.linear`'s logits over the real
-vocabulary, follow the embeddings when they change in place, and the Generator's CPU steps (which
+vocabulary and their argmax (ties to the first, the padding never chosen), follow the
+embeddings when they change in place, and the Generator's CPU steps (which
 use it, with attention over the written slots only) give the tokens of the model's own head:
 `torch.compile` of the plain step, and `--recompute` (test_engine.py, at 1 and 4 rows)."""
 
@@ -21,6 +22,24 @@ def test_logits_are_f_linear_s_over_the_real_vocabulary(rows):
     logits = CpuLmHead(embeddings, vocab_size=vocab)(hidden)
     assert logits.shape == (rows, vocab)
     torch.testing.assert_close(logits, F.linear(hidden, embeddings)[:, :vocab])
+
+
+@pytest.mark.parametrize("rows", [1, MIN_BLOCKED_ROWS - 1, MIN_BLOCKED_ROWS, 8])
+def test_greedy_is_the_argmax_of_the_logits(rows):
+    generator = torch.Generator().manual_seed(10 + rows)
+    vocab = 3 * BLOCK + 5
+    embeddings = torch.randn(vocab + 11, 64, generator=generator)
+    embeddings[vocab:] = 0.0  # the padding's logits are 0, above every real one below
+    embeddings[BLOCK + 7] = embeddings[2 * BLOCK + 1] = embeddings[BLOCK - 1]  # a three-way tie
+    hidden = torch.randn(rows, 64, generator=generator)
+    head = CpuLmHead(embeddings, vocab_size=vocab)
+    logits = F.linear(hidden, embeddings)[:, :vocab]
+    torch.testing.assert_close(head.greedy(hidden), logits.argmax(dim=-1), rtol=0, atol=0)
+    # Every real logit negative: the first tied one wins, never a padding column.
+    embeddings[:vocab] = -embeddings[:vocab].abs() - 1.0
+    embeddings[BLOCK + 7] = embeddings[2 * BLOCK + 1] = embeddings[BLOCK - 1] = -0.5
+    hidden = torch.ones(rows, 64)
+    assert head.greedy(hidden).tolist() == [BLOCK - 1] * rows
 
 
 def test_the_copies_follow_the_embeddings_changed_in_place():

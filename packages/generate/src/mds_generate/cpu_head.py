@@ -8,6 +8,10 @@ product streams it (2.2 ms). From 4 rows on, the copy is cut into (H, 128) colum
 batched product: each block is read from memory once and stays in cache for all the rows
 (7.5 ms at 8 rows against 16 for `F.linear` and 10 for one product over the (H, V) copy).
 Columns past the vocabulary (Megatron's padding rows) are left out: they are never sampled.
+`greedy` fuses the argmax for plain greedy decoding: over the blocks, the largest logit of each
+block, then the first block holding the row's largest and the first position in it (torch's
+argmax: the first maximum), so the blocks are never copied into one (B, V) tensor (1.6 ms at 8
+rows) nor scanned by argmax (0.45 ms).
 """
 
 from __future__ import annotations
@@ -32,23 +36,40 @@ class CpuLmHead:
         self._version = word_embeddings._version
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[0] < MIN_BLOCKED_ROWS:
+            return torch.mm(hidden, self._columns_layout())
+        blocked = self._blocked_logits(hidden)  # (nb, B, BLOCK)
+        return blocked.transpose(0, 1).reshape(hidden.shape[0], -1)[:, : self.vocab_size]
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (B, H) -> the argmax of each row's logits (B,) int64, ties to the first."""
         rows = hidden.shape[0]
+        if rows < MIN_BLOCKED_ROWS:
+            return torch.mm(hidden, self._columns_layout()).argmax(dim=-1)
+        blocked = self._blocked_logits(hidden)
+        blocked[-1, :, self.vocab_size - (blocked.shape[0] - 1) * BLOCK :] = float("-inf")
+        block = blocked.amax(dim=-1).argmax(dim=0)  # (B,): the first block with the row's max
+        within = blocked[block, torch.arange(rows)].argmax(dim=-1)  # (B,)
+        return block * BLOCK + within
+
+    def _blocked_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        blocks = self._blocks_layout()
+        return torch.bmm(hidden.expand(blocks.shape[0], *hidden.shape), blocks)
+
+    def _check_version(self) -> None:
         if self.word_embeddings._version != self._version:
             self._columns = self._blocks = None
             self._version = self.word_embeddings._version
-        if rows < MIN_BLOCKED_ROWS:
-            return torch.mm(hidden, self._columns_layout())
-        blocks = self._blocks_layout()
-        out = torch.bmm(hidden.expand(blocks.shape[0], *hidden.shape), blocks)  # (nb, B, BLOCK)
-        return out.transpose(0, 1).reshape(rows, -1)[:, : self.vocab_size]
 
     def _columns_layout(self) -> torch.Tensor:
+        self._check_version()
         if self._columns is None:
             weight = self.word_embeddings.detach()[: self.vocab_size]
             self._columns = weight.t().contiguous()
         return self._columns
 
     def _blocks_layout(self) -> torch.Tensor:
+        self._check_version()
         if self._blocks is None:
             vocab, hidden = self.vocab_size, self.word_embeddings.shape[1]
             num_blocks = -(-vocab // BLOCK)

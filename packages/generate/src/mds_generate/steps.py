@@ -3,7 +3,8 @@ step) or a full recomputation of every row (`--recompute`, the cache's check). E
 tied head runs over `CpuLmHead`'s copies and attention reads only the slots written so far.
 
 Both take a batch of prompts (one list of ids per row, any lengths) and return the logits that
-predict each row's next token; the generation loop (engine.py) is the same for both.
+predict each row's next token (or, with `greedy=True` where `fuses_greedy`, the argmax tokens
+themselves); the generation loop (engine.py) is the same for both.
 """
 
 from __future__ import annotations
@@ -52,9 +53,16 @@ class CachedSteps:
                 model.embedding.word_embeddings.weight, vocab_size=model.config.vocab_size
             )
 
-    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
-        """Prefills the prompts; returns the logits (B, V) after each row's last prompt token.
-        max_length: the largest position any row will feed + 1."""
+    @property
+    def fuses_greedy(self) -> bool:
+        return self.cpu_head is not None
+
+    def start(
+        self, prompts: list[list[int]], *, max_length: int, pad: int, greedy: bool = False
+    ) -> torch.Tensor:
+        """Prefills the prompts; returns the logits (B, V) after each row's last prompt token
+        (their argmax (B,) with greedy, where `fuses_greedy`). max_length: the largest position
+        any row will feed + 1."""
         batch, width = len(prompts), max(len(p) for p in prompts)
         length = min(
             -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET, self.model.config.max_positions
@@ -71,15 +79,17 @@ class CachedSteps:
                 output_index=lengths - 1,
                 num_slots=width,
             )
-            return self.cpu_head(hidden[:, 0])
+            return self._head(hidden[:, 0], greedy=greedy)
         logits = self.model.decode_static(
             tokens, positions=positions, cache=self.cache, output_index=lengths - 1
         )
         return logits[:, 0]
 
-    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens, positions (B,) -> logits (B, V or padded V) predicting the token after
-        each."""
+    def next(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, greedy: bool = False
+    ) -> torch.Tensor:
+        """tokens, positions (B,) -> logits (B, V or padded V) predicting the token after each
+        (their argmax (B,) with greedy, where `fuses_greedy`)."""
         if self.cpu_head is None:
             return self.step(tokens, positions)
         # Reading the largest position is free on CPU; the slots past it are never seen.
@@ -89,7 +99,10 @@ class CachedSteps:
             cache=self.cache,
             num_slots=int(positions.max()) + 1,
         )
-        return self.cpu_head(hidden[:, 0])
+        return self._head(hidden[:, 0], greedy=greedy)
+
+    def _head(self, hidden: torch.Tensor, *, greedy: bool) -> torch.Tensor:
+        return self.cpu_head.greedy(hidden) if greedy else self.cpu_head(hidden)
 
     def _cache_and_step(self, batch: int, length: int):
         key = (batch, length)
@@ -152,10 +165,14 @@ class RecomputedSteps:
     """No cache: every step runs the whole right-padded batch through `GPT.logits` and reads each
     row's logits at its last position (causal attention: the padding after it is never seen)."""
 
+    fuses_greedy = False
+
     def __init__(self, model: GPT, *, device: torch.device) -> None:
         self.model, self.device = model, device
 
-    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
+    def start(
+        self, prompts: list[list[int]], *, max_length: int, pad: int, greedy: bool = False
+    ) -> torch.Tensor:
         batch = len(prompts)
         self.lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         self.tokens = torch.full((batch, max_length + 1), pad, dtype=torch.long, device=self.device)
@@ -163,7 +180,9 @@ class RecomputedSteps:
         self.tokens[:, :width] = pad_rows(prompts, width=width, pad=pad, device=self.device)
         return self._last_logits(self.lengths)
 
-    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def next(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, greedy: bool = False
+    ) -> torch.Tensor:
         rows = torch.arange(tokens.shape[0], device=self.device)
         self.tokens[rows, positions] = tokens
         return self._last_logits(positions + 1)
