@@ -29,8 +29,10 @@ def pad_rows(prompts: list[list[int]], *, width: int, pad: int, device) -> torch
 
 class CachedSteps:
     """Per-row positions in a preallocated cache: prefill the right-padded prompts, then one
-    token per row at that row's next position. On CUDA each one-token step is a CUDA graph; on
-    CPU (not compiled) the steps run eagerly over `CpuLmHead` and the slots written so far."""
+    token per row at that row's next position. On CUDA each one-token step is a CUDA graph. On
+    CPU the head is `CpuLmHead`; eager steps attend over the slots written so far, and with
+    compile the layers of the one-token step are compiled (one shape: every slot) while the head
+    stays eager (inductor would run F.linear's slow layout)."""
 
     def __init__(
         self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
@@ -42,16 +44,15 @@ class CachedSteps:
                 "torch.compile traces the pure-torch path: build the model with "
                 "use_fused_kernels=False to compile its decoding step"
             )
-        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
-        self.compiled = (
-            torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else None
-        )
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
         self.cpu_head = None
-        if device.type == "cpu" and not compile and model.groups.tp_size == 1:
+        if device.type == "cpu" and model.groups.tp_size == 1:
             self.cpu_head = CpuLmHead(
                 model.embedding.word_embeddings.weight, vocab_size=model.config.vocab_size
             )
+        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
+        function = _decode_one if self.cpu_head is None else _decode_one_hidden
+        self.compiled = torch.compile(function, fullgraph=True, dynamic=False) if compile else None
 
     @property
     def fuses_greedy(self) -> bool:
@@ -92,6 +93,9 @@ class CachedSteps:
         (their argmax (B,) with greedy, where `fuses_greedy`)."""
         if self.cpu_head is None:
             return self.step(tokens, positions)
+        if self.compiled is not None:
+            hidden = self.compiled(self.model, tokens[:, None], positions[:, None], self.cache)
+            return self._head(hidden, greedy=greedy)
         # Reading the largest position is free on CPU; the slots past it are never seen.
         hidden = self.model.decode_static_hidden(
             tokens[:, None],
@@ -114,9 +118,14 @@ class CachedSteps:
         cache = StaticKVCache(
             self.model.config, batch_size=batch, max_length=length, device=self.device
         )
-        step = _OneTokenStep(
-            self.model, cache, cuda_graph=self.cuda_graphs, function=self.compiled or _decode_one
-        )
+        step = None  # CPU: `next` runs the step itself, over the slots or compiled
+        if self.cpu_head is None:
+            step = _OneTokenStep(
+                self.model,
+                cache,
+                cuda_graph=self.cuda_graphs,
+                function=self.compiled or _decode_one,
+            )
         self._kept[key] = (cache, step)
         return cache, step
 
@@ -124,6 +133,11 @@ class CachedSteps:
 def _decode_one(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
     """(B, 1) tokens at (B, 1) positions -> logits (B, V)."""
     return model.decode_static(tokens, positions=positions, cache=cache)[:, 0]
+
+
+def _decode_one_hidden(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+    """(B, 1) tokens at (B, 1) positions -> the head's input (B, H)."""
+    return model.decode_static_hidden(tokens, positions=positions, cache=cache)[:, 0]
 
 
 class _OneTokenStep:
