@@ -8,8 +8,9 @@ issue's probe: `min_new_tokens` for transformers). Prints new tokens/s, our/tran
 time to first token (a whole call with one new token), how many greedy tokens agree, and the
 fraction of the weight-bandwidth bound: batch x (copy bandwidth measured here) / (bytes of the
 weights read per step).
-Variants of ours: CUDA graphs over the eager step (the default), torch.compile of the step under
-CUDA graphs, and plain eager launches.
+Variants of ours: CUDA graphs over the eager step (the default on CUDA), torch.compile of the
+step under CUDA graphs, and plain eager launches; on CPU eager (the default) and compile (the
+step's layers compiled, the LM head eager; its compilation is in "first call").
 Usage: python benchmarks/generate.py [--device cuda|cpu] [--dtype bfloat16] [--small]
        [--variants graphs,compile,eager] [--profile]
 """
@@ -185,8 +186,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     parser.add_argument(
         "--variants",
-        default="graphs",
-        help=f"ours, comma-separated: {', '.join(VARIANTS)} (CPU: eager whatever is named)",
+        default=None,
+        help=f"ours, comma-separated: {', '.join(VARIANTS)} (default: graphs on CUDA; "
+        "CPU: eager and compile only, default eager)",
     )
     parser.add_argument("--profile", action="store_true", help="kernel times of each variant")
     args = parser.parse_args()
@@ -197,7 +199,9 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants = args.variants.split(",") if device.type == "cuda" else ["eager"]
+    variants = (args.variants or ("graphs" if device.type == "cuda" else "eager")).split(",")
+    if device.type == "cpu" and not set(variants) <= {"eager", "compile"}:
+        parser.error("--variants on CPU: eager and/or compile")
 
     import transformers
     from mds_generate import GenerationConfig, Generator, Sampler, SamplingConfig

@@ -116,3 +116,23 @@ def test_the_same_seed_gives_the_same_draws():
 def test_bad_values_name_the_flag(field, value, flag):
     with pytest.raises(ValueError, match=flag):
         SamplingConfig(**{field: value})
+
+
+def test_only_plain_greedy_may_be_fused_with_the_head():
+    """The CPU step returns the argmax itself for a plain greedy sampler only: not with
+    penalties, not when sampling, not for a subclass that must see the logits."""
+
+    class Forcing(Sampler):
+        def __call__(self, logits):
+            return super().__call__(logits)
+
+    def started(cls, **config):
+        sampler = cls(SamplingConfig(**config), vocab_size=10, device=torch.device("cpu"))
+        sampler.start([[1, 2]])
+        return sampler
+
+    assert started(Sampler, greedy=True).plain_greedy
+    assert not started(Sampler, greedy=True, repetition_penalty=1.2).plain_greedy
+    assert not started(Sampler, greedy=True, frequency_penalty=0.5).plain_greedy
+    assert not started(Sampler, top_k=3).plain_greedy
+    assert not started(Forcing, greedy=True).plain_greedy

@@ -1,5 +1,6 @@
 """`GPT.decode_static` over a preallocated `StaticKVCache`: ragged rows with per-row positions give
-each row's full-forward logits, for every position embedding; reusing the cache is safe."""
+each row's full-forward logits, for every position embedding, also when attention reads only the
+slots written so far (`num_slots`); reusing the cache is safe."""
 
 import pytest
 import torch
@@ -28,22 +29,30 @@ def rows(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
 
 
-def decode_ragged(model, sequences, prompt_lengths, cache):
+def decode_ragged(model, sequences, prompt_lengths, cache, *, trim=False):
     """Prefill right-padded prompts, then one token per row per step (each row's own next
-    token); returns each row's logits at every position it fed."""
+    token); returns each row's logits at every position it fed. trim: attention reads only the
+    slots up to the largest position fed (num_slots)."""
     batch, width = len(sequences), max(prompt_lengths)
     padded = torch.zeros(batch, width, dtype=torch.long)
     for b, (seq, n) in enumerate(zip(sequences, prompt_lengths, strict=True)):
         padded[b, :n] = seq[:n]
     positions = torch.arange(width).expand(batch, width)
-    first = model.decode_static(padded, positions=positions, cache=cache)
+    first = model.decode_static(
+        padded, positions=positions, cache=cache, num_slots=width if trim else None
+    )
     out = [[first[b, t] for t in range(n)] for b, n in enumerate(prompt_lengths)]
     steps = max(len(s) - n for s, n in zip(sequences, prompt_lengths, strict=True))
     position = torch.tensor(prompt_lengths)
     for _ in range(steps):
         index = position.clamp(max=torch.tensor([len(s) - 1 for s in sequences]))
         token = torch.stack([s[i] for s, i in zip(sequences, index.tolist(), strict=True)])
-        logits = model.decode_static(token[:, None], positions=index[:, None], cache=cache)
+        logits = model.decode_static(
+            token[:, None],
+            positions=index[:, None],
+            cache=cache,
+            num_slots=int(index.max()) + 1 if trim else None,
+        )
         for b, seq in enumerate(sequences):
             if position[b] < len(seq):
                 out[b].append(logits[b, 0])
@@ -51,13 +60,14 @@ def decode_ragged(model, sequences, prompt_lengths, cache):
     return [torch.stack(o) for o in out]
 
 
+@pytest.mark.parametrize("trim", [False, True], ids=["every-slot", "num-slots"])
 @pytest.mark.parametrize("position", ["learned", "rotary", "alibi"])
-def test_ragged_rows_match_each_rows_full_forward(position):
+def test_ragged_rows_match_each_rows_full_forward(position, trim):
     model = GPT(tiny(position_embedding_type=position), init_seed=3).eval()
     sequences = rows([12, 16, 7], seed=1)
     cache = StaticKVCache(model.config, batch_size=3, max_length=SEQ)
     with torch.no_grad():
-        got = decode_ragged(model, sequences, [3, 9, 5], cache)
+        got = decode_ragged(model, sequences, [3, 9, 5], cache, trim=trim)
         for seq, logits in zip(sequences, got, strict=True):
             full = model.logits(seq[None])[0]
             torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
@@ -103,6 +113,35 @@ def test_bad_shapes_are_errors():
         model.decode_static(
             torch.zeros(1, 1, dtype=torch.long), positions=torch.zeros(1, 1), cache=cache
         )
+    with pytest.raises(ValueError, match="num_slots must be in 1..8, got 9"):
+        model.decode_static(
+            torch.zeros(2, 1, dtype=torch.long),
+            positions=torch.zeros(2, 1, dtype=torch.long),
+            cache=cache,
+            num_slots=9,
+        )
+
+
+def test_decode_static_hidden_is_the_head_s_input():
+    model = GPT(tiny(), init_seed=7).eval()
+    tokens = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(5).expand(2, 5)
+    index = torch.tensor([4, 1])
+    with torch.no_grad():
+        hidden = model.decode_static_hidden(
+            tokens,
+            positions=positions,
+            cache=StaticKVCache(model.config, batch_size=2, max_length=8),
+            output_index=index,
+        )
+        logits = model.decode_static(
+            tokens,
+            positions=positions,
+            cache=StaticKVCache(model.config, batch_size=2, max_length=8),
+            output_index=index,
+        )
+    assert hidden.shape == (2, 1, 32)
+    torch.testing.assert_close(hidden @ model.embedding.word_embeddings.weight.t(), logits)
 
 
 def test_one_layers_decode_static_is_its_forward():

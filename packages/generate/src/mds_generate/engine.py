@@ -88,13 +88,15 @@ class Generator:
         steps = self._recomputed if generation.recompute else self._cached
         eod = self.tokenizer.eod
         sampler.start(prompts)
-        logits = steps.start(prompts, max_length=max_length, pad=eod)
+        # Plain greedy on CPU: the step's head returns the argmax itself (no (B, V) logits).
+        fused = sampler.plain_greedy and steps.fuses_greedy
+        logits = steps.start(prompts, max_length=max_length, pad=eod, greedy=fused)
         positions = torch.tensor([len(p) for p in prompts], device=self.device)
         limits = torch.tensor(budgets, device=self.device)
         done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
         generated = torch.empty(len(prompts), num_steps, dtype=torch.long, device=self.device)
         for step in range(num_steps):
-            tokens = sampler(logits)
+            tokens = logits if fused else sampler(logits)
             if generation.stop_at_eod:
                 tokens = torch.where(done, eod, tokens)
                 done |= tokens == eod
@@ -107,7 +109,7 @@ class Generator:
             if on_step is not None or (step + 1) % CHECK_EVERY == 0:
                 if self._all_finished(generated[:, : step + 1], done, generation):
                     break
-            logits = steps.next(tokens, positions.clamp(max=max_length - 1))
+            logits = steps.next(tokens, positions.clamp(max=max_length - 1), greedy=fused)
             positions += 1
         rows = generated[:, : step + 1].tolist()
         return [

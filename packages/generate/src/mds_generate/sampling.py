@@ -78,12 +78,22 @@ class Sampler:
         if self.config.frequency_penalty != 0.0:
             self._counts = torch.zeros(batch, vocab, dtype=torch.float32, device=self.device)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy without penalties: the argmax alone, which a step may fuse with its head
+        (not where a subclass overrides `__call__`: it must see the logits)."""
+        return type(self).__call__ is Sampler.__call__ and self._argmax_only
+
+    @property
+    def _argmax_only(self) -> bool:
+        return self.config.greedy and self._seen is None and self._counts is None
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """logits (B, >= V) -> next tokens (B,) int64; columns past the vocabulary (Megatron's
         padding) are dropped."""
         config = self.config
         logits = logits[:, : self.vocab_size]
-        if config.greedy and self._seen is None and self._counts is None:
+        if self._argmax_only:
             return logits.argmax(dim=-1)  # in the logits' dtype: the same argmax, no copy
         logits = logits.float()
         if self._seen is not None:

@@ -1,14 +1,18 @@
 """Where each step's logits come from: the static KV cache (eager, or one CUDA graph replay per
-step) or a full recomputation of every row (`--recompute`, the cache's check).
+step) or a full recomputation of every row (`--recompute`, the cache's check). Eager on CPU, the
+tied head runs over `CpuLmHead`'s copies and attention reads only the slots written so far.
 
 Both take a batch of prompts (one list of ids per row, any lengths) and return the logits that
-predict each row's next token; the generation loop (engine.py) is the same for both.
+predict each row's next token (or, with `greedy=True` where `fuses_greedy`, the argmax tokens
+themselves); the generation loop (engine.py) is the same for both.
 """
 
 from __future__ import annotations
 
 import torch
 from mds_model import GPT, StaticKVCache
+
+from .cpu_head import CpuLmHead
 
 # Cache lengths are rounded up to this, so prompts of nearby lengths share a cache and a graph.
 LENGTH_BUCKET = 64
@@ -25,7 +29,10 @@ def pad_rows(prompts: list[list[int]], *, width: int, pad: int, device) -> torch
 
 class CachedSteps:
     """Per-row positions in a preallocated cache: prefill the right-padded prompts, then one
-    token per row at that row's next position. On CUDA each one-token step is a CUDA graph."""
+    token per row at that row's next position. On CUDA each one-token step is a CUDA graph. On
+    CPU the head is `CpuLmHead`; eager steps attend over the slots written so far, and with
+    compile the layers of the one-token step are compiled (one shape: every slot) while the head
+    stays eager (inductor would run F.linear's slow layout)."""
 
     def __init__(
         self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
@@ -37,15 +44,26 @@ class CachedSteps:
                 "torch.compile traces the pure-torch path: build the model with "
                 "use_fused_kernels=False to compile its decoding step"
             )
-        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
-        self.compiled = (
-            torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else None
-        )
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
+        self.cpu_head = None
+        if device.type == "cpu" and model.groups.tp_size == 1:
+            self.cpu_head = CpuLmHead(
+                model.embedding.word_embeddings.weight, vocab_size=model.config.vocab_size
+            )
+        # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
+        function = _decode_one if self.cpu_head is None else _decode_one_hidden
+        self.compiled = torch.compile(function, fullgraph=True, dynamic=False) if compile else None
 
-    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
-        """Prefills the prompts; returns the logits (B, V) after each row's last prompt token.
-        max_length: the largest position any row will feed + 1."""
+    @property
+    def fuses_greedy(self) -> bool:
+        return self.cpu_head is not None
+
+    def start(
+        self, prompts: list[list[int]], *, max_length: int, pad: int, greedy: bool = False
+    ) -> torch.Tensor:
+        """Prefills the prompts; returns the logits (B, V) after each row's last prompt token
+        (their argmax (B,) with greedy, where `fuses_greedy`). max_length: the largest position
+        any row will feed + 1."""
         batch, width = len(prompts), max(len(p) for p in prompts)
         length = min(
             -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET, self.model.config.max_positions
@@ -54,14 +72,41 @@ class CachedSteps:
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         tokens = pad_rows(prompts, width=width, pad=pad, device=self.device)
         positions = torch.arange(width, device=self.device).expand(batch, width)
+        if self.cpu_head is not None:
+            hidden = self.model.decode_static_hidden(
+                tokens,
+                positions=positions,
+                cache=self.cache,
+                output_index=lengths - 1,
+                num_slots=width,
+            )
+            return self._head(hidden[:, 0], greedy=greedy)
         logits = self.model.decode_static(
             tokens, positions=positions, cache=self.cache, output_index=lengths - 1
         )
         return logits[:, 0]
 
-    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens, positions (B,) -> logits (B, V) predicting the token after each."""
-        return self.step(tokens, positions)
+    def next(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, greedy: bool = False
+    ) -> torch.Tensor:
+        """tokens, positions (B,) -> logits (B, V or padded V) predicting the token after each
+        (their argmax (B,) with greedy, where `fuses_greedy`)."""
+        if self.cpu_head is None:
+            return self.step(tokens, positions)
+        if self.compiled is not None:
+            hidden = self.compiled(self.model, tokens[:, None], positions[:, None], self.cache)
+            return self._head(hidden, greedy=greedy)
+        # Reading the largest position is free on CPU; the slots past it are never seen.
+        hidden = self.model.decode_static_hidden(
+            tokens[:, None],
+            positions=positions[:, None],
+            cache=self.cache,
+            num_slots=int(positions.max()) + 1,
+        )
+        return self._head(hidden[:, 0], greedy=greedy)
+
+    def _head(self, hidden: torch.Tensor, *, greedy: bool) -> torch.Tensor:
+        return self.cpu_head.greedy(hidden) if greedy else self.cpu_head(hidden)
 
     def _cache_and_step(self, batch: int, length: int):
         key = (batch, length)
@@ -73,9 +118,14 @@ class CachedSteps:
         cache = StaticKVCache(
             self.model.config, batch_size=batch, max_length=length, device=self.device
         )
-        step = _OneTokenStep(
-            self.model, cache, cuda_graph=self.cuda_graphs, function=self.compiled or _decode_one
-        )
+        step = None  # CPU: `next` runs the step itself, over the slots or compiled
+        if self.cpu_head is None:
+            step = _OneTokenStep(
+                self.model,
+                cache,
+                cuda_graph=self.cuda_graphs,
+                function=self.compiled or _decode_one,
+            )
         self._kept[key] = (cache, step)
         return cache, step
 
@@ -83,6 +133,11 @@ class CachedSteps:
 def _decode_one(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
     """(B, 1) tokens at (B, 1) positions -> logits (B, V)."""
     return model.decode_static(tokens, positions=positions, cache=cache)[:, 0]
+
+
+def _decode_one_hidden(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+    """(B, 1) tokens at (B, 1) positions -> the head's input (B, H)."""
+    return model.decode_static_hidden(tokens, positions=positions, cache=cache)[:, 0]
 
 
 class _OneTokenStep:
@@ -124,10 +179,14 @@ class RecomputedSteps:
     """No cache: every step runs the whole right-padded batch through `GPT.logits` and reads each
     row's logits at its last position (causal attention: the padding after it is never seen)."""
 
+    fuses_greedy = False
+
     def __init__(self, model: GPT, *, device: torch.device) -> None:
         self.model, self.device = model, device
 
-    def start(self, prompts: list[list[int]], *, max_length: int, pad: int) -> torch.Tensor:
+    def start(
+        self, prompts: list[list[int]], *, max_length: int, pad: int, greedy: bool = False
+    ) -> torch.Tensor:
         batch = len(prompts)
         self.lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         self.tokens = torch.full((batch, max_length + 1), pad, dtype=torch.long, device=self.device)
@@ -135,7 +194,9 @@ class RecomputedSteps:
         self.tokens[:, :width] = pad_rows(prompts, width=width, pad=pad, device=self.device)
         return self._last_logits(self.lengths)
 
-    def next(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def next(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, greedy: bool = False
+    ) -> torch.Tensor:
         rows = torch.arange(tokens.shape[0], device=self.device)
         self.tokens[rows, positions] = tokens
         return self._last_logits(positions + 1)

@@ -137,14 +137,22 @@ class StaticKVCache:
         ]
         self._slots = torch.arange(max_length, device=device)
 
-    def visibility(self, positions: torch.Tensor) -> torch.Tensor:
-        """positions (B, S_new) -> attention mask (B, 1, S_new, max_length): slot <= position."""
-        return self._slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
+    def visibility(self, positions: torch.Tensor, *, num_slots: int | None = None) -> torch.Tensor:
+        """positions (B, S_new) -> attention mask (B, 1, S_new, num_slots or max_length):
+        slot <= position."""
+        slots = self._slots if num_slots is None else self._slots[:num_slots]
+        return slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
 
-    def attention_bias(self, positions: torch.Tensor) -> torch.Tensor:
+    def attention_bias(
+        self, positions: torch.Tensor, *, num_slots: int | None = None
+    ) -> torch.Tensor:
         """`visibility` as an additive mask in the cache's dtype (0 where seen, -inf elsewhere),
-        built once per step for every layer (a boolean mask is converted again by each call)."""
-        visible = self.visibility(positions)
+        built once per step for every layer (a boolean mask is converted again by each call).
+        Its last dimension says how many slots the attention reads (`GPT.decode_static_hidden`'s
+        num_slots)."""
+        if num_slots is not None and not 1 <= num_slots <= self.max_length:
+            raise ValueError(f"num_slots must be in 1..{self.max_length}, got {num_slots}")
+        visible = self.visibility(positions, num_slots=num_slots)
         bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
         return bias.masked_fill_(~visible, float("-inf"))
 
@@ -268,7 +276,7 @@ class ParallelSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """x (S_new, B, H) of tokens at per-row positions (B, S_new) -> (S_new, B, H).
 
-        Their keys and values go into cache's slots `positions`; `bias` (B, 1, S_new, L) is
+        Their keys and values go into cache's slots `positions`; `bias` (B, 1, S_new, slots) is
         `StaticKVCache.attention_bias(positions)`, computed once per step for every layer.
         """
         if self.rotary is not None:
@@ -280,6 +288,9 @@ class ParallelSelfAttention(nn.Module):
             qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
             q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
             keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
+        num_slots = bias.shape[-1]  # the cache's first slots only, when the caller says so
+        if num_slots != keys.shape[2]:
+            keys, values = keys[:, :, :num_slots], values[:, :, :num_slots]
         context = self._masked_core(q, keys, values, bias)  # (B, nh, S, hd)
         seq, batch = context.shape[2], context.shape[0]
         context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)

@@ -251,6 +251,7 @@ class GPT(nn.Module):
         positions: torch.Tensor,
         cache: StaticKVCache,
         output_index: torch.Tensor | None = None,
+        num_slots: int | None = None,
     ) -> torch.Tensor:
         """tokens (B, S_new) at per-row positions (B, S_new) -> vocab-parallel logits
         (B, S_new, V/TP), or (B, 1, V/TP) at each row's `output_index` (B,) when given.
@@ -261,7 +262,32 @@ class GPT(nn.Module):
         row's end is written but never seen), then each step feeds one token per row at that
         row's next position. Shapes never change between steps, so a step can be captured in a
         CUDA graph. Positions must be < cache.max_length (not checked: that would wait on the
-        device).
+        device). num_slots: see `decode_static_hidden`.
+        """
+        x = self.decode_static_hidden(
+            tokens,
+            positions=positions,
+            cache=cache,
+            output_index=output_index,
+            num_slots=num_slots,
+        )
+        return lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
+
+    def decode_static_hidden(
+        self,
+        tokens: torch.Tensor,
+        *,
+        positions: torch.Tensor,
+        cache: StaticKVCache,
+        output_index: torch.Tensor | None = None,
+        num_slots: int | None = None,
+    ) -> torch.Tensor:
+        """`decode_static` up to the LM head: the final LayerNorm's output (B, S_new, H), or
+        (B, 1, H) at `output_index`, for a caller that applies the tied head its own way.
+
+        num_slots: attend to the cache's first num_slots slots only (every position must be
+        below it), so a short context does not pay for the whole cache; a new value changes the
+        shapes (not for CUDA graphs). None: every slot.
         """
         if len(cache.layers) != len(self.layers):
             raise ValueError(
@@ -272,7 +298,7 @@ class GPT(nn.Module):
                 f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must both "
                 f"be (batch {cache.batch_size}, S_new)"
             )
-        bias = cache.attention_bias(positions)  # (B, 1, S_new, L), shared by every layer
+        bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
         x = self.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
         # Each layer's last residual add runs fused with the next LayerNorm (the next layer's
         # input norm, or the final one): the same sums, one kernel fewer per layer.
@@ -286,7 +312,7 @@ class GPT(nn.Module):
         x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
         if output_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), output_index].unsqueeze(1)
-        return lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
+        return x
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""
