@@ -81,7 +81,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                     for name in current:
                         states = optimizer.read(name)
                         rows = target.padded_vocab_size
-                        universal.write_parameter(folder, name, states, rows=rows)
+                        writer.written(universal.write_parameter(folder, name, states, rows=rows))
                 num_tensors += len(current)
                 num_bytes += sum(t.numel() * t.element_size() for t in current.values())
                 _show_progress(meter, number, len(parts), num_bytes)
