@@ -32,7 +32,6 @@ from .output import (
     write_meta,
 )
 from .source import Source, merged_part, open_source
-from .verify import check_logits
 from .writer import CheckpointWriter, tag_for
 
 logger = logging.getLogger(__name__)
@@ -108,6 +107,8 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         write_meta(folder, meta)
         (staging / LATEST).write_text(tag)
         if config.verify:
+            from .verify import check_logits  # the model and its Triton kernels: only here
+
             difference = check_logits(consolidate(source), consolidate(open_source(folder)))
     return ReshapeResult(
         folder=config.save / tag,
