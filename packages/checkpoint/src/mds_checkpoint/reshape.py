@@ -31,6 +31,7 @@ from .output import (
     target_config,
     write_meta,
 )
+from .partition import BufferPool
 from .source import Source, merged_part, open_source
 from .writer import CheckpointWriter, tag_for
 
@@ -68,14 +69,19 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         parts = source.parts()
         meter = Meter(logger=logger)
         # One part is written (a thread: torch's copies and file writes release the GIL) while
-        # the next is read and joined; at most two parts are in memory.
+        # the next is read and joined; at most two parts are in memory, and a written part's
+        # buffers are joined into again two parts later.
+        buffers = BufferPool()
         with ThreadPoolExecutor(max_workers=1) as background:
+            writing: dict[str, torch.Tensor] = {}
             pending = None
             for number, part in enumerate(parts, start=1):
-                current = merged_part(source, part)
+                current = merged_part(source, part, buffers=buffers)
                 if pending is not None:
                     pending.result()
+                    buffers.give_back(writing.values())
                 pending = background.submit(writer.write_part, current)
+                writing = current
                 if optimizer is not None:
                     for name in current:
                         states = optimizer.read(name)

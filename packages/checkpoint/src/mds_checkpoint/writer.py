@@ -18,7 +18,7 @@ from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
 from .names import layer_of
-from .partition import split_whole
+from .partition import owned, split_whole
 from .streaming import StreamingSave
 from .writeback import WriteBack
 
@@ -78,7 +78,7 @@ class CheckpointWriter:
             by_file: dict[int, dict[str, torch.Tensor]] = {}
             for name, piece in shard.items():
                 index, key = pipeline_file_key(name, self.config)
-                by_file.setdefault(index, {})[key] = piece
+                by_file.setdefault(index, {})[key] = owned(piece)
             for index, state in by_file.items():
                 paths.append(self.folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
                 torch.save(state, paths[-1])
