@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         # the next is read and joined; at most two parts are in memory, and a written part's
         # buffers are joined into again two parts later.
         buffers = BufferPool()
-        with ThreadPoolExecutor(max_workers=1) as background:
+        with ThreadPoolExecutor(max_workers=1) as background, _one_torch_thread():
             writing: dict[str, torch.Tensor] = {}
             pending = None
             for number, part in enumerate(parts, start=1):
@@ -123,6 +125,20 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         seconds=time.perf_counter() - start,
         logit_difference=difference,
     )
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch's own ops on one thread while streaming: they are memory-bound copies (joining
+    shards), the writer thread and the kernel's write-back need the other cores, and idle
+    intra-op threads spin. On the 2-core VM: 1 s less CPU time and 0.1-0.3 s less wall time for
+    the 345M reshape. `--verify`'s forward passes run after, with torch's threads restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _show_progress(meter: Meter, done: int, total: int, num_bytes: int) -> None:
