@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,16 +82,36 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
     (folder / "latest").write_text(tag)
 
 
+# Runs a command and writes its wall seconds and peak RSS to the file argv[1]. The command's
+# parent must be small: Linux starts a process's ru_maxrss at its parent's RSS when it forks and
+# execs, so a command spawned straight from this benchmark (torch and the source's tensors,
+# hundreds of MiB) would report this process's peak instead of its own.
+_SPAWNER = """
+import os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as file:
+    file.write(f"{time.perf_counter() - start} {usage.ru_maxrss}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(command: list[str]) -> tuple[float, float, str]:
     """(wall seconds, peak RSS in MiB, stdout) of one child process."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command)} failed")
-    return seconds, usage.ru_maxrss / 1024, output  # ru_maxrss: KiB on Linux
+    with tempfile.NamedTemporaryFile("r", suffix=".txt") as report:
+        result = subprocess.run(
+            [sys.executable, "-S", "-c", _SPAWNER, report.name, *command],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed")
+        seconds, peak = report.read().split()
+    return float(seconds), int(peak) / 1024, result.stdout  # ru_maxrss: KiB on Linux
 
 
 def folder_bytes(folder: Path) -> int:
