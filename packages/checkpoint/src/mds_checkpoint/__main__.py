@@ -1,5 +1,5 @@
 """`python -m mds_checkpoint` runs `mds-merge-mp`."""
 
-from .cli import main
+from .cli import script
 
-main()
+script()

@@ -8,7 +8,12 @@ and the readers load inside the commands, so `--help` stays fast.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -39,6 +44,20 @@ Iteration = Annotated[
     int | None,
     typer.Option("--iteration", help="Read global_stepN / iter_N instead of the newest."),
 ]
+
+
+@contextmanager
+def _loading() -> Iterator[None]:
+    """The commands' imports (torch's thousands of modules) with the garbage collector off: it
+    would run several full collections over them, 0.2 s of the start-up on a small VM, and
+    imports make no garbage cycles worth collecting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @app.command("merge")
@@ -76,8 +95,9 @@ def merge(
     ] = "GPT",
 ) -> None:
     """Reshape a checkpoint to another tensor/pipeline-parallel layout (mds-train's layout)."""
-    from .config import ReshapeConfig
-    from .reshape import reshape
+    with _loading():
+        from .config import ReshapeConfig
+        from .reshape import reshape
 
     if model_type.upper() != "GPT":
         raise ValueError(f"--model-type {model_type}: only GPT checkpoints are reshaped")
@@ -128,8 +148,9 @@ def export_hf(
     ] = False,
 ) -> None:
     """Write a GPT2LMHeadModel folder (config.json + model.safetensors, padding removed)."""
-    from .config import ExportConfig
-    from .hf import export_hf as run_export
+    with _loading():
+        from .config import ExportConfig
+        from .hf import export_hf as run_export
 
     result = run_export(
         ExportConfig(
@@ -157,8 +178,9 @@ def import_hf(
     ] = None,
 ) -> None:
     """Turn a Hugging Face GPT-2 folder into an mds-train checkpoint at any TP/PP."""
-    from .config import ImportConfig
-    from .hf import import_hf as run_import
+    with _loading():
+        from .config import ImportConfig
+        from .hf import import_hf as run_import
 
     folder = run_import(
         ImportConfig(
@@ -184,5 +206,32 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def script() -> None:
+    """The `mds-merge-mp` command (and `python -m mds_checkpoint`): `main()`, then the process
+    ends without tearing the interpreter down.
+
+    Tearing down an interpreter that imported torch (clearing thousands of modules, collecting
+    their objects) takes 0.5-0.8 s on a small VM, 10-15% of a 345M reshape's whole run, and
+    does nothing a finished command needs: every output file is written, fsynced and renamed
+    inside `main()`. The exit functions still run (logging's flush, thread pools' joins) and the
+    standard streams are flushed. In-process callers (tests) use `main()`, which returns or
+    raises as usual."""
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            raise  # a message to print: the interpreter's own exit does that
+        code = exit_.code or 0
+    else:
+        code = 0
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe, as at a normal exit
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    script()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +33,8 @@ from .output import (
     target_config,
     write_meta,
 )
+from .partition import BufferPool
 from .source import Source, merged_part, open_source
-from .verify import check_logits
 from .writer import CheckpointWriter, tag_for
 
 logger = logging.getLogger(__name__)
@@ -69,19 +71,24 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         parts = source.parts()
         meter = Meter(logger=logger)
         # One part is written (a thread: torch's copies and file writes release the GIL) while
-        # the next is read and joined; at most two parts are in memory.
-        with ThreadPoolExecutor(max_workers=1) as background:
+        # the next is read and joined; at most two parts are in memory, and a written part's
+        # buffers are joined into again two parts later.
+        buffers = BufferPool()
+        with ThreadPoolExecutor(max_workers=1) as background, _one_torch_thread():
+            writing: dict[str, torch.Tensor] = {}
             pending = None
             for number, part in enumerate(parts, start=1):
-                current = merged_part(source, part)
+                current = merged_part(source, part, buffers=buffers)
                 if pending is not None:
                     pending.result()
+                    buffers.give_back(writing.values())
                 pending = background.submit(writer.write_part, current)
+                writing = current
                 if optimizer is not None:
                     for name in current:
                         states = optimizer.read(name)
                         rows = target.padded_vocab_size
-                        universal.write_parameter(folder, name, states, rows=rows)
+                        writer.written(universal.write_parameter(folder, name, states, rows=rows))
                 num_tensors += len(current)
                 num_bytes += sum(t.numel() * t.element_size() for t in current.values())
                 _show_progress(meter, number, len(parts), num_bytes)
@@ -108,6 +115,8 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         write_meta(folder, meta)
         (staging / LATEST).write_text(tag)
         if config.verify:
+            from .verify import check_logits  # the model and its Triton kernels: only here
+
             difference = check_logits(consolidate(source), consolidate(open_source(folder)))
     return ReshapeResult(
         folder=config.save / tag,
@@ -116,6 +125,20 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         seconds=time.perf_counter() - start,
         logit_difference=difference,
     )
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch's own ops on one thread while streaming: they are memory-bound copies (joining
+    shards), the writer thread and the kernel's write-back need the other cores, and idle
+    intra-op threads spin. On the 2-core VM: 1 s less CPU time and 0.1-0.3 s less wall time for
+    the 345M reshape. `--verify`'s forward passes run after, with torch's threads restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _show_progress(meter: Meter, done: int, total: int, num_bytes: int) -> None:

@@ -20,7 +20,7 @@ from . import torchfile
 from .describe import config_from_megatron_args, config_from_meta
 from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
-from .partition import merge_shards
+from .partition import BufferPool, merge_shards
 from .sources import EMBEDDING, FINAL, LayerFiles, MegatronFiles, PlainEngineFiles, part_names
 
 META = "meta.json"
@@ -201,9 +201,12 @@ def expected_names(config: GPTConfig, part: str) -> tuple[str, ...]:
     return tuple(layer_name(index, local) for local in LAYER_NAMES)
 
 
-def merged_part(source: Source, part: str) -> dict[str, torch.Tensor]:
-    """One part's whole tensors (TP shards joined; the word embeddings keep the source's padded
-    rows), in `GPT.named_parameters()` order; shapes checked against the source's config."""
+def merged_part(
+    source: Source, part: str, *, buffers: BufferPool | None = None
+) -> dict[str, torch.Tensor]:
+    """One part's whole tensors (TP shards joined, into `buffers`' tensors if given; the word
+    embeddings keep the source's padded rows), in `GPT.named_parameters()` order; shapes checked
+    against the source's config."""
     shards = source.reader.read_part(part)
     where = source.reader.where(part)
     wanted = expected_names(source.config, part)
@@ -213,7 +216,11 @@ def merged_part(source: Source, part: str) -> dict[str, torch.Tensor]:
         if missing or extra:
             problem = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
             raise ValueError(f"{where}: TP rank {rank} {problem} for this model")
-    merged = {name: merge_shards(name, [s[name] for s in shards], where=where) for name in wanted}
+    allocate = buffers.take if buffers is not None else None
+    merged = {
+        name: merge_shards(name, [s[name] for s in shards], where=where, allocate=allocate)
+        for name in wanted
+    }
     _check_shapes(source.config, merged, where)
     return merged
 

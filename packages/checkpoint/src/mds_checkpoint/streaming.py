@@ -57,14 +57,14 @@ class StreamingSave:
 
     def add(self, tensor: torch.Tensor) -> SavedTensor:
         tensor = tensor.detach().cpu().contiguous()
-        if tensor.storage_offset() or tensor.untyped_storage().nbytes() != (
-            tensor.numel() * tensor.element_size()
-        ):
-            tensor = tensor.clone()  # a view: save only its own bytes
+        num_bytes = tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        start = tensor.storage_offset() * tensor.element_size()
+        if start or storage.nbytes() != num_bytes:
+            storage = storage[start : start + num_bytes]  # a view: its own bytes, not copied
         key = str(self._count)
         self._count += 1
-        storage = tensor.untyped_storage()
-        self._writer.write_record(f"data/{key}", storage, storage.nbytes())
+        self._writer.write_record(f"data/{key}", storage, num_bytes)
         typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=tensor.dtype, _internal=True)
         storage_type = getattr(torch, typed._pickle_storage_type())
         return SavedTensor(

@@ -23,11 +23,15 @@ GLOBAL_STATE = "optimizer_state.pt"
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 
 
-def write_parameter(folder: Path, name: str, states: dict[str, torch.Tensor], *, rows: int) -> None:
-    """The whole fp32 master and moments of one parameter (word embeddings cut/padded to rows)."""
+def write_parameter(
+    folder: Path, name: str, states: dict[str, torch.Tensor], *, rows: int
+) -> list[Path]:
+    """The whole fp32 master and moments of one parameter (word embeddings cut/padded to rows);
+    returns the files written."""
     split = split_of(name)
     target = folder / FOLDER / name
     target.mkdir(parents=True, exist_ok=True)
+    paths = []
     for key in KEYS:
         tensor = states[key].float()
         if split.vocab:
@@ -37,7 +41,9 @@ def write_parameter(folder: Path, name: str, states: dict[str, torch.Tensor], *,
             record["cat_dim"] = split.dim
         if split.vocab:
             record["vocab_tensor"] = True
-        torch.save(record, target / f"{key}.pt")
+        paths.append(target / f"{key}.pt")
+        torch.save(record, paths[-1])
+    return paths
 
 
 def write_global_state(folder: Path, *, step: int, param_groups: list[dict[str, Any]]) -> None:

@@ -5,6 +5,7 @@ TP rank (written as each part arrives), and one `mp_rank_MM_model_states.pt` per
 with `module` None (MM = stage * TP + tp). PP = 1: the plain engine's `mp_rank_YY_model_states.pt`
 with the GPT's state dict under `module`, streamed tensor by tensor (`streaming.py`). Every mp_rank
 file carries the DeepSpeed keys its loader reads and mds-train's progress (`mds_train.state`).
+What is written goes to disk in the background as the next parts are made (`writeback.py`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
 from .names import layer_of
-from .partition import split_whole
+from .partition import owned, split_whole
 from .streaming import StreamingSave
+from .writeback import WriteBack
 
 CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
 CLIENT_VERSION = 1
@@ -41,7 +43,8 @@ def pipeline_file_key(name: str, config: GPTConfig) -> tuple[int, str]:
 
 
 class CheckpointWriter:
-    """`write_part(tensors)` for every part (embedding, layers, final norm), then `finish`."""
+    """`write_part(tensors)` for every part (embedding, layers, final norm), then `finish`;
+    `written(paths)` hands other files written beside them (optimizer state) to the write-back."""
 
     def __init__(self, folder: Path, *, config: GPTConfig, pipeline_parallel: int) -> None:
         self.folder, self.config, self.pp = folder, config, pipeline_parallel
@@ -49,6 +52,7 @@ class CheckpointWriter:
         folder.mkdir(parents=True, exist_ok=True)
         self._streams: list[StreamingSave] = []
         self._modules: list[dict[str, Any]] = []
+        self._write_back = WriteBack()
         if self.pp == 1:
             for tp in range(self.tp):
                 self._streams.append(StreamingSave(folder / f"mp_rank_{tp:02d}_model_states.pt"))
@@ -67,14 +71,21 @@ class CheckpointWriter:
             for tp, shard in enumerate(shards):
                 for name, piece in shard.items():
                     self._modules[tp][name] = self._streams[tp].add(piece)
+            self.written(stream.path for stream in self._streams)
             return
+        paths = []
         for tp, shard in enumerate(shards):
             by_file: dict[int, dict[str, torch.Tensor]] = {}
             for name, piece in shard.items():
                 index, key = pipeline_file_key(name, self.config)
-                by_file.setdefault(index, {})[key] = piece
+                by_file.setdefault(index, {})[key] = owned(piece)
             for index, state in by_file.items():
-                torch.save(state, self.folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
+                paths.append(self.folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
+                torch.save(state, paths[-1])
+        self.written(paths)
+
+    def written(self, paths) -> None:
+        self._write_back.written(paths)
 
     def _deepspeed_keys(self, progress: dict[str, int], *, module: Any) -> dict[str, Any]:
         model_parallel = self.tp * self.pp if self.pp > 1 else self.tp
@@ -101,6 +112,7 @@ class CheckpointWriter:
         }
 
     def finish(self, progress: dict[str, int]) -> None:
+        self._write_back.close()
         if self.pp == 1:
             for stream, module in zip(self._streams, self._modules, strict=True):
                 stream.close(self._deepspeed_keys(progress, module=module))

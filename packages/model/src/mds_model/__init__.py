@@ -1,11 +1,14 @@
 """Tensor/pipeline-parallel GPT layers in Megatron-DeepSpeed's layout, with fused Triton kernels.
 
 The names below are the library's public API (documented in the package README, "Python API");
-the trainer, the checkpoint reshaper and the sampler import them from here. The pipeline names
-import DeepSpeed, so they load on first use and `import mds_model` stays light.
+the trainer, the checkpoint reshaper and the sampler import them from here. Only the config and
+the size arithmetic load with the package; the modules (and Triton's kernels, and DeepSpeed for the
+pipeline names) load on first use, so a tool that needs only `GPTConfig` (mds-merge-mp) does not
+pay for them at start-up.
 """
 
-from .attention import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
+from typing import TYPE_CHECKING
+
 from .config import GPTConfig, padded_vocab_size
 from .estimate import (
     Plan,
@@ -17,12 +20,24 @@ from .estimate import (
     layer_parameters,
     total_parameters,
 )
-from .gpt import GPT, lm_losses, masked_mean
-from .hf import from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
-from .parallel import ParallelGroups
-from .rng import RNGStatesTracker, model_parallel_seed
 
-_PIPELINE_NAMES = ("PipeLoss", "build_gpt_pipe", "gpt_layer_specs", "pipeline_deepspeed_config")
+if TYPE_CHECKING:
+    from .attention import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
+    from .gpt import GPT, lm_losses, masked_mean
+    from .hf import from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
+    from .parallel import ParallelGroups
+    from .pipeline import PipeLoss, build_gpt_pipe, gpt_layer_specs, pipeline_deepspeed_config
+    from .rng import RNGStatesTracker, model_parallel_seed
+
+_LAZY = {
+    "attention": ("KVCache", "LayerKVCache", "StaticKVCache", "StaticLayerCache"),
+    "gpt": ("GPT", "lm_losses", "masked_mean"),
+    "hf": ("from_hf_gpt2_state_dict", "hf_gpt2_config", "to_hf_gpt2_state_dict"),
+    "parallel": ("ParallelGroups",),
+    "pipeline": ("PipeLoss", "build_gpt_pipe", "gpt_layer_specs", "pipeline_deepspeed_config"),
+    "rng": ("RNGStatesTracker", "model_parallel_seed"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
     "GPT",
@@ -56,8 +71,15 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _PIPELINE_NAMES:
-        from . import pipeline
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mds_model' has no attribute {name!r}")
+    from importlib import import_module
 
-        return getattr(pipeline, name)
-    raise AttributeError(f"module 'mds_model' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
