@@ -8,7 +8,7 @@ warm-up, read from metrics.jsonl (so it includes the host waits a real run has);
 the run's `max_memory_allocated`, printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
 (Megatron's TFLOPs formula over --peak-tflops) and the ratios.
 
-Variants (`--variants`, comma-separated) differ only in the optimizer path:
+Variants (`--variants`, comma-separated) differ only in the optimizer path (and DeepSpeed's timer):
   default          --zero-stage 0: mds-train's fp32 master weights (MasterWeightAdamW) with
                    DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer); gradients
                    accumulated in fp32 and averaged over DP in fp32 buckets during backward
@@ -18,6 +18,7 @@ Variants (`--variants`, comma-separated) differ only in the optimizer path:
   zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
   zero3            ZeRO-3 (parameters sharded too)
   fp16             default in fp16 instead of bf16 (DeepSpeed's dynamic loss scaling)
+  ds-timers        default with DeepSpeed's throughput timer on (its default; off in mds-train)
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
@@ -45,6 +46,8 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "zero2": (2, {}, []),
     "zero3": (3, {}, []),
     "fp16": (0, {}, ["--fp16"]),
+    # DeepSpeed's throughput timer back on (its default): a device sync per forward and per step.
+    "ds-timers": (0, {"timers": {"throughput": {"enabled": True}}}, []),
 }
 
 

@@ -152,6 +152,11 @@ def test_derived_deepspeed_config():
     assert ds["gradient_accumulation_steps"] == 1  # the ramp starts at 2 = 1 x DP 2
     assert ds["fp16"]["initial_scale_power"] == 32 and ds["fp16"]["loss_scale"] == 0
     assert ds["gradient_clipping"] == 1.0 and ds["zero_optimization"] == {"stage": 1}
+    # DeepSpeed's throughput timer would synchronize the device twice per iteration; a user's
+    # file may turn it back on.
+    assert ds["timers"] == {"throughput": {"enabled": False}}
+    timed = {"timers": {"throughput": {"enabled": True, "synchronized": False}}}
+    assert merge_deepspeed_config(ds, timed, source="f.json")["timers"] == timed["timers"]
 
 
 def test_bf16_optimizer_paths():

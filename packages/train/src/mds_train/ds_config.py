@@ -18,7 +18,7 @@ from .config import Topology, TrainConfig
 logger = logging.getLogger(__name__)
 
 # Keys the engine's own logic needs but that flags do not set: a user file may change them freely.
-_FREE_KEYS = {"steps_per_print", "wall_clock_breakdown"}
+_FREE_KEYS = {"steps_per_print", "wall_clock_breakdown", "timers"}
 # The optimizer's settings in a user file, and the flags that say the same.
 _OPTIMIZER_PARAMS = {"lr": "--lr", "eps": "--adam-eps", "weight_decay": "--weight-decay"}
 
@@ -63,6 +63,9 @@ def derive_deepspeed_config(
         "gradient_clipping": config.optimizer.clip_grad,
         "steps_per_print": 2**62,  # our own log line replaces DeepSpeed's
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer synchronizes the device at every forward and every step
+        # by default, so the GPU drains twice per iteration; our interval line times the steps.
+        "timers": {"throughput": {"enabled": False}},
         "zero_optimization": {"stage": effective_zero_stage(config, topology)},
     }
     if client_optimizer:
