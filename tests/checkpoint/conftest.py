@@ -4,8 +4,12 @@ The runs reuse tests/train/runs.py (tiny GPT on Megatron's golden dataset, deeps
 gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 divides them).
 - `tp2_run`: fp32, TP=2 in 2 processes, 8 iterations, checkpoints at 4 and 8: the uninterrupted
   reference of the resume tests and a plain-engine source with torch's AdamW state;
-- `resumed_pp2` / `resumed_dp2`: its iteration-4 checkpoint reshaped with optimizer state to PP=2
-  (pipeline engine) and to TP=1 run at DP=2 with ZeRO-1, resumed to iteration 8 and saved;
+- `resumed_pp2` / `resumed_dp2` / `resumed_zero3`: its iteration-4 checkpoint reshaped with
+  optimizer state to PP=2 (pipeline engine) and to TP=1 run at DP=2 with ZeRO-1 and with ZeRO-3,
+  resumed to iteration 8 and saved;
+- `zero3_run`: fp32, ZeRO-3 over 2 DP ranks, 6 iterations, checkpoints at 3 and 6 (weights only
+  in fp32 partitions), and `zero3_resumed_tp2`: its iteration-3 checkpoint reshaped to TP=2 and
+  resumed at TP=2 with ZeRO-3;
 - `tp2pp2_checkpoint`: bf16, TP=2 x PP=2 in 4 processes, 2 iterations: pipeline layer files and
   DeepSpeed's BF16 optimizer partitions.
 """
@@ -76,14 +80,18 @@ def tp2_run(runs, train_flags, tmp_path_factory) -> Path:
     return out
 
 
-def _resume(runs, train_flags, tp2_run, out: Path, target: list[str], run: list[str]) -> Path:
+def _resume(
+    runs, train_flags, source: Path, out: Path, target: list[str], run: list[str], *,
+    iteration: int = 4, iterations: int = 8,
+) -> Path:  # fmt: skip
     reshaped = out / "reshaped"
     result = _merge_mp(
-        "--load", tp2_run / "checkpoints", "--iteration", "4", "--save", reshaped,
+        "--load", source / "checkpoints", "--iteration", iteration, "--save", reshaped,
         "--with-optimizer", *target,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    _train(runs, train_flags(out, *run, "--load", str(reshaped), "--save", str(out / "ckpt")), 2)
+    flags = [*run, "--load", str(reshaped), "--save", str(out / "ckpt")]
+    _train(runs, train_flags(out, *flags, iterations=iterations), 2)
     return out
 
 
@@ -101,6 +109,12 @@ def resumed_dp2(runs, train_flags, tp2_run, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def resumed_zero3(runs, train_flags, tp2_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resumed-zero3")
+    return _resume(runs, train_flags, tp2_run, out, [], ["--zero-stage", "3"])
+
+
+@pytest.fixture(scope="session")
 def tp2pp2_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp2pp2")
     save = out / "checkpoints"
@@ -110,9 +124,22 @@ def tp2pp2_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def zero3_checkpoint(runs, train_flags, tmp_path_factory) -> Path:
-    """fp32, ZeRO-3 over 2 data-parallel ranks, 2 iterations: weights only in fp32 partitions."""
+def zero3_run(runs, train_flags, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("zero3")
-    save = out / "checkpoints"
-    _train(runs, train_flags(out, "--zero-stage", "3", "--save", str(save), iterations=2), 2)
-    return save
+    extra = ["--zero-stage", "3", "--save", str(out / "checkpoints"), "--save-interval", "3"]
+    _train(runs, train_flags(out, *extra, iterations=6), 2)
+    return out
+
+
+@pytest.fixture(scope="session")
+def zero3_checkpoint(zero3_run) -> Path:
+    """fp32, ZeRO-3 over 2 data-parallel ranks: weights only in fp32 partitions."""
+    return zero3_run / "checkpoints"
+
+
+@pytest.fixture(scope="session")
+def zero3_resumed_tp2(runs, train_flags, zero3_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("zero3-resumed-tp2")
+    target = ["--target-tensor-model-parallel-size", "2"]
+    run = ["--tensor-model-parallel-size", "2", "--zero-stage", "3"]
+    return _resume(runs, train_flags, zero3_run, out, target, run, iteration=3, iterations=6)

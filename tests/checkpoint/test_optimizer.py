@@ -1,6 +1,7 @@
 """--with-optimizer: a TP=2 run's checkpoint reshaped with its fp32 masters and Adam moments resumes
-at PP=2 (pipeline engine) and at DP=2 with ZeRO-1, and the losses continue as the uninterrupted
-TP=2 run's; the optimizer states of all engines read alike."""
+at PP=2 (pipeline engine) and at DP=2 with ZeRO-1 and ZeRO-3, a ZeRO-3 run's at TP=2 with ZeRO-3,
+and the losses continue as the uninterrupted runs'; the optimizer states of all engines read
+alike."""
 
 import json
 
@@ -14,12 +15,12 @@ from mds_checkpoint.source import merged_part, open_source
 RTOL = 2e-5
 
 
-def _check_continues(runs, whole_run, resumed_run):
+def _check_continues(runs, whole_run, resumed_run, iterations=(5, 6, 7, 8)):
     whole, resumed = runs.losses(whole_run), runs.losses(resumed_run)
-    assert sorted(resumed) == [5, 6, 7, 8]
+    assert sorted(resumed) == list(iterations)
     for iteration, loss in resumed.items():
         assert loss == pytest.approx(whole[iteration], rel=RTOL), iteration
-    assert resumed[8] < whole[1]  # still learning
+    assert resumed[iterations[-1]] < whole[1]  # still learning
 
 
 def test_resumed_at_pp2_continues_the_loss(runs, tp2_run, resumed_pp2):
@@ -38,6 +39,20 @@ def test_resumed_at_dp2_with_zero1_continues_the_loss(runs, tp2_run, resumed_dp2
     ]
 
 
+def test_resumed_at_dp2_with_zero3_continues_the_loss(runs, tp2_run, resumed_zero3):
+    """DeepSpeed's stage-3 partitions filled from the reshaped files: weights, masters, moments."""
+    _check_continues(runs, tp2_run, resumed_zero3)
+    meta = json.loads((resumed_zero3 / "ckpt" / "global_step8" / "meta.json").read_text())
+    assert meta["parallel"]["zero_stage"] == 3 and meta["parallel"]["data_parallel"] == 2
+
+
+def test_zero3_run_reshaped_to_tp2_continues_the_loss(runs, zero3_run, zero3_resumed_tp2):
+    """A ZeRO-3 DP=2 run's partitions (read by zero3.py) resume at TP=2, ZeRO-3."""
+    _check_continues(runs, zero3_run, zero3_resumed_tp2, iterations=(4, 5, 6))
+    meta = json.loads((zero3_resumed_tp2 / "reshaped" / "global_step3" / "meta.json").read_text())
+    assert meta["reshaped"]["layout"] == "zero3" and meta["optimizer"]["step"] == 3
+
+
 def _state(folder):
     source = open_source(folder)
     weights = {}
@@ -51,13 +66,13 @@ def _state(folder):
     ["embedding.word_embeddings.weight", "layers.2.self_attention.query_key_value.weight",
      "layers.3.mlp.dense_4h_to_h.weight", "final_layernorm.bias"],
 )  # fmt: skip
-def test_every_engine_s_state_reads_alike(tp2_run, resumed_pp2, resumed_dp2, name):
-    """Iteration 8 reached three ways: torch's AdamW at TP=2 (mp_rank files), the pipeline's
-    AdamW per stage, ZeRO-1's flat partitions over 2 DP ranks."""
+def test_every_engine_s_state_reads_alike(tp2_run, resumed_pp2, resumed_dp2, resumed_zero3, name):
+    """Iteration 8 reached four ways: torch's AdamW at TP=2 (mp_rank files), the pipeline's
+    AdamW per stage, ZeRO-1's and ZeRO-3's flat partitions over 2 DP ranks."""
     whole = _state(tp2_run / "checkpoints")
     assert whole.step == 8
     expected = whole.read(name)
-    for other in (resumed_pp2 / "ckpt", resumed_dp2 / "ckpt"):
+    for other in (resumed_pp2 / "ckpt", resumed_dp2 / "ckpt", resumed_zero3 / "ckpt"):
         state = _state(other)
         assert state.step == 8
         for key, tensor in state.read(name).items():

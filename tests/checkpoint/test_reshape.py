@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
 import torch
 from mds_checkpoint import load_consolidated
 from mds_checkpoint.config import ReshapeConfig
@@ -157,9 +158,10 @@ def test_megatron_deepspeed_layer_files_load(tp2pp2_checkpoint, tmp_path):
     assert_same_weights(start, load_consolidated(out), same_config=False)
 
 
-def _megatron_model(state_dict, config, *, tp, pp, stage, rank, version):
-    """Megatron's nested `model` dict for one (tp, pp) rank, checkpoint_version `version`."""
-    per_stage = config.num_layers // pp
+def _megatron_model(state_dict, config, *, tp, rank, version, layers, first, last):
+    """Megatron's nested `model` dict of one TP rank for the global layers `layers` (numbered
+    from 0 in the file), checkpoint_version `version`; `first` holds the embedding, `last` the
+    final norm (and, after other stages, the output layer's tied copy of the word embeddings)."""
     heads = config.num_attention_heads // tp
 
     def shard(name, tensor):
@@ -170,7 +172,7 @@ def _megatron_model(state_dict, config, *, tp, pp, stage, rank, version):
         return tensor.chunk(tp, dim=split)[rank]
 
     encoder = {}
-    for i in range(stage * per_stage, (stage + 1) * per_stage):
+    for local_index, i in enumerate(layers):
         for name, tensor in state_dict.items():
             if name.startswith(f"layers.{i}."):
                 local = name.split(".", 2)[2]
@@ -178,20 +180,23 @@ def _megatron_model(state_dict, config, *, tp, pp, stage, rank, version):
                 if "query_key_value" in local and version == 0:  # rows [3, np, hn]
                     piece = piece.view(heads, 3, -1, *piece.shape[1:]).transpose(0, 1)
                     piece = piece.reshape(-1, *tensor.shape[1:]).contiguous()
-                local = local.replace("self_attention.", "attention.")  # the old spelling
-                encoder[f"layers.{i - stage * per_stage}.{local}"] = piece
-    language = {"transformer": encoder}
-    if stage == 0:
+                if version == 0:
+                    local = local.replace("self_attention.", "attention.")  # the old spelling
+                encoder[f"layers.{local_index}.{local}"] = piece
+    language = {"transformer" if version == 0 else "encoder": encoder}
+    words = {"weight": shard("w", state_dict["embedding.word_embeddings.weight"])}
+    model = {"language_model": language}
+    if first:
         language["embedding"] = {
-            "word_embeddings": {
-                "weight": shard("w", state_dict["embedding.word_embeddings.weight"])
-            },
+            "word_embeddings": words,
             "position_embeddings": {"weight": state_dict["embedding.position_embeddings.weight"]},
         }
-    if stage == pp - 1:
+    if last:
         for name in ("final_layernorm.weight", "final_layernorm.bias"):
             encoder[name] = state_dict[name]
-    return {"language_model": language}
+        if not first:
+            model["word_embeddings_for_head"] = {"weight": words["weight"] + 1}  # never read
+    return model
 
 
 def test_plain_megatron_iter_folders_load(tp2pp2_checkpoint, tmp_path):
@@ -204,11 +209,50 @@ def test_plain_megatron_iter_folders_load(tp2pp2_checkpoint, tmp_path):
             folder = tmp_path / "megatron" / "iter_0000002" / f"mp_rank_{rank:02d}_{stage:03d}"
             folder.mkdir(parents=True)
             model = _megatron_model(
-                start.state_dict, start.config, tp=2, pp=2, stage=stage, rank=rank, version=0
-            )
+                start.state_dict, start.config, tp=2, rank=rank, version=0,
+                layers=range(2 * stage, 2 * stage + 2), first=stage == 0, last=stage == 1,
+            )  # fmt: skip
             state = {"model": model, "args": args, "iteration": 2, "checkpoint_version": 0}
             _save_with_enums(state, folder / "model_optim_rng.pt", enums)
     (tmp_path / "megatron" / "latest_checkpointed_iteration.txt").write_text("2")
     model = load_consolidated(tmp_path / "megatron")
     assert_same_weights(start, model, same_config=False)
     assert model.meta["iteration"] == 2
+
+
+def test_plain_megatron_virtual_pipeline_stages_load(tp2pp2_checkpoint, tmp_path):
+    """Interleaved schedule, 4 layers over PP=2 with 2 virtual stages: stage 0 holds layers [0]
+    [2] as `model0`, `model1`, stage 1 [1] [3] (Megatron's `ParallelTransformer` offset
+    c * (L / V) + p * (L / (P * V))); each chunk numbers its layers from 0."""
+    start = load_consolidated(tp2pp2_checkpoint)
+    args, enums = _megatron_args(start.config, tp=2, pp=2)
+    args.virtual_pipeline_model_parallel_size = 2
+    written = {}
+    for stage in range(2):
+        for rank in range(2):
+            folder = tmp_path / "megatron" / "iter_0000002" / f"mp_rank_{rank:02d}_{stage:03d}"
+            folder.mkdir(parents=True)
+            state = {"args": args, "iteration": 2, "checkpoint_version": 3.0}
+            for chunk in range(2):
+                state[f"model{chunk}"] = _megatron_model(
+                    start.state_dict, start.config, tp=2, rank=rank, version=3,
+                    layers=[chunk * 2 + stage], first=(stage, chunk) == (0, 0),
+                    last=(stage, chunk) == (1, 1),
+                )  # fmt: skip
+            _save_with_enums(state, folder / "model_optim_rng.pt", enums)
+            written[(stage, rank)] = folder, state
+    (tmp_path / "megatron" / "latest_checkpointed_iteration.txt").write_text("2")
+    model = load_consolidated(tmp_path / "megatron")
+    assert_same_weights(start, model, same_config=False)
+    out = tmp_path / "reshaped"
+    reshape(ReshapeConfig(load=tmp_path / "megatron", save=out, pipeline_parallel=2))
+    reshaped = load_consolidated(out)
+    assert_same_weights(start, reshaped, same_config=False)
+    tokens = fixed_batch(start)  # without checkpoint_info every padded row counts as a token
+    logits = logits_of(reshaped, tokens)[..., : start.config.vocab_size]
+    assert torch.equal(logits, logits_of(start, tokens))
+    args.virtual_pipeline_model_parallel_size = 4  # the files must agree with the args
+    folder, state = written[(0, 0)]
+    _save_with_enums(state, folder / "model_optim_rng.pt", enums)
+    with pytest.raises(ValueError, match="2 model chunks, virtual_pipeline_model_parallel_size 4"):
+        load_consolidated(tmp_path / "megatron")

@@ -6,7 +6,8 @@ names (`names.py`); `merge.py` joins them. Layouts (README: "Layouts read"):
   states.pt`, XX the GPTModelPipe index (01 embedding, 03.. layers, N+4 final norm), YY the TP rank;
 - DeepSpeed plain-engine files (mds-train with PP = 1): `mp_rank_YY_model_states.pt`['module'];
   at ZeRO-3 the weights live in the fp32 partitions instead (`zero3.py`);
-- plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`['model'], stage-local layer numbers.
+- plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`['model'] (or virtual stages 'model0',
+  'model1', ...), chunk-local layer numbers.
 """
 
 from __future__ import annotations
@@ -165,8 +166,13 @@ def _fix_qkv(tensor: torch.Tensor, version: float, heads: int) -> torch.Tensor:
 
 
 class MegatronFiles:
-    """Plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`, nested `model` dicts; the files of
-    the stage holding a part are opened (memory-mapped) for that part only."""
+    """Plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`, nested `model` dicts (or `model0`,
+    `model1`, ... with virtual pipeline stages); the files of the stage holding a part are opened
+    (memory-mapped) for that part only.
+
+    With V virtual stages of n layers each over P stages, Megatron's interleaved schedule gives
+    chunk c of stage p the layers from c * P * n + p * n (`ParallelTransformer`'s offset:
+    c * (L / V) + p * (L / (P * V))); without them stage p's layers follow stage p - 1's."""
 
     def __init__(self, folder: Path, *, heads: int) -> None:
         self.folder, self.heads = folder, heads
@@ -181,23 +187,41 @@ class MegatronFiles:
         _missing_ranks(folder, [str(path.relative_to(folder)) for path in names])
         first = torchfile.load(self.path(0, 0))
         self.version = float(first.get("checkpoint_version", 0) or 0)
-        self.offsets = [0]  # the first global layer of each stage
-        for pp in range(self.pp_size):
-            flat = self._flatten(pp, 0, offset=0)
-            self.offsets.append(self.offsets[-1] + len(_layer_numbers(flat)))
-        self.num_layers = self.offsets[-1]
+        self.chunks = _model_chunks(first, self.path(0, 0))
+        counts = {
+            (pp, c): len(_layer_numbers(self._flatten(pp, 0, c, offset=0)))
+            for pp in range(self.pp_size)
+            for c in range(len(self.chunks))
+        }
+        self.offsets = {}  # (stage, chunk) -> its first global layer
+        if len(self.chunks) == 1:
+            start = 0
+            for pp in range(self.pp_size):
+                self.offsets[(pp, 0)] = start
+                start += counts[(pp, 0)]
+        else:
+            per_chunk = counts[(0, 0)]
+            if any(count != per_chunk for count in counts.values()):
+                raise ValueError(
+                    f"{folder}: virtual pipeline chunks hold {sorted(set(counts.values()))} "
+                    "layers; Megatron's interleaved schedule gives every chunk the same number"
+                )
+            for pp, c in counts:
+                self.offsets[(pp, c)] = (c * self.pp_size + pp) * per_chunk
+        self.counts = counts
+        self.num_layers = sum(counts.values())
 
     def path(self, tp: int, pp: int) -> Path:
         name = f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
         return self.folder / name / MEGATRON_FILE
 
-    def _flatten(self, pp: int, tp: int, *, offset: int) -> dict[str, torch.Tensor]:
+    def _flatten(self, pp: int, tp: int, chunk: int, *, offset: int) -> dict[str, torch.Tensor]:
         path = self.path(tp, pp)
         state = torchfile.load(path)
-        if "model" not in state:
-            extra = " (virtual pipeline stages are not supported)" if "model0" in state else ""
-            raise ValueError(f"{path}: no 'model' in the checkpoint{extra}")
-        language = state["model"].get("language_model", state["model"])
+        key = self.chunks[chunk]
+        if key not in state:
+            raise ValueError(f"{path}: no {key!r} in the checkpoint ({self.path(0, 0)} has it)")
+        language = state[key].get("language_model", state[key])
         out = {}
         embedding = language.get("embedding", {})
         for sub in ("word_embeddings", "position_embeddings"):
@@ -218,24 +242,52 @@ class MegatronFiles:
                 raise ValueError(f"{path}: unexpected encoder key {name}")
         return out
 
-    def _stage_of(self, part: str) -> int:
+    def _chunk_of(self, part: str) -> tuple[int, int]:
+        """(stage, chunk) holding a part: the embedding is stage 0's first chunk, the final norm
+        the last stage's last chunk."""
         if part == EMBEDDING:
-            return 0
+            return 0, 0
         if part == FINAL:
-            return self.pp_size - 1
+            return self.pp_size - 1, len(self.chunks) - 1
         index = int(part.split(".")[1])
-        return next(pp for pp in range(self.pp_size) if index < self.offsets[pp + 1])
+        return next(
+            where
+            for where, start in self.offsets.items()
+            if start <= index < start + self.counts[where]
+        )
 
     def read_part(self, part: str) -> Shards:
-        pp = self._stage_of(part)
+        pp, chunk = self._chunk_of(part)
         shards = []
         for tp in range(self.tp_size):
-            flat = self._flatten(pp, tp, offset=self.offsets[pp])
+            flat = self._flatten(pp, tp, chunk, offset=self.offsets[(pp, chunk)])
             shards.append(_split_by_part(flat, self.num_layers)[part])
         return shards
 
     def where(self, part: str) -> str:
-        return str(self.path(0, self._stage_of(part)))
+        pp, chunk = self._chunk_of(part)
+        key = self.chunks[chunk]
+        return str(self.path(0, pp)) + ("" if key == "model" else f" [{key}]")
+
+
+def _model_chunks(state: dict[str, Any], path: Path) -> list[str]:
+    """`["model"]`, or Megatron's virtual pipeline chunks `["model0", "model1", ...]`."""
+    if "model" in state:
+        return ["model"]
+    numbers = sorted(int(key[5:]) for key in state if key[:5] == "model" and key[5:].isdigit())
+    if not numbers:
+        raise ValueError(f"{path}: no 'model' (nor virtual stages 'model0', ...) in the checkpoint")
+    if numbers != list(range(len(numbers))):
+        raise ValueError(
+            f"{path}: virtual pipeline chunks {numbers} are not model0..model{len(numbers) - 1}"
+        )
+    virtual = getattr(state.get("args"), "virtual_pipeline_model_parallel_size", None)
+    if virtual is not None and int(virtual) != len(numbers):
+        raise ValueError(
+            f"{path}: {len(numbers)} model chunks, virtual_pipeline_model_parallel_size "
+            f"{virtual} in Megatron's args"
+        )
+    return [f"model{n}" for n in numbers]
 
 
 def _layer_numbers(flat: dict[str, torch.Tensor]) -> set[int]:

@@ -26,7 +26,7 @@ from mds_common.files import (
     write_text_atomically,
 )
 
-from .reshaped import restore_optimizer_state
+from .reshaped import restore_optimizer_state, restore_zero3
 from .state import TrainingState, capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
@@ -154,11 +154,6 @@ def check_compatible(
                 "optimizer state; add --no-load-optim (or --finetune), or reshape again with "
                 "--with-optimizer"
             )
-        if run_meta["parallel"]["zero_stage"] == 3:
-            raise ValueError(
-                f"{path}: a reshaped checkpoint cannot resume at ZeRO-3 (its weights live in "
-                "DeepSpeed's partitions); resume at ZeRO 0-2, or add --no-load-optim"
-            )
     for name in SHAPE_FIELDS:
         theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
         if theirs != ours:
@@ -203,29 +198,24 @@ def load_checkpoint(
     already checked with `check_compatible`."""
     path, meta = found
     load_optimizer = load_optimizer and not finetune
-    # A reshaped checkpoint's optimizer state is topology-free: DeepSpeed loads the weights only
-    # and reshaped.py fills this rank's optimizer.
+    # A reshaped checkpoint's optimizer state is topology-free: reshaped.py fills this rank's
+    # optimizer from it. DeepSpeed's stage 3 reads only its own partition files, so at ZeRO-3
+    # reshaped.py puts the weights into the partitions as well.
     universal = load_optimizer and reshaped_optimizer(meta)
-    _, client_state = context.engine.load_checkpoint(
-        str(path.parent),
-        tag=path.name,
-        load_optimizer_states=load_optimizer and not universal,
-        load_lr_scheduler_states=False,
-        load_module_only=not load_optimizer or universal,
-    )
-    if not load_optimizer:  # fp32 master copies follow the loaded weights
-        refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
-        if refresh is not None:
-            refresh()
-    if universal:
-        step = restore_optimizer_state(
+    if "reshaped" in meta and context.meta["parallel"]["zero_stage"] == 3:
+        client_state = restore_zero3(
             context.engine,
-            context.optimizer,
             context.groups,
             path,
             num_layers=meta["model"]["num_layers"],
+            with_optimizer=universal,
         )
-        logger.info("optimizer state of %s restored at step %d (reshaped)", path, step)
+        what = "weights and optimizer state" if universal else "weights"
+        logger.info("%s of %s restored into the ZeRO-3 partitions (reshaped)", what, path)
+    else:
+        client_state = _load_through_deepspeed(
+            context, path, meta, load_optimizer=load_optimizer, universal=universal
+        )
     if finetune:
         logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
         return TrainingState()
@@ -252,3 +242,36 @@ def load_checkpoint(
         restore_rng_states(torch.load(rng_path, weights_only=False), context.rng_tracker)
     logger.info("resumed from %s at iteration %d", path, state.iteration)
     return state
+
+
+def _load_through_deepspeed(
+    context: CheckpointContext,
+    path: Path,
+    meta: dict[str, Any],
+    *,
+    load_optimizer: bool,
+    universal: bool,
+) -> dict[str, Any] | None:
+    """DeepSpeed loads its files (only the weights when `universal`: reshaped.py then fills the
+    optimizer); returns the client state."""
+    _, client_state = context.engine.load_checkpoint(
+        str(path.parent),
+        tag=path.name,
+        load_optimizer_states=load_optimizer and not universal,
+        load_lr_scheduler_states=False,
+        load_module_only=not load_optimizer or universal,
+    )
+    if not load_optimizer:  # fp32 master copies follow the loaded weights
+        refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()
+    if universal:
+        step = restore_optimizer_state(
+            context.engine,
+            context.optimizer,
+            context.groups,
+            path,
+            num_layers=meta["model"]["num_layers"],
+        )
+        logger.info("optimizer state of %s restored at step %d (reshaped)", path, step)
+    return client_state

@@ -6,6 +6,9 @@ parameter). Each rank takes its tensor-parallel slice of every parameter and put
 run's optimizer keeps it: torch's AdamW (fp32, ZeRO-0: the parameter is the master), mds-train's
 `MasterWeightAdamW` (bf16, ZeRO-0), or DeepSpeed's ZeRO-1/2 and BF16 optimizers through their
 fragment mappings (`param._hp_mapping`, the ones DeepSpeed's own universal loader fills).
+At ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`) DeepSpeed cannot load these files at all, so the
+weights go in here too: each rank's DP partition of its TP slice, as DeepSpeed's stage-3 universal
+loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) cuts it.
 """
 
 from __future__ import annotations
@@ -117,3 +120,89 @@ def _set_deepspeed_fragment(ds_optimizer, param, values, step: int) -> None:
     for key in ("exp_avg", "exp_avg_sq"):
         fragment = values[key].flatten().narrow(0, lp.start, lp.numel)
         state[key].narrow(0, hp.start, hp.numel).copy_(fragment)
+
+
+def restore_zero3(
+    engine: Any, groups: ParallelGroups, path: Path, *, num_layers: int, with_optimizer: bool
+) -> dict[str, Any]:
+    """A reshaped checkpoint into a ZeRO-3 plain engine: the weights (and with `with_optimizer`
+    the fp32 masters, Adam moments and step); returns the mp_rank file's client state.
+
+    DeepSpeed 0.19's stage 3 keeps each parameter as `ds_tensor`, the `ceil(numel / DP)` values
+    from `rank * ceil(numel / DP)` of its flattened (zero-padded) tensor; a sub-group's partitions
+    lie end to end in `fp16_partitioned_groups_flat[g]` (the ds_tensors are views into it) and in
+    `fp32_partitioned_groups_flat[g]` (the masters; the same tensor in fp32 runs), whose torch
+    AdamW state holds the moments. The weights-only case takes this TP rank's mp_rank `module`.
+    """
+    from mds_checkpoint import UniversalState, plain_parameter_name
+
+    ds_optimizer = engine.optimizer
+    if getattr(ds_optimizer, "swap_optimizer", False) or any(
+        flat is None for flat in ds_optimizer.fp16_partitioned_groups_flat
+    ):
+        raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
+    mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
+    checkpoint = torch.load(mp_file, map_location="cpu", weights_only=False, mmap=True)
+    state = UniversalState(path) if with_optimizer else None
+    names = {
+        param: plain_parameter_name(name, num_layers=num_layers, pipeline=False)
+        for name, param in engine.module.named_parameters()
+    }
+
+    def values_of(param) -> dict[str, torch.Tensor]:
+        name, shape = names[param], tuple(param.ds_shape)
+        if state is None:
+            values = {"fp32": checkpoint["module"][name]}
+        else:
+            rows = shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
+            values = state.shard(
+                name, tp_rank=groups.tp_rank, tp_size=groups.tp_size, padded_vocab_size=rows
+            )
+        if tuple(values["fp32"].shape) != shape:
+            raise ValueError(
+                f"{path}: {name} is {tuple(values['fp32'].shape)} for TP rank {groups.tp_rank}, "
+                f"this run's parameter is {shape}"
+            )
+        return values
+
+    step = None if state is None else state.step
+    ds_optimizer.checkpoint_event_prologue()  # every parameter partitioned, none gathered
+    for g, sub_group in enumerate(ds_optimizer.fp16_groups):
+        _fill_zero3_sub_group(ds_optimizer, g, sub_group, values_of, step)
+    ds_optimizer.checkpoint_event_epilogue()  # gathers the persistent parameters again
+    return checkpoint
+
+
+@torch.no_grad()
+def _fill_zero3_sub_group(ds_optimizer, g: int, sub_group, values_of, step: int | None) -> None:
+    master = ds_optimizer.fp32_partitioned_groups_flat[g]
+    base = ds_optimizer.optimizer
+    if step is not None:
+        moments = base.state.setdefault(master, {})
+        if "exp_avg" not in moments:
+            # outside its step DeepSpeed keeps the masters out of the groups' params
+            group = base.param_groups[ds_optimizer.sub_group_to_group_id[g]]
+            zeros = {"exp_avg": torch.zeros_like(master), "exp_avg_sq": torch.zeros_like(master)}
+            moments.update(_adam_state(zeros, master, step, group))
+        moments["step"].fill_(float(step))
+    offset = 0
+    for param in sub_group:
+        size = param.partition_numel()
+        rank = ds_optimizer._get_param_partition_rank(param)
+        world = ds_optimizer._get_param_partition_world_size(param)
+        for key, tensor in values_of(param).items():
+            flat = tensor.detach().flatten().to(master.device, torch.float32)
+            padded = torch.zeros(size * world, dtype=flat.dtype, device=flat.device)
+            padded[: flat.numel()] = flat
+            partition = padded.narrow(0, rank * size, size)
+            if key == "fp32":
+                param.ds_tensor.copy_(partition.to(param.ds_tensor.dtype))
+                master.narrow(0, offset, size).copy_(partition)
+            else:
+                base.state[master][key].narrow(0, offset, size).copy_(partition)
+        offset += size
+    if offset != master.numel():  # DeepSpeed laid its partitions out otherwise
+        raise RuntimeError(
+            f"ZeRO-3 sub-group {g} holds {master.numel()} values, its parameters' partitions "
+            f"{offset}"
+        )
