@@ -282,12 +282,31 @@ class ParallelSelfAttention(nn.Module):
         if self.rotary is not None:
             q, k, v = self._qkv(x, position_offset=0, positions=positions)
             keys, values = cache.write(k, v, positions)
-        else:  # keys and values straight from the projection's output: one scatter, no copy
-            qkv = decode_linear(self.query_key_value, x, use_kernel=self.config.use_fused_kernels)
-            seq, batch = qkv.shape[:2]
-            qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
-            q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
-            keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
+            return self._decode_attend(q, keys, values, bias)
+        qkv = decode_linear(self.query_key_value, x, use_kernel=self.config.use_fused_kernels)
+        return self.decode_static_qkv(qkv, cache=cache, positions=positions, bias=bias)
+
+    def decode_static_qkv(
+        self,
+        qkv: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """`decode_static` from the QKV projection's output (S_new, B, 3H/TP), for a caller that
+        ran the projection itself (fused with the LayerNorm before it). Not with rotary."""
+        if self.rotary is not None:
+            raise ValueError("decode_static_qkv: rotary embeddings need decode_static")
+        # Keys and values straight from the projection's output: one scatter, no copy.
+        seq, batch = qkv.shape[:2]
+        qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
+        q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
+        keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
+        return self._decode_attend(q, keys, values, bias)
+
+    def _decode_attend(self, q, keys, values, bias: torch.Tensor) -> torch.Tensor:
+        """q (B, nh, S_new, hd) over the cache's keys and values, then the output projection."""
         num_slots = bias.shape[-1]  # the cache's first slots only, when the caller says so
         if num_slots != keys.shape[2]:
             keys, values = keys[:, :, :num_slots], values[:, :, :num_slots]

@@ -300,15 +300,17 @@ class GPT(nn.Module):
             )
         bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
         x = self.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
-        # Each layer's last residual add runs fused with the next LayerNorm (the next layer's
-        # input norm, or the final one): the same sums, one kernel fewer per layer.
-        normed, residual = self.layers[0].input_layernorm(x), x
-        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.final_layernorm]
-        for layer, layer_cache, norm in zip(self.layers, cache.layers, norms, strict=True):
-            out, summed = layer.decode_static_residual(
-                normed, residual, cache=layer_cache, positions=positions, bias=bias
+        # Each layer's last residual add is left to the next LayerNorm (the next layer's input
+        # norm, fused into its QKV product for one token per row, or the final norm).
+        first, *others = zip(self.layers, cache.layers, strict=True)
+        out, summed = first[0].decode_static_residual(
+            first[0].input_layernorm(x), x, cache=first[1], positions=positions, bias=bias
+        )
+        for layer, layer_cache in others:
+            out, summed = layer.decode_static_step(
+                out, summed, cache=layer_cache, positions=positions, bias=bias
             )
-            normed, residual = norm.add_norm(out, summed)
+        normed, _ = self.final_layernorm.add_norm(out, summed)
         x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
         if output_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), output_index].unsqueeze(1)

@@ -287,6 +287,17 @@ class RowParallelLinear(nn.Module):
         return y if bias is None else y + bias
 
 
+def _one_row_kernel(layer: ColumnParallelLinear | RowParallelLinear, x: torch.Tensor) -> bool:
+    """Whether a decoding step's product runs the skinny kernel: one row at TP=1 in half
+    precision on CUDA (cuBLAS reads a one-row product's weight at a fraction of the bandwidth)."""
+    return (
+        layer.groups.tp_size == 1
+        and x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.numel() == x.shape[-1]
+    )
+
+
 def decode_linear(
     layer: ColumnParallelLinear | RowParallelLinear,
     x: torch.Tensor,
@@ -294,17 +305,44 @@ def decode_linear(
     use_kernel: bool,
     gelu: bool = False,
 ) -> torch.Tensor:
-    """A decoding step's projection: `kernels.skinny_linear` for one row at TP=1 in half
-    precision on CUDA (cuBLAS reads a one-row product's weight at a fraction of the bandwidth),
+    """A decoding step's projection: `kernels.skinny_linear` for one row (`_one_row_kernel`),
     else the layer's forward; with gelu, bias + Megatron's GeLU follow (the layer skips its bias).
     Inference only."""
-    if (
-        use_kernel
-        and layer.groups.tp_size == 1
-        and x.is_cuda
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and x.numel() == x.shape[-1]
-    ):
+    if use_kernel and _one_row_kernel(layer, x):
         return kernels.skinny_linear(x, layer.weight, layer.bias, gelu=gelu, use_kernel=True)
     y = layer(x)
     return kernels.bias_gelu(y, layer.bias, use_kernel=use_kernel) if gelu else y
+
+
+def decode_add_norm_linear(
+    norm: LayerNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    layer: ColumnParallelLinear,
+    *,
+    use_kernel: bool,
+    gelu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(decode_linear(layer, norm(x + residual)), x + residual): for one row the add, the norm
+    and the product are one kernel (`kernels.skinny_add_norm_linear`), else `norm.add_norm` and
+    `decode_linear`. Inference only."""
+    if (
+        use_kernel
+        and _one_row_kernel(layer, x)
+        and norm.sequence_parallel_group is None
+        and residual.dtype == x.dtype
+        and x.shape[-1] <= kernels.MAX_FUSED_NORM_WIDTH
+    ):
+        return kernels.skinny_add_norm_linear(
+            x,
+            residual,
+            norm.weight,
+            norm.bias,
+            layer.weight,
+            layer.bias,
+            eps=norm.eps,
+            gelu=gelu,
+            use_kernel=True,
+        )
+    normed, summed = norm.add_norm(x, residual)
+    return decode_linear(layer, normed, use_kernel=use_kernel, gelu=gelu), summed

@@ -15,7 +15,13 @@ from torch import nn
 from . import kernels
 from .attention import LayerKVCache, ParallelSelfAttention, StaticLayerCache
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear, decode_linear
+from .layers import (
+    ColumnParallelLinear,
+    LayerNorm,
+    RowParallelLinear,
+    decode_add_norm_linear,
+    decode_linear,
+)
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint, init_rng
 
@@ -48,11 +54,6 @@ class ParallelMLP(nn.Module):
         y = self.dense_h_to_4h(x)  # (S, B, ffn/TP), bias left out for the fused bias+GeLU
         y = kernels.bias_gelu(y, self.dense_h_to_4h.bias, use_kernel=self.use_kernel)
         return self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
-
-    def decode(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` for a decoding step (inference): one-row products by the skinny kernel."""
-        y = decode_linear(self.dense_h_to_4h, x, use_kernel=self.use_kernel, gelu=True)
-        return decode_linear(self.dense_4h_to_h, y, use_kernel=self.use_kernel)
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -142,8 +143,53 @@ class ParallelTransformerLayer(nn.Module):
         attn = self.self_attention.decode_static(
             normed, cache=cache, positions=positions, bias=bias
         )
-        normed, summed = self.post_attention_layernorm.add_norm(attn, residual)
-        return self.mlp.decode(normed), summed
+        return self._decode_mlp(attn, residual)
+
+    def decode_static_step(
+        self,
+        out: torch.Tensor,
+        residual: torch.Tensor,
+        *,
+        cache: StaticLayerCache,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode_static_residual` from the previous layer's (mlp_out, summed), whose add and
+        this layer's input LayerNorm run inside the QKV product's kernel for one token per row
+        (`decode_add_norm_linear`): the layer's input is residual + out. Inference only."""
+        if self.sequence_parallel:
+            raise ValueError("decoding needs a config with sequence_parallel=False")
+        attention = self.self_attention
+        if attention.rotary is not None:  # the rotation sits between projection and attention
+            normed, summed = self.input_layernorm.add_norm(out, residual)
+            return self.decode_static_residual(
+                normed, summed, cache=cache, positions=positions, bias=bias
+            )
+        qkv, summed = decode_add_norm_linear(
+            self.input_layernorm,
+            out,
+            residual,
+            attention.query_key_value,
+            use_kernel=self.config.use_fused_kernels,
+        )
+        attn = attention.decode_static_qkv(qkv, cache=cache, positions=positions, bias=bias)
+        return self._decode_mlp(attn, summed)
+
+    def _decode_mlp(
+        self, attn: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp_out, summed) after attention: summed = residual + attn, its LayerNorm fused into
+        the first MLP product where it can be."""
+        mlp = self.mlp
+        hidden, summed = decode_add_norm_linear(
+            self.post_attention_layernorm,
+            attn,
+            residual,
+            mlp.dense_h_to_4h,
+            use_kernel=mlp.use_kernel,
+            gelu=True,
+        )
+        return decode_linear(mlp.dense_4h_to_h, hidden, use_kernel=mlp.use_kernel), summed
 
     def _block(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0

@@ -72,6 +72,62 @@ if triton is not None:
         tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _skinny_add_norm_linear_fwd(
+        x_ptr,
+        res_ptr,
+        ln_w_ptr,
+        ln_b_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        sum_ptr,
+        N,
+        K,
+        stride_x,
+        stride_res,
+        stride_w,
+        stride_y,
+        stride_sum,
+        eps,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # The whole row (BLOCK_K >= K) is summed and normed in every program, as
+        # _add_layer_norm_fwd does it (the sum rounded to its dtype first, statistics in fp32,
+        # the normed row rounded to the activations' dtype); program 0 stores the sum.
+        row = tl.program_id(1).to(tl.int64)
+        cols = tl.arange(0, BLOCK_K)
+        k_ok = cols < K
+        x = tl.load(x_ptr + row * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + row * stride_res + cols, mask=k_ok, other=0.0).to(tl.float32)
+        s_low = (x + r).to(sum_ptr.dtype.element_ty)
+        if tl.program_id(0) == 0:
+            tl.store(sum_ptr + row * stride_sum + cols, s_low, mask=k_ok)
+        s = s_low.to(tl.float32)
+        mean = tl.sum(s, axis=0) / K
+        diff = tl.where(k_ok, s - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / K + eps)
+        ln_w = tl.load(ln_w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+        ln_b = tl.load(ln_b_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+        normed = (diff * rstd * ln_w + ln_b).to(y_ptr.dtype.element_ty).to(tl.float32)
+        outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_ok = outs < N
+        w_rows = w_ptr + outs.to(tl.int64)[:, None] * stride_w
+        w = tl.load(w_rows + cols[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)
+        y = tl.sum(w.to(tl.float32) * normed[None, :], axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
+        if GELU:
+            u = 0.7978845608028654 * y * (1.0 + 0.044715 * y * y)
+            y = y / (1.0 + tl.exp(-2.0 * u))
+        tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
+
+
 # Interpreted (CPU tests): few, large programs.
 _INTERPRETER_CONFIG = (8, 256, 4)
 
@@ -127,3 +183,74 @@ def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool)
         num_in=num_in,
     )
     return y.view(*x.shape[:-1], num_out)
+
+
+# Rows up to this width are normed inside the product's programs (each loads the whole row).
+MAX_FUSED_NORM_WIDTH = 2048
+
+
+def skinny_add_norm_linear(
+    x,
+    residual,
+    norm_weight,
+    norm_bias,
+    weight,
+    bias=None,
+    *,
+    eps: float,
+    gelu: bool = False,
+    use_kernel: bool,
+):
+    """`skinny_linear(LayerNorm(x + residual))` and the sum: (y, summed), as `add_layer_norm`
+    followed by `skinny_linear`, in one kernel (a decoding step's LayerNorm is a kernel of its own
+    for a row of a few KB). x, residual (..., K) in one dtype, K <= MAX_FUSED_NORM_WIDTH."""
+    if not use_kernel:
+        summed = x + residual
+        normed = F.layer_norm(
+            summed.float(), (summed.shape[-1],), norm_weight.float(), norm_bias.float(), eps
+        ).to(x.dtype)
+        return skinny_linear_reference(normed, weight, bias, gelu=gelu), summed
+    check_kernel_device(x, residual, weight, name="skinny_add_norm_linear")
+    num_out, num_in = weight.shape
+    if (
+        x.shape != residual.shape
+        or x.dtype != residual.dtype
+        or x.shape[-1] != num_in
+        or num_in > MAX_FUSED_NORM_WIDTH
+        or weight.stride(1) != 1
+    ):
+        raise ValueError(
+            f"skinny_add_norm_linear: x {tuple(x.shape)} and residual {tuple(residual.shape)} do "
+            f"not fit a row-major weight {tuple(weight.shape)} (at most {MAX_FUSED_NORM_WIDTH} "
+            "columns)"
+        )
+    rows, res_rows = (t.reshape(-1, num_in).contiguous() for t in (x, residual))
+    y = torch.empty((rows.shape[0], num_out), dtype=x.dtype, device=x.device)
+    summed = torch.empty_like(rows)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    block_n, _, warps = _INTERPRETER_CONFIG if interpreted else block_config(num_in)
+    block_k = triton.next_power_of_2(num_in)
+    _skinny_add_norm_linear_fwd[(triton.cdiv(num_out, block_n), rows.shape[0])](
+        rows,
+        res_rows,
+        norm_weight,
+        norm_bias,
+        weight,
+        bias if bias is not None else weight,  # unread without HAS_BIAS
+        y,
+        summed,
+        num_out,
+        num_in,
+        rows.stride(0),
+        res_rows.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        summed.stride(0),
+        eps,
+        HAS_BIAS=bias is not None,
+        GELU=gelu,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
+    )
+    return y.view(*x.shape[:-1], num_out), summed.view(x.shape)
