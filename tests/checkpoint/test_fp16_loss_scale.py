@@ -1,9 +1,11 @@
 """fp16's dynamic loss scaler through a reshape: mds-merge-mp --with-optimizer records the scaler
-that DeepSpeed's ZeRO partition files pickle (every rank's must agree). DeepSpeed refuses fp16 on
-CPUs, so the files here are a real ZeRO-1 checkpoint's, doctored to hold an fp16 run's scaler."""
+that DeepSpeed's ZeRO partition files pickle (every rank's must agree), and mds-train's restore
+puts its state into the resuming run's DeepSpeed scaler. DeepSpeed refuses fp16 on CPUs, so the
+files here are a real ZeRO-1 checkpoint's, doctored to hold an fp16 run's scaler."""
 
 import json
 
+import pytest
 import torch
 
 
@@ -78,3 +80,63 @@ def test_fp16_loss_scalers_that_disagree_are_refused(merge_mp, resumed_dp2, tmp_
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt: its fp16 loss scaler" in result.stderr
     assert "differs from zero_pp_rank_0_mp_rank_00_optim_states.pt's" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+class _ZeroOptimizer:
+    """What restore_loss_scaler touches of DeepSpeed's ZeRO-1/2/3 optimizers: `loss_scaler`."""
+
+    def __init__(self, scaler):
+        self.loss_scaler = scaler
+
+
+def _run_scaler():
+    """The resuming run's fresh scaler: --initial-loss-scale 2^16, --loss-scale-window 4,
+    --hysteresis 2 (as ds_config derives them)."""
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+
+    args = {"init_scale": 2.0**16, "scale_window": 4, "min_scale": 1.0, "delayed_shift": 2,
+            "consecutive_hysteresis": False}  # fmt: skip
+    return CreateLossScaler(torch.float16, 0, True, args)
+
+
+def test_restore_puts_the_state_into_the_run_s_dynamic_scaler():
+    from mds_train.reshaped import restore_loss_scaler
+
+    scaler = _run_scaler()
+    assert restore_loss_scaler(_ZeroOptimizer(scaler), FP16_RECORD)
+    reference = _fp16_scaler()
+    for name in ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"):
+        assert getattr(scaler, name) == getattr(reference, name), name
+    assert scaler.scale_window == 4 and scaler.delayed_shift == 2  # the run's settings
+    # It goes on as the saved scaler would: clean steps until the window since the last overflow
+    # (at 6) is full, then the scale doubles and the hysteresis refills, at the same iteration.
+    scales = []
+    for _ in range(4):
+        for each in (scaler, reference):
+            each.update_scale(False)
+        assert vars(scaler) == vars(reference)
+        scales.append(scaler.cur_scale)
+    assert scales == [8192.0, 8192.0, 16384.0, 16384.0] and scaler.cur_hysteresis == 2
+
+
+def test_restore_leaves_runs_without_a_dynamic_scaler_alone():
+    """A static --loss-scale run (and bf16/fp32: DeepSpeed's static 1.0), a bf16 ZeRO-0 run's
+    MasterWeightAdamW without any scaler, and a source without a scaler: nothing changes."""
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+    from mds_train.reshaped import restore_loss_scaler
+
+    static = CreateLossScaler(torch.float16, 1024.0, False, None)
+    assert not restore_loss_scaler(_ZeroOptimizer(static), FP16_RECORD)
+    assert static.cur_scale == 1024.0
+    assert not restore_loss_scaler(object(), FP16_RECORD)
+    fresh = _run_scaler()
+    assert not restore_loss_scaler(_ZeroOptimizer(fresh), None)
+    assert fresh.cur_scale == 2.0**16 and fresh.cur_iter == 0
+
+
+def test_restore_refuses_a_record_without_the_scaler_s_state():
+    from mds_train.reshaped import restore_loss_scaler
+
+    record = {k: v for k, v in FP16_RECORD.items() if k != "cur_hysteresis"}
+    with pytest.raises(ValueError, match="loss_scaler record has no cur_hysteresis"):
+        restore_loss_scaler(_ZeroOptimizer(_run_scaler()), record)
