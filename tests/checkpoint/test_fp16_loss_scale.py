@@ -1,7 +1,8 @@
 """fp16's dynamic loss scaler through a reshape: mds-merge-mp --with-optimizer records the scaler
 that DeepSpeed's ZeRO partition files pickle (every rank's must agree), and mds-train's restore
 puts its state into the resuming run's DeepSpeed scaler. DeepSpeed refuses fp16 on CPUs, so the
-files here are a real ZeRO-1 checkpoint's, doctored to hold an fp16 run's scaler."""
+files here are a real ZeRO-1 checkpoint's, doctored to hold an fp16 run's scaler; test_gpu_fp16.py
+trains, reshapes and resumes in fp16 on two GPUs."""
 
 import json
 
