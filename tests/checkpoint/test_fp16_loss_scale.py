@@ -83,6 +83,24 @@ def test_fp16_loss_scalers_that_disagree_are_refused(merge_mp, resumed_dp2, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_the_scaler_reads_without_deepspeed_s_class(tmp_path):
+    """Where DeepSpeed's class does not import, torchfile unpickles the scaler as a `Missing`
+    record holding its attributes; the record is the same."""
+    from mds_checkpoint.loss_scale import loss_scaler_record
+    from mds_checkpoint.torchfile import Missing
+
+    stand_in = Missing()
+    stand_in.__setstate__(dict(vars(_fp16_scaler())))
+    state = {"loss_scaler": stand_in, "dynamic_loss_scale": True}
+    assert loss_scaler_record(state, tmp_path / "f.pt") == FP16_RECORD
+    del stand_in.state["cur_hysteresis"]
+    with pytest.raises(ValueError, match="f.pt: dynamic_loss_scale is set but its loss_scaler"):
+        loss_scaler_record(state, tmp_path / "f.pt")
+    assert (
+        loss_scaler_record({"loss_scaler": stand_in, "dynamic_loss_scale": False}, tmp_path) is None
+    )
+
+
 class _ZeroOptimizer:
     """What restore_loss_scaler touches of DeepSpeed's ZeRO-1/2/3 optimizers: `loss_scaler`."""
 
