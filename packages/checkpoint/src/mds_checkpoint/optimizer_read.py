@@ -9,6 +9,9 @@ whole, from whichever optimizer mds-train's engine ran:
 - ZeRO-0: torch's AdamW state dict in the `mp_rank_MM` file (the model weights are the fp32
   masters), or mds-train's `MasterWeightAdamW` (`inner` AdamW state + `masters`).
 
+fp16 runs (always ZeRO >= 1 in mds-train) keep fp32 masters in the same ZeRO files, plus the
+dynamic loss scaler every partition file pickles: `loss_scaler` is its record (`loss_scale.py`).
+
 Files are memory-mapped, so one parameter's slices are read without loading a whole stage.
 """
 
@@ -23,6 +26,7 @@ import torch
 
 from . import torchfile, universal
 from .engine_names import optimizer_order, pipeline_to_plain
+from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
 from .source import Source
 from .torchfile import Missing
@@ -42,6 +46,7 @@ class OptimizerState:
         self._getters: dict[str, list[Callable[[], dict[str, torch.Tensor]]]] = {}
         self.step: int | None = None
         self.hyperparameters: list[dict[str, Any]] = []
+        self.loss_scaler: dict[str, Any] | None = None  # an fp16 run's dynamic scaler
         folder = source.folder
         self._universal = None
         zero_files = [p for p in folder.iterdir() if _ZERO_FILE.fullmatch(p.name)]
@@ -49,6 +54,7 @@ class OptimizerState:
             self._universal = universal.UniversalState(folder)
             self.step = self._universal.step
             self.hyperparameters = self._universal.param_groups
+            self.loss_scaler = (source.meta.get("optimizer") or {}).get("loss_scaler")
         elif zero_files:
             self._index_zero(zero_files)
         else:
@@ -106,6 +112,12 @@ class OptimizerState:
                 f"{self.source.folder}: missing rank files: optimizer files for model-parallel "
                 f"ranks {sorted(by_rank)}, expected 0..{expected_mp - 1}"
             )
+        self.loss_scaler = agreed_record(
+            {
+                path: loss_scaler_record(torchfile.load(path)["optimizer_state_dict"], path)
+                for path in files
+            }
+        )
         for mp in sorted(by_rank):
             dp_files = by_rank[mp]
             if sorted(dp_files) != list(range(len(dp_files))):

@@ -2,7 +2,8 @@
 
 The output is a save folder holding `latest` and one `global_stepN` tag, described by a meta.json
 in mds-train's format (so `mds-train --load OUT` reads it) with a `reshaped` record of where it
-came from and an `optimizer` record (`null`, or the universal layout's step).
+came from and an `optimizer` record (`null`, or the universal layout's step and, from an fp16
+run, its dynamic loss scaler).
 """
 
 from __future__ import annotations

@@ -104,6 +104,8 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
             )
             optimizer_record = {"layout": "universal", "folder": universal.FOLDER}
             optimizer_record["step"] = optimizer.step
+            if optimizer.loss_scaler is not None:  # fp16: the scale goes on where it was
+                optimizer_record["loss_scaler"] = optimizer.loss_scaler
         meta = output_meta(
             source.meta,
             target,

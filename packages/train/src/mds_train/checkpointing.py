@@ -26,7 +26,7 @@ from mds_common.files import (
     write_text_atomically,
 )
 
-from .reshaped import restore_optimizer_state, restore_zero3
+from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import TrainingState, capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,14 @@ def load_checkpoint(
     if universal:  # as DeepSpeed's own optimizer load would have set them
         context.engine.global_steps = state.iteration
         context.engine.global_samples = state.consumed_train_samples
+        record = meta["optimizer"].get("loss_scaler")
+        if restore_loss_scaler(context.engine.optimizer, record):
+            logger.info(
+                "fp16 loss scale %s restored (iteration %d of the scaler, last overflow at %d)",
+                record["cur_scale"],
+                record["cur_iter"],
+                record["last_overflow_iter"],
+            )
     if load_rng and "reshaped" in meta:
         logger.warning(
             "%s was reshaped by mds-merge-mp: per-rank RNG states do not carry over to another "

@@ -8,11 +8,13 @@ run's optimizer keeps it: torch's AdamW (fp32, ZeRO-0: the parameter is the mast
 fragment mappings (`param._hp_mapping`, the ones DeepSpeed's own universal loader fills).
 At ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`) DeepSpeed cannot load these files at all, so the
 weights go in here too: each rank's DP partition of its TP slice, as DeepSpeed's stage-3 universal
-loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) cuts it.
+loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) cuts it. An fp16 source's dynamic
+loss scaler (meta.json's `optimizer.loss_scaler`) goes into this run's DeepSpeed scaler.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,11 @@ import torch
 from mds_model import ParallelGroups
 
 from .master_weights import MasterWeightAdamW
+
+logger = logging.getLogger(__name__)
+# What DeepSpeed's `DynamicLossScaler` changes as it runs; its settings (window, minimum,
+# hysteresis) stay this run's flags.
+LOSS_SCALER_STATE = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
 
 def restore_optimizer_state(
@@ -59,6 +66,32 @@ def restore_optimizer_state(
     if isinstance(optimizer, MasterWeightAdamW):
         optimizer.refresh_model_params()
     return state.step
+
+
+def restore_loss_scaler(ds_optimizer: Any, record: dict[str, Any] | None) -> bool:
+    """An fp16 source's dynamic loss scaler state into this run's DeepSpeed optimizer's scaler,
+    the four fields DeepSpeed's own load brings back (it replaces the whole pickled scaler, so
+    the checkpoint's settings too; here the run's flags keep them). Returns whether it did.
+
+    A static `--loss-scale` run and bf16/fp32 runs have no dynamic scaler: nothing to restore.
+    """
+    if record is None:
+        return False
+    scaler = getattr(ds_optimizer, "loss_scaler", None)
+    if scaler is None or not getattr(scaler, "dynamic", False):
+        logger.info(
+            "the checkpoint's fp16 loss scale %s is not used: this run has no dynamic loss "
+            "scaler (static --loss-scale, bf16 or fp32)",
+            record.get("cur_scale"),
+        )
+        return False
+    missing = [name for name in LOSS_SCALER_STATE if name not in record]
+    if missing:
+        raise ValueError(f"the checkpoint's loss_scaler record has no {', '.join(missing)}")
+    scaler.cur_scale = float(record["cur_scale"])
+    for name in LOSS_SCALER_STATE[1:]:
+        setattr(scaler, name, int(record[name]))
+    return True
 
 
 def _adam_state(values: dict[str, torch.Tensor], like: torch.Tensor, step: int, group: dict):
