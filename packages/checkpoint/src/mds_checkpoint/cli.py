@@ -199,8 +199,6 @@ def import_hf(
 
 
 def main(argv: list[str] | None = None) -> None:
-    # A CPU tool: DeepSpeed (whose files are read) then skips its accelerator probe and warning.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     run_app(
         app, prog="mds-merge-mp", distribution="mds-checkpoint", argv=argv, default_command="merge"
     )
@@ -216,6 +214,10 @@ def script() -> None:
     inside `main()`. The exit functions still run (logging's flush, thread pools' joins) and the
     standard streams are flushed. In-process callers (tests) use `main()`, which returns or
     raises as usual."""
+    # A CPU tool: DeepSpeed (whose files are read) then skips its accelerator probe and warning.
+    # Set for the command's own process only: in-process callers' later children (a GPU training
+    # run started by the same test) would inherit a CPU accelerator.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         main()
     except SystemExit as exit_:
