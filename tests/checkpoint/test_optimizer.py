@@ -1,9 +1,10 @@
 """--with-optimizer: a TP=2 run's checkpoint reshaped with its fp32 masters and Adam moments resumes
 at PP=2 (pipeline engine) and at DP=2 with ZeRO-1 and ZeRO-3, a ZeRO-3 run's at TP=2 with ZeRO-3,
 and the losses continue as the uninterrupted runs'; the optimizer states of all engines read
-alike."""
+alike; ZeRO-3 crossings without a reshape."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -126,3 +127,37 @@ def test_weights_only_reshape_refuses_to_resume_silently(merge_mp, tp2_run, tmp_
     with pytest.raises(ValueError, match="holds no optimizer state; add --no-load-optim"):
         check_compatible(meta, run_meta, path=path, loads_optimizer=True)
     check_compatible(meta, run_meta, path=path, loads_optimizer=False)
+
+
+def test_zero3_crossings_without_a_reshape_say_what_to_do(tp2_run):
+    """A ZeRO-3 checkpoint's weights exist only in its partitions, and DeepSpeed's ZeRO-3 loader
+    reads only those: between ZeRO-3 and stages 0-2 only weights go in, and only into ZeRO-3."""
+    from mds_train.checkpointing import check_compatible, find_checkpoint
+
+    path, meta = find_checkpoint(tp2_run / "checkpoints")  # saved at ZeRO-0
+    at_zero3 = {"model": meta["model"], "parallel": {**meta["parallel"], "zero_stage": 3}}
+    with pytest.raises(ValueError, match="saved at ZeRO-0 and this run is at ZeRO-3; add --no-lo"):
+        check_compatible(meta, at_zero3, path=path, loads_optimizer=True)
+    check_compatible(meta, at_zero3, path=path, loads_optimizer=False)
+    saved_at_zero3 = {**meta, "parallel": {**meta["parallel"], "zero_stage": 3}}
+    for loads_optimizer in (True, False):
+        with pytest.raises(ValueError, match="saved at ZeRO-3, whose weights exist only in its"):
+            check_compatible(saved_at_zero3, meta, path=path, loads_optimizer=loads_optimizer)
+
+
+def test_zero0_checkpoint_s_weights_load_at_zero3(runs, train_flags, tp2_run, tmp_path):
+    """--no-load-optim at ZeRO-3 from a TP=2 ZeRO-0 checkpoint (iteration 4): the weights go into
+    the stage-3 partitions, so the first loss is the uninterrupted run's at iteration 5 (the same
+    weights on the same batch); DeepSpeed's own loader stopped on an assertion here."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    shutil.copytree(tp2_run / "checkpoints" / "global_step4", checkpoints / "global_step4")
+    (checkpoints / "latest").write_text("global_step4")
+    out = tmp_path / "run"
+    flags = ["--tensor-model-parallel-size", "2", "--zero-stage", "3", "--no-load-optim"]
+    flags += ["--load", str(checkpoints)]
+    result = runs.train(train_flags(out, *flags, iterations=5), nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = runs.losses(out)
+    assert list(resumed) == [5]
+    assert resumed[5] == pytest.approx(runs.losses(tp2_run)[5], rel=RTOL)

@@ -172,6 +172,8 @@ def check_compatible(
                 f" but this run has TP={current['tensor_parallel']}, "
                 f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
             )
+    if "reshaped" not in meta and (saved["zero_stage"] == 3) != (current["zero_stage"] == 3):
+        _check_zero3_crossing(saved["zero_stage"], current["zero_stage"], path, loads_optimizer)
     if (
         loads_optimizer
         and not reshaped_optimizer(meta)
@@ -183,6 +185,24 @@ def check_compatible(
             f"data-parallel ranks, this run has {current['data_parallel']}; add --no-load-optim "
             "or reshape it "
             "with mds-merge-mp --with-optimizer"
+        )
+
+
+def _check_zero3_crossing(saved: int, current: int, path: Path, loads_optimizer: bool) -> None:
+    """Between ZeRO-3 and the other stages DeepSpeed's loader finds nothing to read: a ZeRO-3
+    checkpoint's weights exist only in its partition files, and a ZeRO-3 run looks for those.
+    Only the weights of a stage 0-2 checkpoint go into a ZeRO-3 run (`load_checkpoint`)."""
+    if saved == 3:
+        raise ValueError(
+            f"{path}: saved at ZeRO-3, whose weights exist only in its partition files, but this "
+            f"run is at ZeRO-{current}; reshape it with mds-merge-mp (add --with-optimizer to keep "
+            "the optimizer state), or run at --zero-stage 3"
+        )
+    if loads_optimizer:
+        raise ValueError(
+            f"{path}: its optimizer state was saved at ZeRO-{saved} and this run is at ZeRO-3; "
+            "add --no-load-optim to load the weights only, or reshape it with mds-merge-mp "
+            "--with-optimizer"
         )
 
 
@@ -202,7 +222,9 @@ def load_checkpoint(
     # optimizer from it. DeepSpeed's stage 3 reads only its own partition files, so at ZeRO-3
     # reshaped.py puts the weights into the partitions as well.
     universal = load_optimizer and reshaped_optimizer(meta)
-    if "reshaped" in meta and context.meta["parallel"]["zero_stage"] == 3:
+    # A stage 0-2 checkpoint's mp_rank files hold its weights as a reshaped one's do.
+    into_zero3 = "reshaped" in meta or meta["parallel"]["zero_stage"] != 3
+    if into_zero3 and context.meta["parallel"]["zero_stage"] == 3:
         client_state = restore_zero3(
             context.engine,
             context.groups,
@@ -211,7 +233,7 @@ def load_checkpoint(
             with_optimizer=universal,
         )
         what = "weights and optimizer state" if universal else "weights"
-        logger.info("%s of %s restored into the ZeRO-3 partitions (reshaped)", what, path)
+        logger.info("%s of %s restored into the ZeRO-3 partitions", what, path)
     else:
         client_state = _load_through_deepspeed(
             context, path, meta, load_optimizer=load_optimizer, universal=universal
