@@ -172,8 +172,9 @@ def check_compatible(
                 f" but this run has TP={current['tensor_parallel']}, "
                 f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
             )
-    if "reshaped" not in meta and (saved["zero_stage"] == 3) != (current["zero_stage"] == 3):
-        _check_zero3_crossing(saved["zero_stage"], current["zero_stage"], path, loads_optimizer)
+    saved_stage, current_stage = saved.get("zero_stage", 0), current.get("zero_stage", 0)
+    if "reshaped" not in meta and (saved_stage == 3) != (current_stage == 3):
+        _check_zero3_crossing(saved_stage, current_stage, path, loads_optimizer)
     if (
         loads_optimizer
         and not reshaped_optimizer(meta)
@@ -223,7 +224,7 @@ def load_checkpoint(
     # reshaped.py puts the weights into the partitions as well.
     universal = load_optimizer and reshaped_optimizer(meta)
     # A stage 0-2 checkpoint's mp_rank files hold its weights as a reshaped one's do.
-    into_zero3 = "reshaped" in meta or meta["parallel"]["zero_stage"] != 3
+    into_zero3 = "reshaped" in meta or meta["parallel"].get("zero_stage", 0) != 3
     if into_zero3 and context.meta["parallel"]["zero_stage"] == 3:
         client_state = restore_zero3(
             context.engine,
