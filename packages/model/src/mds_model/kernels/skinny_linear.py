@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ._common import check_kernel_device
 from .bias_gelu import bias_gelu_reference
+from .layer_norm import add_layer_norm_reference
 
 
 def skinny_linear_reference(x, weight, bias=None, *, gelu: bool = False):
@@ -142,10 +143,10 @@ def block_config(num_in: int) -> tuple[int, int, int]:
     return 2, block_k, 1 if block_k <= 1024 else 8
 
 
-def _launch(grid, *args, num_in: int, **kwargs) -> None:
+def _blocks(num_in: int) -> tuple[int, int, int]:
+    """`block_config`, or the interpreter's few large programs."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    n, k, w = _INTERPRETER_CONFIG if interpreted else block_config(num_in)
-    _skinny_linear_fwd[grid(n)](*args, **kwargs, BLOCK_N=n, BLOCK_K=k, num_warps=w)
+    return _INTERPRETER_CONFIG if interpreted else block_config(num_in)
 
 
 def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool):
@@ -166,9 +167,8 @@ def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     y = torch.empty((rows.shape[0], num_out), dtype=x.dtype, device=x.device)
-    grid = lambda block_n: (triton.cdiv(num_out, block_n), rows.shape[0])  # noqa: E731
-    _launch(
-        grid,
+    block_n, block_k, warps = _blocks(num_in)
+    _skinny_linear_fwd[(triton.cdiv(num_out, block_n), rows.shape[0])](
         rows,
         weight,
         bias if bias is not None else weight,  # unread without HAS_BIAS
@@ -180,7 +180,9 @@ def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool)
         y.stride(0),
         HAS_BIAS=bias is not None,
         GELU=gelu,
-        num_in=num_in,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
     )
     return y.view(*x.shape[:-1], num_out)
 
@@ -205,10 +207,9 @@ def skinny_add_norm_linear(
     followed by `skinny_linear`, in one kernel (a decoding step's LayerNorm is a kernel of its own
     for a row of a few KB). x, residual (..., K) in one dtype, K <= MAX_FUSED_NORM_WIDTH."""
     if not use_kernel:
-        summed = x + residual
-        normed = F.layer_norm(
-            summed.float(), (summed.shape[-1],), norm_weight.float(), norm_bias.float(), eps
-        ).to(x.dtype)
+        normed, summed = add_layer_norm_reference(
+            x, norm_weight, norm_bias, eps=eps, residual=residual
+        )
         return skinny_linear_reference(normed, weight, bias, gelu=gelu), summed
     check_kernel_device(x, residual, weight, name="skinny_add_norm_linear")
     num_out, num_in = weight.shape
@@ -227,9 +228,8 @@ def skinny_add_norm_linear(
     rows, res_rows = (t.reshape(-1, num_in).contiguous() for t in (x, residual))
     y = torch.empty((rows.shape[0], num_out), dtype=x.dtype, device=x.device)
     summed = torch.empty_like(rows)
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    block_n, _, warps = _INTERPRETER_CONFIG if interpreted else block_config(num_in)
-    block_k = triton.next_power_of_2(num_in)
+    block_n, _, warps = _blocks(num_in)
+    block_k = triton.next_power_of_2(num_in)  # the whole row in every program
     _skinny_add_norm_linear_fwd[(triton.cdiv(num_out, block_n), rows.shape[0])](
         rows,
         res_rows,
