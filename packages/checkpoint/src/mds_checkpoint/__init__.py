@@ -8,6 +8,8 @@ load (and torch with them) on first use, so `mds-merge-mp --help` does not wait 
 
 from typing import TYPE_CHECKING
 
+from mds_common.lazy import lazy_attributes
+
 if TYPE_CHECKING:
     from .consolidate import ConsolidatedModel, load_consolidated
     from .engine_names import plain_parameter_name
@@ -23,16 +25,4 @@ _MODULE_OF = {
 __all__ = ["ConsolidatedModel", "UniversalState", "load_consolidated", "plain_parameter_name"]
 
 
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mds_checkpoint' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _MODULE_OF)

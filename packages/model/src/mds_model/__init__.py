@@ -9,6 +9,8 @@ pay for them at start-up.
 
 from typing import TYPE_CHECKING
 
+from mds_common.lazy import lazy_attributes
+
 from .config import GPTConfig, padded_vocab_size
 from .estimate import (
     Plan,
@@ -70,16 +72,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mds_model' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _MODULE_OF)
