@@ -24,9 +24,6 @@ from mds_model import ParallelGroups
 from .master_weights import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
-# What DeepSpeed's `DynamicLossScaler` changes as it runs; its settings (window, minimum,
-# hysteresis) stay this run's flags.
-LOSS_SCALER_STATE = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
 
 def restore_optimizer_state(
@@ -85,11 +82,15 @@ def restore_loss_scaler(ds_optimizer: Any, record: dict[str, Any] | None) -> boo
             record.get("cur_scale"),
         )
         return False
-    missing = [name for name in LOSS_SCALER_STATE if name not in record]
+    # What DeepSpeed's `DynamicLossScaler` changes as it runs, as mds-merge-mp records it; its
+    # settings (window, minimum, hysteresis) stay this run's flags.
+    from mds_checkpoint.loss_scale import STATE_FIELDS
+
+    missing = [name for name in STATE_FIELDS if name not in record]
     if missing:
         raise ValueError(f"the checkpoint's loss_scaler record has no {', '.join(missing)}")
     scaler.cur_scale = float(record["cur_scale"])
-    for name in LOSS_SCALER_STATE[1:]:
+    for name in STATE_FIELDS[1:]:
         setattr(scaler, name, int(record[name]))
     return True
 
