@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from mds_checkpoint.arrays import as_array
 from mds_checkpoint.output import output_meta, target_config
 from mds_checkpoint.source import part_names
 from mds_checkpoint.writer import CheckpointWriter, tag_for
@@ -58,23 +59,23 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
     dtype, h = config.torch_dtype, config.hidden_size
 
     def random(*shape):
-        return (torch.randn(shape, generator=generator) * 0.02).to(dtype)
+        return as_array((torch.randn(shape, generator=generator) * 0.02).to(dtype))
 
     tag = tag_for(100)
-    writer = CheckpointWriter(folder / tag, config=config, pipeline_parallel=pp)
-    for part in part_names(config.num_layers):
-        if part == "embedding":
-            tensors = {
-                "embedding.word_embeddings.weight": random(config.padded_vocab_size, h),
-                "embedding.position_embeddings.weight": random(config.max_positions, h),
-            }
-        elif part == "final":
-            tensors = {"final_layernorm.weight": random(h), "final_layernorm.bias": random(h)}
-        else:
-            tensors = {f"{part}.{name}": random(*_shape(spec, h)) for name, spec in LAYER}
-        writer.write_part(tensors)
-    progress = {"iteration": 100, "consumed_train_samples": 51200}
-    writer.finish(progress)
+    with CheckpointWriter(folder / tag, config=config, pipeline_parallel=pp) as writer:
+        for part in part_names(config.num_layers):
+            if part == "embedding":
+                tensors = {
+                    "embedding.word_embeddings.weight": random(config.padded_vocab_size, h),
+                    "embedding.position_embeddings.weight": random(config.max_positions, h),
+                }
+            elif part == "final":
+                tensors = {"final_layernorm.weight": random(h), "final_layernorm.bias": random(h)}
+            else:
+                tensors = {f"{part}.{name}": random(*_shape(spec, h)) for name, spec in LAYER}
+            writer.write_part(tensors)
+        progress = {"iteration": 100, "consumed_train_samples": 51200}
+        writer.finish(progress)
     meta = output_meta(
         progress, config, pipeline_parallel=pp, tag=tag, reshaped={"from": "random"}, optimizer=None
     )
@@ -193,9 +194,9 @@ def main() -> None:
         f"against cp + fsync, since the reshape's output is fsynced: {process / durable_cp:.2f}x "
         f"({'met' if process <= 2 * durable_cp else 'not met'}); against the bare cp "
         f"{process / cp_time:.2f}x. The process's time beyond the reshape is starting Python "
-        "and importing torch."
+        "and its imports (numpy, not torch)."
     )
-    item = torch.tensor([], dtype=model.torch_dtype).element_size()
+    item = 4 if args.dtype == "float32" else 2
     layer = (12 * 1024 * 1024 + 13 * 1024) * item / 2**20
     embedding = model.padded_vocab_size * 1024 * item / 2**20
     print(

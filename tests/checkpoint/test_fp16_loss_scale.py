@@ -84,10 +84,10 @@ def test_fp16_loss_scalers_that_disagree_are_refused(merge_mp, resumed_dp2, tmp_
 
 
 def test_the_scaler_reads_without_deepspeed_s_class(tmp_path):
-    """Where DeepSpeed's class does not import, torchfile unpickles the scaler as a `Missing`
-    record holding its attributes; the record is the same."""
+    """ptfile unpickles DeepSpeed's scaler as a `Missing` record holding its attributes (it
+    imports neither DeepSpeed nor torch); the record is the same as from the class itself."""
     from mds_checkpoint.loss_scale import loss_scaler_record
-    from mds_checkpoint.torchfile import Missing
+    from mds_checkpoint.ptfile import Missing
 
     stand_in = Missing()
     stand_in.__setstate__(dict(vars(_fp16_scaler())))

@@ -99,6 +99,33 @@ def test_the_cli_reshapes_and_verifies(merge_mp, tp2pp2_checkpoint, tmp_path):
     assert len(list((out / "global_step2").glob("layer_*"))) == 6
 
 
+_RESHAPE_AND_LIST_IMPORTS = """
+import sys
+from mds_checkpoint.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit_:
+    assert not exit_.code, exit_.code
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "deepspeed")))
+"""
+
+
+def test_a_weights_reshape_never_imports_torch(tp2pp2_checkpoint, tmp_path):
+    """mds-merge-mp reads and writes the .pt files with numpy (ptfile): torch's import would be
+    as long as a 345M reshape's own work. The output is what torch itself loads."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", _RESHAPE_AND_LIST_IMPORTS, "--load", str(tp2pp2_checkpoint),
+         "--save", str(out), "--target-tensor-model-parallel-size", "1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+    assert_same_weights(load_consolidated(tp2pp2_checkpoint), load_consolidated(out))
+    state = torch.load(out / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)
+    assert state["module"]["layers.0.mlp.dense_h_to_4h.weight"].shape == (256, 64)
+
+
 def _megatron_args(config, *, tp, pp):
     enums = types.ModuleType("megatron.enums")  # BS's enum, absent where the file is read
 

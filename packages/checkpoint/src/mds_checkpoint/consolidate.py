@@ -1,7 +1,8 @@
 """`load_consolidated`: any checkpoint as one TP=1, PP=1 model (the sampler's and exporters' view).
 
 The word embeddings are cut or zero-padded to the TP=1 padded vocabulary; every other tensor is
-the source's shards joined, in the source's dtype.
+the source's shards joined, in the source's dtype, as a torch tensor (the readers' numpy arrays
+are shared, not copied).
 """
 
 from __future__ import annotations
@@ -9,14 +10,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 from mds_model import GPTConfig
 
+from .arrays import as_tensor
 from .names import WORD_EMBEDDINGS
 from .partition import resize_vocab
 from .source import Source, merged_part, open_source
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ def consolidate(source: Source) -> ConsolidatedModel:
         for name, tensor in merged_part(source, part).items():
             if name == WORD_EMBEDDINGS:
                 tensor = resize_vocab(tensor, config.padded_vocab_size)
-            state_dict[name] = tensor.contiguous()
+            state_dict[name] = as_tensor(np.ascontiguousarray(tensor))
     return ConsolidatedModel(config=config, meta=dict(source.meta), state_dict=state_dict)
 
 

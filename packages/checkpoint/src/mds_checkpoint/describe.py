@@ -14,7 +14,7 @@ from typing import Any
 
 from mds_model import GPTConfig
 
-from .torchfile import Missing
+from .ptfile import Missing
 
 CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(GPTConfig))
 _BS_POSITION_TYPES = {1: "rotary", 2: "learned", 3: "alibi"}

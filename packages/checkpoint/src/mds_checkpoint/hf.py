@@ -17,10 +17,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from mds_common.files import atomic_directory
 from mds_model import GPTConfig, from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
 
+from .arrays import as_array
 from .config import ExportConfig, ImportConfig
 from .consolidate import consolidate
 from .hf_folder import (
@@ -37,7 +37,6 @@ from .output import LATEST, check_save_folder, output_meta, target_config, write
 from .source import open_source
 from .writer import CheckpointWriter, tag_for
 
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 logger = logging.getLogger(__name__)
 
 
@@ -71,7 +70,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
     if eos is None:
         eos = (model.meta.get("tokenizer") or {}).get("eod_id")
     hf_config = hf_gpt2_config(model.config, eos_token_id=eos)
-    hf_config["torch_dtype"] = _DTYPES[model.config.torch_dtype]
+    hf_config["torch_dtype"] = model.config.params_dtype
     state = to_hf_gpt2_state_dict(model.state_dict, model.config)
     _check_hf_folder(config.save)
     difference = None
@@ -141,14 +140,18 @@ def import_hf(config: ImportConfig) -> Path:
     state = from_hf_gpt2_state_dict(read_hf_weights(config.load), model)
     check_save_folder(config.save)
     tag = tag_for(0)
-    with atomic_directory(config.save) as staging:
-        folder = staging / tag
-        writer = CheckpointWriter(folder, config=target, pipeline_parallel=config.pipeline_parallel)
+    with (
+        atomic_directory(config.save) as staging,
+        CheckpointWriter(
+            staging / tag, config=target, pipeline_parallel=config.pipeline_parallel
+        ) as writer,
+    ):
+        folder = writer.folder
         parts = [embedding_names(learned_positions=True, embed_layernorm=False)]
         parts += [[layer_name(i, n) for n in LAYER_NAMES] for i in range(model.num_layers)]
         parts.append(FINAL_NORM)
         for names in parts:
-            writer.write_part({name: state.pop(name) for name in names})
+            writer.write_part({name: as_array(state.pop(name)) for name in names})
         writer.finish({})
         eos = hf_config.get("eos_token_id")
         tokenizer = {**_recorded_folder_tokenizer(config.load), "vocab_size": model.vocab_size}

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
-from .torchfile import Missing
+from .ptfile import Missing
 
 # What DeepSpeed's scaler changes as it runs (restored by mds-train), then its settings (the
 # resuming run's flags choose those; kept for the record).
@@ -60,14 +60,14 @@ def agreed_record(records: dict[Path, dict | None]) -> dict | None:
 
 
 def _fields(scaler: Any) -> dict[str, Any]:
-    """The attributes of DeepSpeed's scaler (or of its `Missing` stand-in without DeepSpeed)."""
+    """The attributes of DeepSpeed's scaler (ptfile's `Missing` stand-in, or the class itself)."""
     if isinstance(scaler, Missing):
         return scaler.state if isinstance(scaler.state, dict) else {}
     return dict(vars(scaler)) if hasattr(scaler, "__dict__") else {}
 
 
 def _plain(value: Any) -> Any:
-    if torch.is_tensor(value):
+    if isinstance(value, (np.ndarray, np.generic)):  # a tensor in the file
         value = value.item()
     if value is None or isinstance(value, (bool, int, float)):
         return value

@@ -22,14 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
-from . import torchfile, universal
+from . import ptfile, universal
+from .arrays import to_float32
 from .engine_names import optimizer_order, pipeline_to_plain
 from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
+from .ptfile import Missing
 from .source import Source
-from .torchfile import Missing
 from .zero3 import Zero3Partitions
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
@@ -39,11 +40,11 @@ _ZERO_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_state
 class OptimizerState:
     """`read(name)` -> {"fp32", "exp_avg", "exp_avg_sq"} whole fp32 tensors; `step` the count."""
 
-    def __init__(self, source: Source, weights: Callable[[str], torch.Tensor]) -> None:
+    def __init__(self, source: Source, weights: Callable[[str], np.ndarray]) -> None:
         self.source = source
         self._weights = weights  # whole weight by name (ZeRO-0: the masters are the weights)
         # per plain name: one getter per TP rank, each returning {key: tensor at that rank}
-        self._getters: dict[str, list[Callable[[], dict[str, torch.Tensor]]]] = {}
+        self._getters: dict[str, list[Callable[[], dict[str, np.ndarray]]]] = {}
         self.step: int | None = None
         self.hyperparameters: list[dict[str, Any]] = []
         self.loss_scaler: dict[str, Any] | None = None  # an fp16 run's dynamic scaler
@@ -64,7 +65,7 @@ class OptimizerState:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def read(self, name: str) -> dict[str, torch.Tensor]:
+    def read(self, name: str) -> dict[str, np.ndarray]:
         if self._universal is not None:
             return self._universal.read(name)
         getters = self._getters.get(name)
@@ -75,9 +76,9 @@ class OptimizerState:
         out = {}
         for key in ("fp32", *STATE_KEYS):
             if key not in per_rank[0]:  # ZeRO-0 torch AdamW: the weight is the master
-                out[key] = self._weights(name).float()
+                out[key] = to_float32(self._weights(name))
                 continue
-            out[key] = merge_shards(name, [r[key] for r in per_rank], where=where).float()
+            out[key] = to_float32(merge_shards(name, [r[key] for r in per_rank], where=where))
         return out
 
     def names(self) -> list[str]:
@@ -86,12 +87,12 @@ class OptimizerState:
     # -- indexing, per optimizer kind --------------------------------------------------------
 
     def _set_step(self, value: Any, where: str) -> None:
-        step = int(value.item() if torch.is_tensor(value) else value)
+        step = int(value.item() if isinstance(value, np.ndarray) else value)
         if self.step is not None and step != self.step:
             raise ValueError(f"{where}: step {step} differs from another group's {self.step}")
         self.step = step
 
-    def _add(self, name: str, tp: int, getter: Callable[[], dict[str, torch.Tensor]]) -> None:
+    def _add(self, name: str, tp: int, getter: Callable[[], dict[str, np.ndarray]]) -> None:
         getters = self._getters.setdefault(name, [None] * self.source.tp_size)
         if getters[tp] is None:  # a later stage's copy of the tied embedding is not the owner's
             getters[tp] = getter
@@ -114,7 +115,7 @@ class OptimizerState:
             )
         self.loss_scaler = agreed_record(
             {
-                path: loss_scaler_record(torchfile.load(path)["optimizer_state_dict"], path)
+                path: loss_scaler_record(ptfile.load(path)["optimizer_state_dict"], path)
                 for path in files
             }
         )
@@ -125,7 +126,7 @@ class OptimizerState:
                     f"{self.source.folder}: missing rank files: ZeRO partitions of mp_rank {mp:02d}"
                     f" are for DP ranks {sorted(dp_files)}"
                 )
-            if "fp32_flat_groups" in torchfile.load(dp_files[0])["optimizer_state_dict"]:
+            if "fp32_flat_groups" in ptfile.load(dp_files[0])["optimizer_state_dict"]:
                 self._index_zero3(mp)
             else:
                 self._index_fragments(mp, dp_files)
@@ -135,7 +136,7 @@ class OptimizerState:
         memory-mapped anew for each parameter read and let go after it."""
 
         def load_states() -> list[dict]:
-            return [torchfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
+            return [ptfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
 
         states = load_states()
         tp = mp % self.source.tp_size
@@ -169,7 +170,7 @@ class OptimizerState:
                                 else state["base_optimizer_state"]["state"][group][key]
                             )
                             parts.append(_narrow(flat, address))
-                        out[key] = torch.cat(parts).view(shape)
+                        out[key] = np.concatenate(parts).reshape(shape)
                     return out
 
                 self._add(self._plain_name(engine_name), tp, getter)
@@ -194,7 +195,7 @@ class OptimizerState:
             if zero3
             else f"mp_rank_{mp:02d}_model_states.pt"
         )
-        shapes = torchfile.load(self.source.folder / name).get("param_shapes")
+        shapes = ptfile.load(self.source.folder / name).get("param_shapes")
         if not shapes:
             raise ValueError(
                 f"{self.source.folder / name}: no param_shapes for the ZeRO partitions"
@@ -206,7 +207,7 @@ class OptimizerState:
         source = self.source
         for mp in range(source.tp_size * source.pp_size):
             path = source.folder / f"mp_rank_{mp:02d}_model_states.pt"
-            optimizer = torchfile.load(path).get("optimizer")
+            optimizer = ptfile.load(path).get("optimizer")
             if not isinstance(optimizer, dict):
                 raise ValueError(
                     f"{path}: holds no optimizer state (saved without it, or by an engine "
@@ -233,9 +234,9 @@ class OptimizerState:
                 self._add(name, tp, lambda p=path, i=index, m=position: _torch_entry(p, i, m))
 
 
-def _torch_entry(path: Path, index: int, position: int) -> dict[str, torch.Tensor]:
+def _torch_entry(path: Path, index: int, position: int) -> dict[str, np.ndarray]:
     """One parameter's state from an mp_rank file, memory-mapped anew (let go after use)."""
-    optimizer = torchfile.load(path)["optimizer"]
+    optimizer = ptfile.load(path)["optimizer"]
     masters = None
     if "inner" in optimizer and "masters" in optimizer:
         masters = [m for group in optimizer["masters"] for m in group]
@@ -253,7 +254,7 @@ def _hyperparameters(optimizer_state: dict) -> list[dict[str, Any]]:
     ]
 
 
-def _narrow(flat: torch.Tensor, address: Any) -> torch.Tensor:
-    """DeepSpeed's `fragment_address(numel, start)` (a `Missing` record without DeepSpeed)."""
+def _narrow(flat: np.ndarray, address: Any) -> np.ndarray:
+    """DeepSpeed's `fragment_address(numel, start)` (ptfile reads it as a `Missing` record)."""
     fields = address.state if isinstance(address, Missing) else vars(address)
-    return flat.narrow(0, fields["start"], fields["numel"])
+    return flat[fields["start"] : fields["start"] + fields["numel"]]

@@ -1,28 +1,30 @@
 """Tensor-parallel shards <-> whole tensors, one parameter at a time (`names.split_of` says how).
 
-Merging concatenates shards on the split dimension and checks that replicated copies agree
-(Megatron's `merge_mp_partitions` silently takes rank 0's); splitting chunks a whole tensor for
-the target's ranks. The word embeddings' rows are the padded vocabulary: `resize_vocab` cuts or
-zero-pads them to the target's padded size (Megatron truncates with a `***WARNING***`; padding
-rows are never real tokens, so this changes no real token's embedding).
+Merging concatenates shards on the split dimension and checks that replicated copies agree bit for
+bit (Megatron's `merge_mp_partitions` silently takes rank 0's); splitting cuts a whole tensor into
+the target's ranks' views. The word embeddings' rows are the padded vocabulary: `resize_vocab` cuts
+or zero-pads them to the target's padded size (Megatron truncates with a `***WARNING***`; padding
+rows are never real tokens, so this changes no real token's embedding). Tensors are numpy arrays
+(`arrays.py`: bfloat16 as `BFLOAT16`), as `ptfile` reads and writes them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
+import numpy as np
 
+from .arrays import bitwise_equal, to_float32
 from .names import split_of
 
 
 def merge_shards(
     name: str,
-    shards: Sequence[torch.Tensor],
+    shards: Sequence[np.ndarray],
     *,
     where: str,
-    allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-) -> torch.Tensor:
+    allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+) -> np.ndarray:
     """The whole tensor from its TP shards (rank order); `where` names the files in errors.
     `allocate(shape, dtype)` gives the tensor that split shards are joined into (a reused buffer,
     `BufferPool.take`); a replicated parameter is rank 0's copy itself."""
@@ -35,15 +37,15 @@ def merge_shards(
                     f"{where}: {name} has shape {tuple(first.shape)} on TP rank 0 but "
                     f"{tuple(shard.shape)} on TP rank {rank}"
                 )
-            if not torch.equal(shard, first):
-                difference = (shard.float() - first.float()).abs().max().item()
+            if not bitwise_equal(shard, first):
+                difference = float(np.abs(to_float32(shard) - to_float32(first)).max())
                 raise ValueError(
                     f"{where}: {name} is replicated but TP rank {rank}'s copy differs from rank "
                     f"0's (largest difference {difference:.3g}); the checkpoint is inconsistent"
                 )
         return first
     for rank, shard in enumerate(shards):
-        if shard.dim() <= split.dim or shard.shape != first.shape:
+        if shard.ndim <= split.dim or shard.shape != first.shape:
             raise ValueError(
                 f"{where}: {name} has shape {tuple(shard.shape)} on TP rank {rank} but "
                 f"{tuple(first.shape)} on TP rank 0; shards of one parameter must agree"
@@ -51,10 +53,10 @@ def merge_shards(
     if len(shards) == 1:
         return first
     if allocate is None:
-        return torch.cat(list(shards), dim=split.dim)
+        return np.concatenate(shards, axis=split.dim)
     shape = list(first.shape)
     shape[split.dim] *= len(shards)
-    return torch.cat(list(shards), dim=split.dim, out=allocate(tuple(shape), first.dtype))
+    return np.concatenate(shards, axis=split.dim, out=allocate(tuple(shape), first.dtype))
 
 
 class BufferPool:
@@ -66,16 +68,16 @@ class BufferPool:
     takes them. Only the latest written part's buffers are kept: at most a part's worth idles."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple, list[torch.Tensor]] = {}
-        self._lent: dict[int, torch.Tensor] = {}
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._lent: dict[int, np.ndarray] = {}
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         free = self._free.get((shape, dtype))
-        tensor = free.pop() if free else torch.empty(shape, dtype=dtype)
+        tensor = free.pop() if free else np.empty(shape, dtype=dtype)
         self._lent[id(tensor)] = tensor
         return tensor
 
-    def give_back(self, tensors: Iterable[torch.Tensor]) -> None:
+    def give_back(self, tensors: Iterable[np.ndarray]) -> None:
         """A written part's tensors (those not from this pool are ignored); the buffers given
         back before, and not taken since, are let go."""
         self._free = {}
@@ -85,31 +87,20 @@ class BufferPool:
                 self._free.setdefault(key, []).append(tensor)
 
 
-def resize_vocab(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+def resize_vocab(tensor: np.ndarray, rows: int) -> np.ndarray:
     """The padded word-embedding rows cut or zero-padded to `rows`."""
     if tensor.shape[0] == rows:
         return tensor
     if tensor.shape[0] > rows:
         return tensor[:rows]
-    padding = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
-    return torch.cat([tensor, padding])
-
-
-def owned(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor with storage of its own size: `torch.save` of a view writes its whole base."""
-    tensor = tensor.contiguous()
-    if tensor.storage_offset() or tensor.untyped_storage().nbytes() != (
-        tensor.numel() * tensor.element_size()
-    ):
-        return tensor.clone()
-    return tensor
+    padding = np.zeros((rows - tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype)
+    return np.concatenate([tensor, padding])
 
 
 def split_whole(
-    name: str, tensor: torch.Tensor, tp_size: int, *, padded_vocab_size: int
-) -> list[torch.Tensor]:
-    """A whole tensor's shards for `tp_size` ranks (rank order), views of it where they can be:
-    `owned` makes one safe for `torch.save`, which writes a view's whole base."""
+    name: str, tensor: np.ndarray, tp_size: int, *, padded_vocab_size: int
+) -> list[np.ndarray]:
+    """A whole tensor's shards for `tp_size` ranks (rank order), views of it."""
     split = split_of(name)
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
@@ -121,16 +112,16 @@ def split_whole(
             f"{name}: dimension {split.dim} has {size} entries, not divisible by the target "
             f"tensor-parallel size {tp_size}"
         )
-    return list(tensor.chunk(tp_size, dim=split.dim))
+    return np.split(tensor, tp_size, axis=split.dim)
 
 
 def shard_for_rank(
-    name: str, tensor: torch.Tensor, *, tp_rank: int, tp_size: int, padded_vocab_size: int
-) -> torch.Tensor:
+    name: str, tensor: np.ndarray, *, tp_rank: int, tp_size: int, padded_vocab_size: int
+) -> np.ndarray:
     """One rank's shard of a whole tensor (what a loader at the target topology takes)."""
     split = split_of(name)
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
     if split.dim is None or tp_size == 1:
         return tensor
-    return tensor.chunk(tp_size, dim=split.dim)[tp_rank]
+    return np.split(tensor, tp_size, axis=split.dim)[tp_rank]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 from mds_common.files import atomic_directory
 from mds_common.progress import Meter, eta_seconds, format_duration
 
@@ -61,21 +59,25 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
     tag = tag_for(source.iteration)
     num_tensors = num_bytes = 0
     difference = None
-    with atomic_directory(config.save) as staging:
-        folder = staging / tag
-        writer = CheckpointWriter(folder, config=target, pipeline_parallel=config.pipeline_parallel)
-        current: dict[str, torch.Tensor] = {}
+    with (
+        atomic_directory(config.save) as staging,
+        CheckpointWriter(
+            staging / tag, config=target, pipeline_parallel=config.pipeline_parallel
+        ) as writer,
+    ):
+        folder = writer.folder
+        current: dict[str, np.ndarray] = {}
         optimizer = None
         if config.with_optimizer:
             optimizer = OptimizerState(source, lambda name: current[name])
         parts = source.parts()
         meter = Meter(logger=logger)
-        # One part is written (a thread: torch's copies and file writes release the GIL) while
+        # One part is written (a thread: numpy's copies and file writes release the GIL) while
         # the next is read and joined; at most two parts are in memory, and a written part's
         # buffers are joined into again two parts later.
         buffers = BufferPool()
-        with ThreadPoolExecutor(max_workers=1) as background, _one_torch_thread():
-            writing: dict[str, torch.Tensor] = {}
+        with ThreadPoolExecutor(max_workers=1) as background:
+            writing: dict[str, np.ndarray] = {}
             pending = None
             for number, part in enumerate(parts, start=1):
                 current = merged_part(source, part, buffers=buffers)
@@ -90,7 +92,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                         rows = target.padded_vocab_size
                         writer.written(universal.write_parameter(folder, name, states, rows=rows))
                 num_tensors += len(current)
-                num_bytes += sum(t.numel() * t.element_size() for t in current.values())
+                num_bytes += sum(t.nbytes for t in current.values())
                 _show_progress(meter, number, len(parts), num_bytes)
             if pending is not None:
                 pending.result()
@@ -127,20 +129,6 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         seconds=time.perf_counter() - start,
         logit_difference=difference,
     )
-
-
-@contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """torch's own ops on one thread while streaming: they are memory-bound copies (joining
-    shards), the writer thread and the kernel's write-back need the other cores, and idle
-    intra-op threads spin. On the 2-core VM: 1 s less CPU time and 0.1-0.3 s less wall time for
-    the 345M reshape. `--verify`'s forward passes run after, with torch's threads restored."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _show_progress(meter: Meter, done: int, total: int, num_bytes: int) -> None:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 from mds_model import GPTConfig
 
-from . import torchfile
+from . import ptfile
 from .describe import config_from_megatron_args, config_from_meta
 from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
@@ -111,7 +111,7 @@ def _deepspeed_source(folder: Path) -> Source:
     else:
         if not mp_files:
             raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt describe it")
-        state = torchfile.load(folder / mp_files[0])
+        state = ptfile.load(folder / mp_files[0])
         if state.get("args") is None:
             raise ValueError(
                 f"{folder}: neither {META} (mds-train) nor Megatron's args in {mp_files[0]}; "
@@ -149,7 +149,7 @@ def _deepspeed_source(folder: Path) -> Source:
 
 def _megatron_source(folder: Path) -> Source:
     first_dir = sorted(p for p in folder.iterdir() if (p / MEGATRON_FILE).is_file())[0]
-    state = torchfile.load(first_dir / MEGATRON_FILE)
+    state = ptfile.load(first_dir / MEGATRON_FILE)
     if state.get("args") is None:
         raise ValueError(f"{first_dir / MEGATRON_FILE}: no Megatron args; cannot tell the model")
     tp_guess = int(getattr(state["args"], "tensor_model_parallel_size", 1) or 1)
@@ -203,7 +203,7 @@ def expected_names(config: GPTConfig, part: str) -> tuple[str, ...]:
 
 def merged_part(
     source: Source, part: str, *, buffers: BufferPool | None = None
-) -> dict[str, torch.Tensor]:
+) -> dict[str, np.ndarray]:
     """One part's whole tensors (TP shards joined, into `buffers`' tensors if given; the word
     embeddings keep the source's padded rows), in `GPT.named_parameters()` order; shapes checked
     against the source's config."""
@@ -242,7 +242,7 @@ def whole_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_shapes(config: GPTConfig, merged: dict[str, torch.Tensor], where: str) -> None:
+def _check_shapes(config: GPTConfig, merged: dict[str, np.ndarray], where: str) -> None:
     h = config.hidden_size
     layer_shapes = whole_shapes(config)
     for name, tensor in merged.items():

@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
-from . import torchfile
+from . import ptfile
 from .locate import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
 from .names import FINAL_NORM, canonical_layer_key, layer_name
 
 EMBEDDING, FINAL = "embedding", "final"
-Shards = list[dict[str, torch.Tensor]]
+Shards = list[dict[str, np.ndarray]]
 
 
 def layer_part(index: int) -> str:
@@ -79,7 +79,7 @@ class LayerFiles:
     def _read(self, index: int, rename: Callable[[str], str]) -> Shards:
         shards = []
         for tp in range(self.tp_size):
-            state = torchfile.load(self.folder / self.file(index, tp))
+            state = ptfile.load(self.folder / self.file(index, tp))
             shards.append({rename(key): value for key, value in state.items()})
         return shards
 
@@ -135,7 +135,7 @@ class PlainEngineFiles:
 
     def _module(self, tp: int) -> dict[str, dict]:
         path = self.folder / self.file(tp)
-        module = torchfile.load(path).get("module")
+        module = ptfile.load(path).get("module")
         if not isinstance(module, dict):
             raise ValueError(
                 f"{path}: holds no model weights ('module' is {type(module).__name__}); a "
@@ -153,16 +153,16 @@ class PlainEngineFiles:
         return f"{self.folder}/{self.file(0)}"
 
 
-def _fix_qkv(tensor: torch.Tensor, version: float, heads: int) -> torch.Tensor:
+def _fix_qkv(tensor: np.ndarray, version: float, heads: int) -> np.ndarray:
     """Megatron checkpoint versions < 2 order a rank's QKV rows [3, np, hn] (0) or [np, hn, 3]
     (1); ours (version >= 2) is [np, 3, hn]."""
     rest = tensor.shape[1:]
     head_dim = tensor.shape[0] // (3 * heads)
     if version == 0:
-        grouped = tensor.view(3, heads, head_dim, *rest).transpose(0, 1)
+        grouped = tensor.reshape(3, heads, head_dim, *rest).swapaxes(0, 1)
     else:
-        grouped = tensor.view(heads, head_dim, 3, *rest).transpose(1, 2)
-    return grouped.reshape(tensor.shape).contiguous()
+        grouped = tensor.reshape(heads, head_dim, 3, *rest).swapaxes(1, 2)
+    return np.ascontiguousarray(grouped).reshape(tensor.shape)
 
 
 class MegatronFiles:
@@ -185,7 +185,7 @@ class MegatronFiles:
         self.pp_size = max(pp for _, pp in ranks) + 1
         names = [self.path(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
         _missing_ranks(folder, [str(path.relative_to(folder)) for path in names])
-        first = torchfile.load(self.path(0, 0))
+        first = ptfile.load(self.path(0, 0))
         self.version = float(first.get("checkpoint_version", 0) or 0)
         self.chunks = _model_chunks(first, self.path(0, 0))
         counts = {
@@ -215,9 +215,9 @@ class MegatronFiles:
         name = f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
         return self.folder / name / MEGATRON_FILE
 
-    def _flatten(self, pp: int, tp: int, chunk: int, *, offset: int) -> dict[str, torch.Tensor]:
+    def _flatten(self, pp: int, tp: int, chunk: int, *, offset: int) -> dict[str, np.ndarray]:
         path = self.path(tp, pp)
-        state = torchfile.load(path)
+        state = ptfile.load(path)
         key = self.chunks[chunk]
         if key not in state:
             raise ValueError(f"{path}: no {key!r} in the checkpoint ({self.path(0, 0)} has it)")
@@ -290,7 +290,7 @@ def _model_chunks(state: dict[str, Any], path: Path) -> list[str]:
     return [f"model{n}" for n in numbers]
 
 
-def _layer_numbers(flat: dict[str, torch.Tensor]) -> set[int]:
+def _layer_numbers(flat: dict[str, np.ndarray]) -> set[int]:
     return {int(name.split(".")[1]) for name in flat if name.startswith("layers.")}
 
 

@@ -3,23 +3,27 @@
 PP > 1: DeepSpeed's pipeline files, `layer_XX-model_YY-model_states.pt` per GPTModelPipe index and
 TP rank (written as each part arrives), and one `mp_rank_MM_model_states.pt` per (stage, TP rank)
 with `module` None (MM = stage * TP + tp). PP = 1: the plain engine's `mp_rank_YY_model_states.pt`
-with the GPT's state dict under `module`, streamed tensor by tensor (`streaming.py`). Every mp_rank
-file carries the DeepSpeed keys its loader reads and mds-train's progress (`mds_train.state`).
-What is written goes to disk in the background as the next parts are made (`writeback.py`).
+with the GPT's state dict under `module`, streamed tensor by tensor (`ptfile.StreamingSave`). Every
+mp_rank file carries the DeepSpeed keys its loader reads and mds-train's progress
+(`mds_train.state`). Tensors are numpy arrays (`arrays.py`), written in torch.save's format by
+`ptfile`. What is written goes to disk in the background as the next parts are made
+(`writeback.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
+from . import ptfile
 from .names import layer_of
-from .partition import owned, split_whole
-from .streaming import StreamingSave
+from .partition import split_whole
+from .ptfile import StreamingSave
 from .writeback import WriteBack
 
 CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
@@ -44,7 +48,9 @@ def pipeline_file_key(name: str, config: GPTConfig) -> tuple[int, str]:
 
 class CheckpointWriter:
     """`write_part(tensors)` for every part (embedding, layers, final norm), then `finish`;
-    `written(paths)` hands other files written beside them (optimizer state) to the write-back."""
+    `written(paths)` hands other files written beside them (optimizer state) to the write-back.
+    Used as a context manager: an error ends the open files and the write-back at once (the
+    caller removes the folder), not in some finalizer later."""
 
     def __init__(self, folder: Path, *, config: GPTConfig, pipeline_parallel: int) -> None:
         self.folder, self.config, self.pp = folder, config, pipeline_parallel
@@ -58,9 +64,20 @@ class CheckpointWriter:
                 self._streams.append(StreamingSave(folder / f"mp_rank_{tp:02d}_model_states.pt"))
                 self._modules.append({})
 
-    def write_part(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            return
+        for stream in self._streams:
+            stream.__exit__(exc_type, exc, traceback)
+        with contextlib.suppress(OSError):  # a failed sync would hide the error that got here
+            self._write_back.close()
+
+    def write_part(self, tensors: dict[str, np.ndarray]) -> None:
         """One part's whole tensors (any padded vocabulary size: re-padded for the target)."""
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
+        shards: list[dict[str, np.ndarray]] = [{} for _ in range(self.tp)]
         for name, tensor in tensors.items():
             pieces = split_whole(
                 name, tensor, self.tp, padded_vocab_size=self.config.padded_vocab_size
@@ -75,13 +92,13 @@ class CheckpointWriter:
             return
         paths = []
         for tp, shard in enumerate(shards):
-            by_file: dict[int, dict[str, torch.Tensor]] = {}
+            by_file: dict[int, dict[str, np.ndarray]] = {}
             for name, piece in shard.items():
                 index, key = pipeline_file_key(name, self.config)
-                by_file.setdefault(index, {})[key] = owned(piece)
+                by_file.setdefault(index, {})[key] = piece
             for index, state in by_file.items():
                 paths.append(self.folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
-                torch.save(state, paths[-1])
+                ptfile.save(state, paths[-1])
         self.written(paths)
 
     def written(self, paths) -> None:
@@ -120,4 +137,4 @@ class CheckpointWriter:
         for stage in range(self.pp):
             for tp in range(self.tp):
                 path = self.folder / f"mp_rank_{stage * self.tp + tp:02d}_model_states.pt"
-                torch.save(self._deepspeed_keys(progress, module=None), path)
+                ptfile.save(self._deepspeed_keys(progress, module=None), path)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 from mds_model import GPTConfig
 
-from . import torchfile
+from . import ptfile
+from .arrays import convert
 from .sources import Shards, _split_by_part
 
 
@@ -25,16 +26,16 @@ def _numel(shape: tuple[int, ...]) -> int:
     return total
 
 
-def _flat_slice(groups: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
+def _flat_slice(groups: list[np.ndarray], start: int, length: int) -> np.ndarray:
     """`length` values from `start` of the groups laid end to end."""
     parts, position = [], 0
     for tensor in groups:
-        size = tensor.numel()
+        size = tensor.size
         lo, hi = max(start, position), min(start + length, position + size)
         if lo < hi:
-            parts.append(tensor.narrow(0, lo - position, hi - lo))
+            parts.append(tensor[lo - position : hi - position])
         position += size
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class Zero3Partitions:
@@ -53,7 +54,7 @@ class Zero3Partitions:
         self.paths = [folder / name for name in wanted]
         first = self._states()[0]
         model_file = folder / f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt"
-        shapes = torchfile.load(model_file).get("param_shapes")
+        shapes = ptfile.load(model_file).get("param_shapes")
         if not shapes:
             raise ValueError(f"{model_file}: no param_shapes for the ZeRO-3 partitions")
         self.shapes = {k: tuple(v) for group in shapes for k, v in group.items()}
@@ -63,7 +64,7 @@ class Zero3Partitions:
             piece = -(-_numel(shape) // world)
             self._offsets[name] = (offset, piece)
             offset += piece
-        available = sum(t.numel() for t in first["fp32_flat_groups"])
+        available = sum(t.size for t in first["fp32_flat_groups"])
         if offset != available:
             raise ValueError(
                 f"{folder}: ZeRO-3 partitions of TP rank {tp} hold {available} values per rank, "
@@ -74,7 +75,7 @@ class Zero3Partitions:
     def _states(self) -> list[dict[str, Any]]:
         """Every DP rank's partitions, memory-mapped anew: let go after each use, so the pages
         read stay mapped only while their parameters are being written."""
-        return [torchfile.load(path)["optimizer_state_dict"] for path in self.paths]
+        return [ptfile.load(path)["optimizer_state_dict"] for path in self.paths]
 
     def read(self, names: list[str], keys: tuple[str, ...] = ("fp32",)) -> dict[str, dict]:
         """{name: {key: whole tensor}} for key fp32, exp_avg or exp_avg_sq."""
@@ -93,7 +94,7 @@ class Zero3Partitions:
                         inner = state["optimizer_state_dict"]["state"]
                         groups = [inner[g][key] for g in range(len(state["fp32_flat_groups"]))]
                     parts.append(_flat_slice(groups, offset, piece))
-                out[name][key] = torch.cat(parts)[: _numel(shape)].view(shape)
+                out[name][key] = np.concatenate(parts)[: _numel(shape)].reshape(shape)
         return out
 
     def steps(self) -> list[Any]:
@@ -115,11 +116,11 @@ class Zero3Files:
                 raise ValueError(f"{folder}: {error}") from None
 
     def read_part(self, part: str) -> Shards:
-        dtype = self.config.torch_dtype
+        dtype = self.config.params_dtype
         shards = []
         for partitions, parts in zip(self.partitions, self._parts, strict=True):
             read = partitions.read(list(parts[part]))
-            shards.append({name: read[name]["fp32"].to(dtype) for name in parts[part]})
+            shards.append({name: convert(read[name]["fp32"], dtype) for name in parts[part]})
         return shards
 
     def where(self, part: str) -> str:

@@ -3,19 +3,24 @@
 Vocabulary padding follows Megatron's `_vocab_size_with_padding`: the embedding row count is the
 smallest multiple of `make_vocab_size_divisible_by * tensor_model_parallel_size` that holds the
 tokenizer's vocabulary (50257 -> 50304 at TP=1), unless `pad_vocab_size_to` overrides it (BS).
+
+It does not import torch (`torch_dtype` does, when asked): mds-merge-mp reads a checkpoint's
+shape from here and reshapes it with numpy, without paying torch's import.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 POSITION_EMBEDDING_TYPES = ("learned", "rotary", "alibi")
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "softmax")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
-PARAMS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PARAMS_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def padded_vocab_size(
@@ -122,7 +127,7 @@ class GPTConfig:
         _check_choice(
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
-        _check_choice("params_dtype", self.params_dtype, tuple(PARAMS_DTYPES))
+        _check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
         if self.sequence_parallel and self.seq_length % tp:
             raise ValueError(
                 f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
@@ -170,7 +175,9 @@ class GPTConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return PARAMS_DTYPES[self.params_dtype]
+        import torch
+
+        return getattr(torch, self.params_dtype)
 
     @property
     def output_layer_init_std(self) -> float:

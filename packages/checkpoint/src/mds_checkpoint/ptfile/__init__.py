@@ -1,0 +1,14 @@
+"""Reading and writing `torch.save` files (torch >= 1.6's zip format) without torch.
+
+Tensors are numpy arrays (`..arrays`), memory-mapped when read; classes of other programs
+(DeepSpeed's loss scalers and fragment addresses, Megatron's enums) become `Missing` records
+without importing their modules. mds-merge-mp reads and writes checkpoints through this, so it
+never pays torch's import (1.5-2.5 s, as long as a 345M reshape's own work). The format is
+described in `format.py`.
+"""
+
+from .format import Missing
+from .read import load
+from .write import SavedTensor, StreamingSave, save
+
+__all__ = ["Missing", "SavedTensor", "StreamingSave", "load", "save"]
