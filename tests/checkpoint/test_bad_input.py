@@ -102,3 +102,25 @@ def _exit(capsys, *args):
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in args])
     return exit_info.value.code, capsys.readouterr()
+
+
+def test_a_damaged_pt_file(capsys, tmp_path, copy):
+    layer = copy / "global_step2" / "layer_03-model_00-model_states.pt"
+    layer.write_bytes(layer.read_bytes()[:-100])  # the zip's central directory cut off
+    message = _fails(capsys, tmp_path, "--load", copy)
+    assert message.startswith(f"{layer}: not a readable torch checkpoint file (")
+
+
+def test_import_hf_of_damaged_safetensors(capsys, tmp_path, tp2pp2_checkpoint):
+    exported = tmp_path / "hf"
+    with pytest.raises(SystemExit, match="0"):
+        main(["export-hf", "--load", str(tp2pp2_checkpoint), "--save", str(exported)])
+    capsys.readouterr()
+    weights = exported / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with pytest.raises(SystemExit, match="1"):
+        main(["import-hf", "--load", str(exported), "--save", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"mds-merge-mp import-hf: error: {weights}: transformer.wte.weight's")
+    assert line.endswith("do not fit its shape or file")

@@ -5,7 +5,8 @@ export-hf: the checkpoint consolidated to TP=1, converted by `mds_model.to_hf_gp
 `safetensors` (no `lm_head.weight`: it is tied, as `save_pretrained` writes it), so
 `GPT2LMHeadModel.from_pretrained` loads it with no missing or unexpected keys. Rotary, ALiBi and
 the embedding LayerNorm have no GPT-2 equivalent and are refused. import-hf: the reverse, then
-written as an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state).
+written as an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state), one part at a
+time (the weights are read a tensor per lookup, `hf_folder.HFWeights`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.files import atomic_directory
-from mds_model import GPTConfig, from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
+from mds_model import (
+    GPTConfig,
+    from_hf_gpt2_parts,
+    from_hf_gpt2_state_dict,
+    hf_gpt2_config,
+    to_hf_gpt2_state_dict,
+)
 
 from .arrays import as_array
 from .config import ExportConfig, ImportConfig
@@ -27,12 +34,12 @@ from .hf_folder import (
     CONFIG,
     SAFETENSORS,
     TOKENIZER_FILES,
+    HFWeights,
     gpt_config_from_hf,
     hf_folder_tokenizer,
     read_hf_config,
     read_hf_weights,
 )
-from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
 from .source import open_source
 from .writer import CheckpointWriter, tag_for
@@ -137,7 +144,7 @@ def import_hf(config: ImportConfig) -> Path:
     target = target_config(
         model, tensor_parallel=config.tensor_parallel, pipeline_parallel=config.pipeline_parallel
     )
-    state = from_hf_gpt2_state_dict(read_hf_weights(config.load), model)
+    weights = HFWeights(config.load)
     check_save_folder(config.save)
     tag = tag_for(0)
     with (
@@ -147,11 +154,8 @@ def import_hf(config: ImportConfig) -> Path:
         ) as writer,
     ):
         folder = writer.folder
-        parts = [embedding_names(learned_positions=True, embed_layernorm=False)]
-        parts += [[layer_name(i, n) for n in LAYER_NAMES] for i in range(model.num_layers)]
-        parts.append(FINAL_NORM)
-        for names in parts:
-            writer.write_part({name: as_array(state.pop(name)) for name in names})
+        for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
+            writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
         writer.finish({})
         eos = hf_config.get("eos_token_id")
         tokenizer = {**_recorded_folder_tokenizer(config.load), "vocab_size": model.vocab_size}

@@ -9,11 +9,16 @@ the attention-mask buffers and the tied `lm_head.weight` of older files are skip
 from __future__ import annotations
 
 import json
+import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from mds_model import GPTConfig
+
+from . import safetensors_file
+from .arrays import as_tensor
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -92,37 +97,70 @@ def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> 
         raise ValueError(f"no {error.args[0]!r}") from None
 
 
-def _normalised(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, tensor in state_dict.items():
-        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # tied to wte / causal-mask buffers of older transformers versions
-        out[name if name.startswith("transformer.") else f"transformer.{name}"] = tensor
-    return out
+def _hf_name(name: str) -> str | None:
+    """The `transformer.`-prefixed name of a stored tensor; None for those not read."""
+    if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+        return None  # tied to wte / causal-mask buffers of older transformers versions
+    return name if name.startswith("transformer.") else f"transformer.{name}"
+
+
+class HFWeights(Mapping[str, torch.Tensor]):
+    """A Hugging Face folder's GPT2LMHeadModel weights, read one tensor per lookup (safetensors:
+    `safetensors_file`, into memory of its own), so a converter going part by part holds one
+    part; `pytorch_model.bin` is memory-mapped by torch.load."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sources: dict[str, tuple[Any, Any]] = {}  # name -> (file or state dict, its key)
+        try:
+            if (path / SAFETENSORS).is_file():
+                self._add_safetensors([path / SAFETENSORS])
+            elif (path / SAFETENSORS_INDEX).is_file():
+                index = json.loads((path / SAFETENSORS_INDEX).read_text())
+                shards = sorted(set(index["weight_map"].values()))
+                self._add_safetensors([path / shard for shard in shards])
+            elif (path / TORCH_BIN).is_file():
+                bin_file = path / TORCH_BIN
+                state = torch.load(
+                    bin_file,
+                    map_location="cpu",
+                    weights_only=True,
+                    mmap=zipfile.is_zipfile(bin_file),  # legacy (pre-1.6) files cannot be mapped
+                )
+                for stored in state:
+                    if (name := _hf_name(stored)) is not None:
+                        self._sources[name] = (state, stored)
+            else:
+                raise ValueError(
+                    f"{path}: a Hugging Face folder ({CONFIG}) without weights: no {SAFETENSORS}, "
+                    f"{SAFETENSORS_INDEX} or {TORCH_BIN}"
+                )
+        except (OSError, KeyError, json.JSONDecodeError, RuntimeError) as error:
+            raise ValueError(f"{path}: not readable Hugging Face weights ({error})") from None
+
+    def _add_safetensors(self, files: list[Path]) -> None:
+        for file in files:
+            for stored, tensor in safetensors_file.read_header(file).items():
+                if (name := _hf_name(stored)) is not None:
+                    self._sources[name] = (file, tensor)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        source, key = self._sources[name]
+        if isinstance(source, dict):
+            return source[key]
+        return as_tensor(safetensors_file.read_tensor(source, key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
 
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The folder's GPT2LMHeadModel state dict (CPU tensors, stored dtype)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        if (path / SAFETENSORS).is_file():
-            return _normalised(load_file(path / SAFETENSORS))
-        if (path / SAFETENSORS_INDEX).is_file():
-            index = json.loads((path / SAFETENSORS_INDEX).read_text())
-            state_dict = {}
-            for shard in sorted(set(index["weight_map"].values())):
-                state_dict.update(load_file(path / shard))
-            return _normalised(state_dict)
-    except (SafetensorError, OSError) as error:
-        raise ValueError(f"{path}: not readable safetensors weights ({error})") from None
-    if (path / TORCH_BIN).is_file():
-        return _normalised(torch.load(path / TORCH_BIN, map_location="cpu", weights_only=True))
-    raise ValueError(
-        f"{path}: a Hugging Face folder ({CONFIG}) without weights: no {SAFETENSORS}, "
-        f"{SAFETENSORS_INDEX} or {TORCH_BIN}"
-    )
+    """The folder's whole GPT2LMHeadModel state dict (CPU tensors, stored dtype)."""
+    weights = HFWeights(path)
+    return {name: weights[name] for name in weights}
 
 
 # A tokenizer in a Hugging Face folder: the keys meta.json's `tokenizer` (mds_tokenize's

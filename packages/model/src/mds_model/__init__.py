@@ -26,7 +26,12 @@ from .estimate import (
 if TYPE_CHECKING:
     from .attention import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
     from .gpt import GPT, lm_losses, masked_mean
-    from .hf import from_hf_gpt2_state_dict, hf_gpt2_config, to_hf_gpt2_state_dict
+    from .hf import (
+        from_hf_gpt2_parts,
+        from_hf_gpt2_state_dict,
+        hf_gpt2_config,
+        to_hf_gpt2_state_dict,
+    )
     from .parallel import ParallelGroups
     from .pipeline import PipeLoss, build_gpt_pipe, gpt_layer_specs, pipeline_deepspeed_config
     from .rng import RNGStatesTracker, model_parallel_seed
@@ -34,7 +39,13 @@ if TYPE_CHECKING:
 _LAZY = {
     "attention": ("KVCache", "LayerKVCache", "StaticKVCache", "StaticLayerCache"),
     "gpt": ("GPT", "lm_losses", "masked_mean"),
-    "hf": ("from_hf_gpt2_state_dict", "hf_gpt2_config", "to_hf_gpt2_state_dict"),
+    "hf": (
+        "from_hf_gpt2_parts",
+        "from_hf_gpt2_parts",
+        "from_hf_gpt2_state_dict",
+        "hf_gpt2_config",
+        "to_hf_gpt2_state_dict",
+    ),
     "parallel": ("ParallelGroups",),
     "pipeline": ("PipeLoss", "build_gpt_pipe", "gpt_layer_specs", "pipeline_deepspeed_config"),
     "rng": ("RNGStatesTracker", "model_parallel_seed"),
@@ -58,6 +69,7 @@ __all__ = [
     "estimate",
     "flops_per_token",
     "format_estimate",
+    "from_hf_gpt2_parts",
     "from_hf_gpt2_state_dict",
     "gpt_layer_specs",
     "hf_gpt2_config",

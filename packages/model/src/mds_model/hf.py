@@ -9,7 +9,7 @@ weights as (in, out) where our linears store (out, in); HF's fused QKV columns a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -142,19 +142,30 @@ def from_hf_gpt2_state_dict(
     The inverse of `to_hf_gpt2_state_dict`; config must describe the HF model (`vocab_size`, shape);
     the padding rows of the word embeddings are zeros. Load with `GPT.load_state_dict`.
     """
+    out: dict[str, torch.Tensor] = {}
+    for part in from_hf_gpt2_parts(hf_state_dict, config):
+        out.update(part)
+    return out
+
+
+def from_hf_gpt2_parts(
+    hf_state_dict: Mapping[str, torch.Tensor], config: GPTConfig
+) -> Iterator[dict[str, torch.Tensor]]:
+    """`from_hf_gpt2_state_dict` one part at a time: the embeddings, each transformer layer, the
+    final norm (new tensors). With a lazy mapping (one tensor read per lookup) a converter holds
+    one part, never the whole model."""
     _check_gpt2_shaped(config)
     h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
     heads, head_dim = config.num_attention_heads, config.head_dim
     wte = _get(hf_state_dict, "transformer.wte.weight", (v, h))
     words = wte.new_zeros(config.padded_vocab_size, h)
     words[:v] = wte
-    out = {
+    del wte
+    yield {
         "embedding.word_embeddings.weight": words,
         "embedding.position_embeddings.weight": _get(
             hf_state_dict, "transformer.wpe.weight", (config.max_positions, h)
         ).clone(),
-        "final_layernorm.weight": _get(hf_state_dict, "transformer.ln_f.weight", (h,)).clone(),
-        "final_layernorm.bias": _get(hf_state_dict, "transformer.ln_f.bias", (h,)).clone(),
     }
     hf_shapes = {
         "attn.c_proj.weight": (h, h),
@@ -164,12 +175,17 @@ def from_hf_gpt2_state_dict(
     }
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
+        layer = {}
         for name, (hf_name, transpose) in _LAYER_NAMES.items():
             tensor = _get(hf_state_dict, theirs + hf_name, hf_shapes.get(hf_name, (h,)))
-            out[ours + name] = (tensor.t() if transpose else tensor).contiguous().clone()
+            layer[ours + name] = (tensor.t() if transpose else tensor).contiguous().clone()
         weight = _get(hf_state_dict, theirs + "attn.c_attn.weight", (h, 3 * h)).t()
         bias = _get(hf_state_dict, theirs + "attn.c_attn.bias", (3 * h,))
         weight = weight.reshape(3, heads, head_dim, h).transpose(0, 1).reshape(3 * h, h)
-        out[f"{ours}{_QKV}.weight"] = weight.contiguous()
-        out[f"{ours}{_QKV}.bias"] = bias.view(3, heads, head_dim).transpose(0, 1).flatten()
-    return out
+        layer[f"{ours}{_QKV}.weight"] = weight.contiguous()
+        layer[f"{ours}{_QKV}.bias"] = bias.view(3, heads, head_dim).transpose(0, 1).flatten()
+        yield layer
+    yield {
+        "final_layernorm.weight": _get(hf_state_dict, "transformer.ln_f.weight", (h,)).clone(),
+        "final_layernorm.bias": _get(hf_state_dict, "transformer.ln_f.bias", (h,)).clone(),
+    }
