@@ -164,6 +164,9 @@ _STANDINS = {
         class ZeroStageEnum(int, enum.Enum):
             disabled = 0
             optimizer_states = 1
+
+            def __reduce_ex__(self, protocol):  # by name, as Python 3.11.2 pickles int enums
+                return getattr, (type(self), self._name_)
     """,
     "megatron/enums.py": """
         import enum
@@ -231,8 +234,8 @@ def test_foreign_classes_become_missing_records(deepspeed_like_file):
     address = optimizer["param_slice_mappings"][0]["b"]
     assert isinstance(address, ptfile.Missing) and address.state == {"numel": 2, "start": 6}
     assert address.args == () and repr(address) == "fragment_address()"  # NEWOBJ: no __init__
-    assert optimizer["zero_stage"].args == (1,)
-    assert loaded["position"].args == (1,)
+    assert repr(optimizer["zero_stage"]) == "ZeroStageEnum('optimizer_states',)"  # by name
+    assert loaded["position"].args == (1,)  # an enum pickled by value
     assert np.array_equal(optimizer["fp32_flat_groups"][0], np.arange(8, dtype=np.float32))
 
 

@@ -44,7 +44,17 @@ STORAGE_DTYPES = {
 }
 
 
-class Missing:
+class _MissingClass(type):
+    def __getattr__(cls, name: str) -> Missing:
+        """A member of the missing class: Python 3.11.2 pickles int enums (DeepSpeed's
+        `ZeroStageEnum`) as `getattr(cls, "optimizer_states")`, read as
+        `ZeroStageEnum('optimizer_states')`."""
+        if name.startswith("_"):  # dunder lookups keep their meaning
+            raise AttributeError(name)
+        return cls(name)
+
+
+class Missing(metaclass=_MissingClass):
     """Stands for an object of a class that is not imported here (e.g. `megatron.enums.X`):
     its call arguments (`args`, `kwargs`) and pickled `state`."""
 
