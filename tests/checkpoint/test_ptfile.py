@@ -174,6 +174,9 @@ _STANDINS = {
         class PositionEmbeddingType(enum.Enum):
             rotary = 1
             absolute = 2
+
+            def __reduce_ex__(self, protocol):  # by value, as Python 3.11.7 pickles enums
+                return type(self), (self._value_,)
     """,
 }
 
