@@ -59,11 +59,16 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
     config = GPTConfig(**GPT2_345M, params_dtype="bfloat16")
     base = estimate(config, Plan(data_parallel_size=8))["memory_bytes_per_gpu"]
     n = 354_871_296
-    assert base["weights"] == 2 * n and base["gradients"] == 2 * n and base["optimizer"] == 12 * n
+    # bf16 at ZeRO 0-1: bf16 gradients and the optimizer's full-size fp32 gradient buffer
+    assert base["weights"] == 2 * n and base["gradients"] == 6 * n and base["optimizer"] == 12 * n
     z1 = estimate(config, Plan(data_parallel_size=8, zero_stage=1))["memory_bytes_per_gpu"]
+    z2 = estimate(config, Plan(data_parallel_size=8, zero_stage=2))["memory_bytes_per_gpu"]
     z3 = estimate(config, Plan(data_parallel_size=8, zero_stage=3))["memory_bytes_per_gpu"]
-    assert z1["optimizer"] == 12 * n / 8 and z1["gradients"] == 2 * n
+    assert z1["optimizer"] == 12 * n / 8 and z1["gradients"] == 6 * n
+    assert z2["gradients"] == 2 * n / 8  # DeepSpeed's ZeRO-2: bf16 gradient partitions
     assert (z3["weights"], z3["gradients"]) == (2 * n / 8, 2 * n / 8)
+    fp16 = GPTConfig(**GPT2_345M, params_dtype="float16")
+    assert estimate(fp16, Plan(zero_stage=1))["memory_bytes_per_gpu"]["gradients"] == 2 * n
     tp2 = GPTConfig(**{**GPT2_345M, "tensor_model_parallel_size": 2}, params_dtype="bfloat16")
     assert estimate(tp2, Plan())["parameters_per_gpu"] < 0.55 * n
     pp2 = estimate(config, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]

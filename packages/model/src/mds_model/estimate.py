@@ -3,7 +3,8 @@
 FLOPs: the PaLM convention `6N + 12 L h s` (as `reference_gpt.py`) and Megatron's Narayanan et al.
 formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute).
 Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
-parameter in mixed precision), activations per Korthikanti et al. 2022 ("Reducing Activation
+parameter in mixed precision; 2 + 6 + 12 for bf16 at ZeRO 0-1, whose optimizers keep fp32
+gradients too), activations per Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", Table 2) for tensor and sequence parallelism.
 """
 
@@ -127,6 +128,11 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
     check_plan(config, plan)
     half = config.params_dtype in ("bfloat16", "float16")
     weight_bytes, grad_bytes, optim_bytes = (2, 2, 12) if half else (4, 4, 8)
+    if config.params_dtype == "bfloat16" and plan.zero_stage <= 1:
+        # mds-train's bf16 optimizers at ZeRO 0-1 (DeepSpeed's BF16 optimizer; MasterWeightAdamW
+        # at ZeRO-0 without a pipeline) accumulate into a full-size fp32 gradient buffer, not
+        # sharded over DP, beside the bf16 gradients, which they zero but never free.
+        grad_bytes = 2 + 4
     params = _stage_parameters(config, plan)
     dp = plan.data_parallel_size
     weights = params * weight_bytes / (dp if plan.zero_stage >= 3 else 1)
