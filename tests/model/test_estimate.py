@@ -230,3 +230,24 @@ def test_uneven_layers_per_stage_count_the_busiest_stage():
     three = estimate(config, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]
     even = GPTConfig(num_layers=6, hidden_size=64, num_attention_heads=1, vocab_size=100)
     assert three == estimate(even, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]
+
+
+def test_the_bf16_optimizer_s_all_reduce_bucket():
+    """DeepSpeed's buffered all-reduce under the BF16 optimizer: buckets past 5e8 elements, fp32
+    flattened and cast to bf16 (6 bytes per element); other engines count none."""
+    config = GPTConfig(**GPT2_345M, params_dtype="bfloat16")
+    z1 = estimate(config, Plan(zero_stage=1))["memory_bytes_per_gpu"]
+    assert z1["buffers"] == 354_871_296 * 6  # the whole 345M fits in one bucket
+    big = GPTConfig(
+        num_layers=2,
+        hidden_size=12288,
+        num_attention_heads=96,
+        seq_length=2048,
+        vocab_size=50257,
+        params_dtype="bfloat16",
+    )
+    bucket = estimate(big, Plan(zero_stage=1))["memory_bytes_per_gpu"]["buffers"]
+    assert bucket == (500_000_000 + 50304 * 12288) * 6  # the word embeddings close it
+    fp32 = GPTConfig(**GPT2_345M, params_dtype="float32")
+    assert estimate(fp32, Plan(zero_stage=1))["memory_bytes_per_gpu"]["buffers"] == 0
+    assert estimate(config, Plan(zero_stage=2))["memory_bytes_per_gpu"]["buffers"] == 0
