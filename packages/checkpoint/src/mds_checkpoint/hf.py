@@ -42,7 +42,7 @@ from .hf_folder import (
 )
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
 from .source import open_source
-from .writer import CheckpointWriter, tag_for
+from .writer import new_save_folder, tag_for
 
 logger = logging.getLogger(__name__)
 
@@ -147,12 +147,9 @@ def import_hf(config: ImportConfig) -> Path:
     weights = HFWeights(config.load)
     check_save_folder(config.save)
     tag = tag_for(0)
-    with (
-        atomic_directory(config.save) as staging,
-        CheckpointWriter(
-            staging / tag, config=target, pipeline_parallel=config.pipeline_parallel
-        ) as writer,
-    ):
+    with new_save_folder(
+        config.save, tag, config=target, pipeline_parallel=config.pipeline_parallel
+    ) as (staging, writer):
         folder = writer.folder
         for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
             writer.write_part({name: as_array(tensor) for name, tensor in part.items()})

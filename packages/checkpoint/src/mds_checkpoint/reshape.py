@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from mds_common.files import atomic_directory
 from mds_common.progress import Meter, eta_seconds, format_duration
 
 from . import universal
@@ -33,7 +32,7 @@ from .output import (
 )
 from .partition import BufferPool
 from .source import Source, merged_part, open_source
-from .writer import CheckpointWriter, tag_for
+from .writer import new_save_folder, tag_for
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +58,9 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
     tag = tag_for(source.iteration)
     num_tensors = num_bytes = 0
     difference = None
-    with (
-        atomic_directory(config.save) as staging,
-        CheckpointWriter(
-            staging / tag, config=target, pipeline_parallel=config.pipeline_parallel
-        ) as writer,
-    ):
+    with new_save_folder(
+        config.save, tag, config=target, pipeline_parallel=config.pipeline_parallel
+    ) as (staging, writer):
         folder = writer.folder
         current: dict[str, np.ndarray] = {}
         optimizer = None

@@ -13,10 +13,12 @@ mp_rank file carries the DeepSpeed keys its loader reads and mds-train's progres
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mds_common.files import atomic_directory
 from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
@@ -138,3 +140,18 @@ class CheckpointWriter:
             for tp in range(self.tp):
                 path = self.folder / f"mp_rank_{stage * self.tp + tp:02d}_model_states.pt"
                 ptfile.save(self._deepspeed_keys(progress, module=None), path)
+
+
+@contextlib.contextmanager
+def new_save_folder(
+    save: Path, tag: str, *, config: GPTConfig, pipeline_parallel: int
+) -> Iterator[tuple[Path, CheckpointWriter]]:
+    """(staging folder, a writer of its `tag` folder): `save` appears complete or not at all
+    (`atomic_directory`), and an error ends the writer's open files before the folder goes."""
+    with (
+        atomic_directory(save) as staging,
+        CheckpointWriter(
+            staging / tag, config=config, pipeline_parallel=pipeline_parallel
+        ) as writer,
+    ):
+        yield staging, writer
