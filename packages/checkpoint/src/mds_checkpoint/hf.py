@@ -38,7 +38,6 @@ from .hf_folder import (
     gpt_config_from_hf,
     hf_folder_tokenizer,
     read_hf_config,
-    read_hf_weights,
 )
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
 from .source import open_source
@@ -128,7 +127,7 @@ def _consolidated_from_hf(folder: Path):
     from .consolidate import ConsolidatedModel
 
     config = gpt_config_from_hf(read_hf_config(folder))
-    return ConsolidatedModel(config, {}, from_hf_gpt2_state_dict(read_hf_weights(folder), config))
+    return ConsolidatedModel(config, {}, from_hf_gpt2_state_dict(HFWeights(folder), config))
 
 
 def import_hf(config: ImportConfig) -> Path:

@@ -150,17 +150,14 @@ class HFWeights(Mapping[str, torch.Tensor]):
             return source[key]
         return as_tensor(safetensors_file.read_tensor(source, key))
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources  # Mapping's own would read the tensor to find out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._sources)
 
     def __len__(self) -> int:
         return len(self._sources)
-
-
-def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The folder's whole GPT2LMHeadModel state dict (CPU tensors, stored dtype)."""
-    weights = HFWeights(path)
-    return {name: weights[name] for name in weights}
 
 
 # A tokenizer in a Hugging Face folder: the keys meta.json's `tokenizer` (mds_tokenize's

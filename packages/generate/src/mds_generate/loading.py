@@ -20,11 +20,11 @@ import torch
 from mds_checkpoint.hf_folder import (
     CONFIG,
     TOKENIZER_FILES,
+    HFWeights,
     gpt_config_from_hf,
     hf_folder_tokenizer,
     is_hf_folder,
     read_hf_config,
-    read_hf_weights,
     stored_dtype,
 )
 from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
@@ -109,7 +109,7 @@ def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str
         config = gpt_config_from_hf(hf)
     except ValueError as error:
         raise ValueError(f"{path / CONFIG}: {error}") from None
-    weights = read_hf_weights(path)
+    weights = HFWeights(path)  # read a tensor at a time as the conversion asks
     try:
         state_dict = from_hf_gpt2_state_dict(weights, config)
     except ValueError as error:
