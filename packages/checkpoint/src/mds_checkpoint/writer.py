@@ -25,7 +25,6 @@ from mds_model import GPTConfig
 from . import ptfile
 from .names import layer_of
 from .partition import split_whole
-from .ptfile import StreamingSave
 from .writeback import WriteBack
 
 CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
@@ -58,12 +57,14 @@ class CheckpointWriter:
         self.folder, self.config, self.pp = folder, config, pipeline_parallel
         self.tp = config.tensor_model_parallel_size
         folder.mkdir(parents=True, exist_ok=True)
-        self._streams: list[StreamingSave] = []
+        self._streams: list[ptfile.StreamingSave] = []
         self._modules: list[dict[str, Any]] = []
         self._write_back = WriteBack()
         if self.pp == 1:
             for tp in range(self.tp):
-                self._streams.append(StreamingSave(folder / f"mp_rank_{tp:02d}_model_states.pt"))
+                self._streams.append(
+                    ptfile.StreamingSave(folder / f"mp_rank_{tp:02d}_model_states.pt")
+                )
                 self._modules.append({})
 
     def __enter__(self) -> CheckpointWriter:

@@ -124,13 +124,14 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
 _ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZE
 
 
-def _allreduce_bucket_bytes(config: GPTConfig, plan: Plan) -> int:
+def _allreduce_bucket_bytes(config: GPTConfig, plan: Plan, params: int) -> int:
     """DeepSpeed's gradient all-reduce with its BF16 optimizer (mds-train's bf16 at ZeRO-1, and
     bf16 pipelines at ZeRO-0), at every DP size: `buffered_allreduce_fallback` flattens the fp32
     gradients into buckets that close once past 5e8 elements (so at most that plus the largest
     tensor) and casts each to bf16 to send: 4 + 2 bytes per element at the peak. Measured on 2
     H200s with 175B-shaped layers (TP=2, DP=2, PP=2), it is what the peak holds beyond the
-    persistent figures. Other engines and precisions: not counted (0)."""
+    persistent figures. Other engines and precisions: not counted (0). `params`: the busiest
+    GPU's parameters (a bucket holds no more)."""
     bf16_optimizer = config.params_dtype == "bfloat16" and (
         plan.zero_stage == 1 or (plan.zero_stage == 0 and plan.pipeline_model_parallel_size > 1)
     )
@@ -138,7 +139,7 @@ def _allreduce_bucket_bytes(config: GPTConfig, plan: Plan) -> int:
         return 0
     t, h = config.tensor_model_parallel_size, config.hidden_size
     largest = max(config.padded_vocab_size // t, config.ffn_size // t, 3 * h // t) * h
-    return min(_ALLREDUCE_BUCKET_ELEMENTS + largest, _stage_parameters(config, plan)) * (4 + 2)
+    return min(_ALLREDUCE_BUCKET_ELEMENTS + largest, params) * (4 + 2)
 
 
 def estimate(config: GPTConfig, plan: Plan) -> dict:
@@ -163,7 +164,7 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
     s, b = config.seq_length, plan.micro_batch_size
     logits = s * b * config.padded_vocab_size / config.tensor_model_parallel_size * weight_bytes
     activations += logits
-    buffers = _allreduce_bucket_bytes(config, plan)
+    buffers = _allreduce_bucket_bytes(config, plan, params)
     return {
         "config": asdict(config),
         "plan": asdict(plan),
