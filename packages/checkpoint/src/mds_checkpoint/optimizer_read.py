@@ -113,12 +113,7 @@ class OptimizerState:
                 f"{self.source.folder}: missing rank files: optimizer files for model-parallel "
                 f"ranks {sorted(by_rank)}, expected 0..{expected_mp - 1}"
             )
-        self.loss_scaler = agreed_record(
-            {
-                path: loss_scaler_record(ptfile.load(path)["optimizer_state_dict"], path)
-                for path in files
-            }
-        )
+        scalers = {}
         for mp in sorted(by_rank):
             dp_files = by_rank[mp]
             if sorted(dp_files) != list(range(len(dp_files))):
@@ -126,19 +121,24 @@ class OptimizerState:
                     f"{self.source.folder}: missing rank files: ZeRO partitions of mp_rank {mp:02d}"
                     f" are for DP ranks {sorted(dp_files)}"
                 )
-            if "fp32_flat_groups" in ptfile.load(dp_files[0])["optimizer_state_dict"]:
+            # One model-parallel rank's partitions mapped at a time, each read once here.
+            states = [ptfile.load(dp_files[d])["optimizer_state_dict"] for d in sorted(dp_files)]
+            for dp, state in enumerate(states):
+                scalers[dp_files[dp]] = loss_scaler_record(state, dp_files[dp])
+            if "fp32_flat_groups" in states[0]:
                 self._index_zero3(mp)
             else:
-                self._index_fragments(mp, dp_files)
+                self._index_fragments(mp, dp_files, states)
+        self.loss_scaler = agreed_record(scalers)
 
-    def _index_fragments(self, mp: int, files: dict[int, Path]) -> None:
-        """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank. The partitions are
-        memory-mapped anew for each parameter read and let go after it."""
+    def _index_fragments(self, mp: int, files: dict[int, Path], states: list[dict]) -> None:
+        """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank (`states`: each rank's
+        `optimizer_state_dict`). The partitions are memory-mapped anew for each parameter read
+        and let go after it."""
 
         def load_states() -> list[dict]:
             return [ptfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
 
-        states = load_states()
         tp = mp % self.source.tp_size
         shapes = self._param_shapes(mp)
         num_groups = len(states[0]["single_partition_of_fp32_groups"])
