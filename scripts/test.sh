@@ -10,7 +10,7 @@ bash scripts/install.sh
 PATH="$(dirname "$(bash scripts/install.sh --print-python)"):$PATH"
 python -m ruff check .
 python -m ruff format --check .
-python -m pytest -m "not gpu" "$@"
+python -m pytest -m "not gpu" --durations=25 "$@"
 if [[ $# -gt 0 ]]; then
     echo "test.sh: pytest arguments given, so scripts/check_wheels.sh was not run"
 else

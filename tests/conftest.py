@@ -47,10 +47,26 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("index-cache")
 
 
+# Session fixtures that launch several processes: a test that uses one is in the multiprocess tier.
+MULTIPROCESS_FIXTURES = {
+    "tp2_run", "resumed_pp2", "resumed_dp2", "resumed_zero3", "tp2pp2_checkpoint", "zero3_run",
+    "zero3_checkpoint", "tp2_pp2_checkpoint", "pp2_run",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MULTIPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multiprocess)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # GPU tests use GPU-sized shapes; through the CPU interpreter they would run for hours.
     if "gpu" in item.keywords and not torch.cuda.is_available():
         pytest.fail("needs a CUDA GPU; on CPU run the suite with -m 'not gpu'", pytrace=False)
+    # Read by runs.command, which refuses a multi-process launch from an unmarked test, so that
+    # the quick tier (-m 'not multiprocess') stays what it says.
+    os.environ["MDS_TEST_MULTIPROCESS"] = "1" if "multiprocess" in item.keywords else "0"
 
 
 # DeepSpeed's CPU shared-memory all-reduce creates a 67 MB /dev/shm buffer per rank and run and

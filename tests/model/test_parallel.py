@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.multiprocess
+
 WORKER = Path(__file__).with_name("dist_worker.py")
 FP32_TOL = 1e-5
 

@@ -204,8 +204,11 @@ def test_mds_index_merge_refuses_datasets_of_different_vocabularies(
     assert result.returncode != 0
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and ": error: " in lines[0], result.stderr
+    # The sidecar records each vocabulary file resolved (../shared may be reached through a link).
+    recorded = {name: [path.resolve() for path in pair] for name, pair in pairs.items()}
     assert (
-        f"{learned} was tokenized with {pairs['learned'][0]} + {pairs['learned'][1]}, {gpt2} with "
-        f"{pairs['gpt2'][0]} + {pairs['gpt2'][1]}: their token ids mean different things"
+        f"{learned} was tokenized with {recorded['learned'][0]} + {recorded['learned'][1]}, "
+        f"{gpt2} with {recorded['gpt2'][0]} + {recorded['gpt2'][1]}: their token ids mean "
+        "different things"
     ) in lines[0]
     assert not list(tmp_path.glob("merged*"))

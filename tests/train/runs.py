@@ -63,6 +63,8 @@ def _free_port() -> int:
 def command(flags: list[str], *, nproc: int = 1) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "mds_train", *flags]
+    if os.environ.get("MDS_TEST_MULTIPROCESS") == "0":
+        raise AssertionError(f"a {nproc}-process run from a test not marked multiprocess")
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
     return [
         launcher,

@@ -91,9 +91,36 @@ def test_losses_equal_a_plain_pytorch_loop(runs, reference_run, shared_data, dat
     assert ours[ITERATIONS] < ours[1] - 0.5  # and it learns
 
 
-def test_checked_in_baseline_is_reproduced_exactly(runs, reference_run):
+# The baseline was written on one machine; another CPU sums fp32 in another order (other SIMD
+# widths, other BLAS blocking), a few ulps (u = 6e-8) per operation, and 20 optimizer steps amplify
+# that. Two 2-core machines of CI's kind differed by 6.4e-8 relative at iteration 19. 2e-5 (~300 u)
+# leaves room for other kernels and is still far below what a change of the data, the schedule or
+# the math moves a loss by. Exact equality is kept where both sides run here (resumes, layouts).
+BASELINE_RTOL = 2e-5
+
+
+def assert_matches_baseline(losses: dict[int, float], baseline: dict[int, float]) -> None:
+    assert sorted(losses) == sorted(baseline)
+    for iteration, expected in baseline.items():
+        assert losses[iteration] == pytest.approx(expected, rel=BASELINE_RTOL, abs=0), iteration
+
+
+def test_checked_in_baseline_is_reproduced(runs, reference_run):
     baseline = {int(k): v for k, v in json.loads(BASELINE.read_text())["lm_loss"].items()}
-    assert runs.losses(reference_run) == baseline
+    assert_matches_baseline(runs.losses(reference_run), baseline)
+
+
+def test_baseline_tolerance_takes_reduction_order_noise_and_nothing_more():
+    baseline = {int(k): v for k, v in json.loads(BASELINE.read_text())["lm_loss"].items()}
+    # Another machine's losses: every iteration off by up to half the tolerance, either way.
+    noisy = {i: v * (1 + (-1) ** i * BASELINE_RTOL / 2) for i, v in baseline.items()}
+    assert_matches_baseline(noisy, baseline)
+    for iteration in (1, 19):  # one iteration off by twice the tolerance is a failure
+        changed = {**baseline, iteration: baseline[iteration] * (1 + 2 * BASELINE_RTOL)}
+        with pytest.raises(AssertionError):
+            assert_matches_baseline(changed, baseline)
+    with pytest.raises(AssertionError):  # a missing iteration too
+        assert_matches_baseline({i: v for i, v in baseline.items() if i != 20}, baseline)
 
 
 LAYOUTS = {

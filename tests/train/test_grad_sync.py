@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.multiprocess
+
 WORKER = Path(__file__).with_name("grad_sync_worker.py")
 
 

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
 WORKER = Path(__file__).with_name("tp_cross_entropy_worker.py")
 
 
