@@ -14,6 +14,7 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.multiprocess,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (TP=2, DP=2)"),
 ]
 
