@@ -3,8 +3,9 @@ Megatron `args` namespace that Megatron and Megatron-DeepSpeed pickle into their
 
 Megatron-DeepSpeed (BS) pickles `position_embedding_type` as its own enum (rotary 1, absolute 2,
 alibi 3); Megatron-LM (MS) as a string (`learned_absolute`, `rope`). The tokenizer's vocabulary
-size comes from `checkpoint_info['original_vocab_size']` (BS) when present; without it the padded
-size stands for it, which keeps every row.
+size comes from `original_vocab_size` in `checkpoint_info` (BS) or `universal_checkpoint_info`
+(deepspeedai; `source.vocabulary_info` picks) when present; without either the padded size stands
+for it, which keeps every row.
 """
 
 from __future__ import annotations

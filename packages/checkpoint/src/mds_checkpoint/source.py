@@ -21,7 +21,16 @@ from .describe import config_from_megatron_args, config_from_meta
 from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
-from .sources import EMBEDDING, FINAL, LayerFiles, MegatronFiles, PlainEngineFiles, part_names
+from .sources import (
+    EMBEDDING,
+    FINAL,
+    QKV_PER_HEAD,
+    LayerFiles,
+    MegatronFiles,
+    PlainEngineFiles,
+    part_names,
+    qkv_order,
+)
 
 META = "meta.json"
 MDS_FORMAT = "mds-train checkpoint"
@@ -69,6 +78,17 @@ def _read_meta(folder: Path) -> dict[str, Any] | None:
     return meta
 
 
+def vocabulary_info(state: dict[str, Any]) -> dict | None:
+    """Where a Megatron file records the tokenizer's unpadded vocabulary size: bigscience's
+    `checkpoint_info`, else DeepSpeed's `universal_checkpoint_info` (which deepspeedai/
+    Megatron-DeepSpeed writes instead; both name it `original_vocab_size`)."""
+    for key in ("checkpoint_info", "universal_checkpoint_info"):
+        info = state.get(key)
+        if isinstance(info, dict) and info.get("original_vocab_size"):
+            return info
+    return None
+
+
 def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -> dict:
     """meta.json's shape for a checkpoint that has none (Megatron, Megatron-DeepSpeed)."""
     args = state.get("args")
@@ -108,6 +128,7 @@ def _deepspeed_source(folder: Path) -> Source:
     if meta is not None:
         config = config_from_meta(meta["model"], where=str(folder / META))
         tp, pp = meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]
+        order = QKV_PER_HEAD
     else:
         if not mp_files:
             raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt describe it")
@@ -121,13 +142,15 @@ def _deepspeed_source(folder: Path) -> Source:
         pp = int(getattr(state["args"], "pipeline_model_parallel_size", 1) or 1)
         config = config_from_megatron_args(
             state["args"],
-            checkpoint_info=state.get("checkpoint_info"),
+            checkpoint_info=vocabulary_info(state),
             tensor_parallel=tp,
             where=str(folder / mp_files[0]),
         )
         meta = _megatron_meta(state, config, tp, pp)
+        order = qkv_order(state, where=str(folder / mp_files[0]))
+    heads = config.num_attention_heads
     if has_layers:
-        reader = LayerFiles(folder)
+        reader = LayerFiles(folder, heads=heads, qkv_order=order)
         layout = "pipeline"
         if reader.tp_size != tp:
             raise ValueError(
@@ -140,7 +163,9 @@ def _deepspeed_source(folder: Path) -> Source:
         reader = Zero3Files(folder, tp_size=tp, config=config)
         layout = "zero3"
     else:
-        reader = PlainEngineFiles(folder, tp_size=tp, num_layers=config.num_layers)
+        reader = PlainEngineFiles(
+            folder, tp_size=tp, num_layers=config.num_layers, heads=heads, qkv_order=order
+        )
         layout = "plain"
     if layout != "pipeline" and pp != 1:
         raise ValueError(f"{folder}: PP={pp} in the description but no layer_* files")
@@ -155,7 +180,7 @@ def _megatron_source(folder: Path) -> Source:
     tp_guess = int(getattr(state["args"], "tensor_model_parallel_size", 1) or 1)
     config = config_from_megatron_args(
         state["args"],
-        checkpoint_info=state.get("checkpoint_info"),
+        checkpoint_info=vocabulary_info(state),
         tensor_parallel=tp_guess,
         where=str(first_dir / MEGATRON_FILE),
     )

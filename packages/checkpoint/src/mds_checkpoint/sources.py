@@ -3,9 +3,13 @@
 Each reader answers `read_part(part)` with one dict per tensor-parallel rank, keyed by plain-GPT
 names (`names.py`); `merge.py` joins them. Layouts (README: "Layouts read"):
 - DeepSpeed pipeline files (mds-train with PP > 1, Megatron-DeepSpeed): `layer_XX-model_YY-model_
-  states.pt`, XX the GPTModelPipe index (01 embedding, 03.. layers, N+4 final norm), YY the TP rank;
-- DeepSpeed plain-engine files (mds-train with PP = 1): `mp_rank_YY_model_states.pt`['module'];
-  at ZeRO-3 the weights live in the fp32 partitions instead (`zero3.py`);
+  states.pt`, XX the GPTModelPipe index, YY the TP rank. bigscience's GPTModelPipe numbers them
+  01 embedding, 03.. layers, N+4 final norm (its two transpose lambdas take 02 and N+3);
+  deepspeedai/Megatron-DeepSpeed's has no lambdas: 01, 02..N+1, N+2. The files tell which;
+- DeepSpeed plain-engine files: `mp_rank_YY_model_states.pt`['module'], the GPT's flat names
+  (mds-train with PP = 1) or Megatron's nested `language_model` dict (Megatron-DeepSpeed's
+  `pretrain_gpt.py` without a pipeline); at ZeRO-3 the weights live in the fp32 partitions
+  instead (`zero3.py`);
 - plain Megatron: `mp_rank_YY[_ZZZ]/model_optim_rng.pt`['model'] (or virtual stages 'model0',
   'model1', ...), chunk-local layer numbers.
 """
@@ -44,8 +48,8 @@ def _missing_ranks(folder: Path, wanted: list[str]) -> None:
 class LayerFiles:
     """DeepSpeed pipeline layer files (the same names from mds-train and Megatron-DeepSpeed)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, *, heads: int, qkv_order: str) -> None:
+        self.folder, self.heads, self.qkv_order = folder, heads, qkv_order
         found: dict[int, set[int]] = {}
         for path in folder.iterdir():
             match = LAYER_FILE.fullmatch(path.name)
@@ -61,11 +65,12 @@ class LayerFiles:
         _missing_ranks(folder, [self.file(i, t) for i in indices for t in range(self.tp_size)])
         self.embedding_index, self.final_index = indices[0], indices[-1]
         self.layer_indices = indices[1:-1]
-        expected = list(range(self.embedding_index + 2, self.embedding_index + 2 + self.num_layers))
-        if self.layer_indices != expected or self.final_index != expected[-1] + 2:
+        self.numbering = _pipe_numbering(indices)
+        if self.numbering is None:
             raise ValueError(
-                f"{folder}: layer files {indices} do not follow GPTModelPipe's numbering "
-                "(embedding, then transformer layers two later, the final norm two after them)"
+                f"{folder}: layer files {indices} follow neither GPTModelPipe's numbering "
+                "(embedding, transformer layers and final norm one apart, as deepspeedai/"
+                "Megatron-DeepSpeed writes them, or two apart, as bigscience's fork does)"
             )
 
     @property
@@ -89,15 +94,37 @@ class LayerFiles:
         if part == FINAL:
             return self._read(self.final_index, lambda key: "final_layernorm." + key)
         i = int(part.split(".")[1])
-        return self._read(
+        shards = self._read(
             self.layer_indices[i], lambda key: layer_name(i, canonical_layer_key(key))
         )
+        for shard in shards:
+            for name in [n for n in shard if "self_attention.query_key_value" in n]:
+                shard[name] = to_per_head_qkv(shard[name], self.qkv_order, self.rank_heads)
+        return shards
+
+    @property
+    def rank_heads(self) -> int:
+        return self.heads // self.tp_size
 
     def where(self, part: str) -> str:
         index = {EMBEDDING: self.embedding_index, FINAL: self.final_index}.get(part)
         if index is None:
             index = self.layer_indices[int(part.split(".")[1])]
         return f"{self.folder}/{self.file(index, 0)}"
+
+
+# The gap between the embedding's file and the first layer's, and the last layer's and the final
+# norm's, in each fork's GPTModelPipe (the transformer layers' files follow one another).
+PIPE_NUMBERINGS = {1: "deepspeedai", 2: "bigscience"}
+
+
+def _pipe_numbering(indices: list[int]) -> str | None:
+    """Which fork's GPTModelPipe numbered these layer files (embedding, layers, final norm)."""
+    layers = indices[1:-1]
+    if layers != list(range(layers[0], layers[0] + len(layers))):
+        return None
+    gap = layers[0] - indices[0]
+    return PIPE_NUMBERINGS.get(gap) if indices[-1] - layers[-1] == gap else None
 
 
 def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:
@@ -123,8 +150,11 @@ class PlainEngineFiles:
     Each file is opened (memory-mapped) again for every part and let go after it, so the pages
     of the parts already written are not kept mapped."""
 
-    def __init__(self, folder: Path, *, tp_size: int, num_layers: int) -> None:
+    def __init__(
+        self, folder: Path, *, tp_size: int, num_layers: int, heads: int, qkv_order: str
+    ) -> None:
         self.folder, self.tp_size, self.num_layers = folder, tp_size, num_layers
+        self.rank_heads, self.qkv_order = heads // tp_size, qkv_order
         _missing_ranks(folder, [self.file(t) for t in range(tp_size)])
         for tp in range(tp_size):
             self._module(tp)  # checks every file's names once, up front
@@ -142,6 +172,10 @@ class PlainEngineFiles:
                 "pipeline checkpoint needs its layer_* files"
             )
         try:
+            if "language_model" in module:  # Megatron-DeepSpeed's nested module
+                module = flatten_language_model(
+                    module["language_model"], heads=self.rank_heads, qkv_order=self.qkv_order
+                )
             return _split_by_part(module, self.num_layers)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
@@ -153,16 +187,71 @@ class PlainEngineFiles:
         return f"{self.folder}/{self.file(0)}"
 
 
-def _fix_qkv(tensor: np.ndarray, version: float, heads: int) -> np.ndarray:
-    """Megatron checkpoint versions < 2 order a rank's QKV rows [3, np, hn] (0) or [np, hn, 3]
-    (1); ours (version >= 2) is [np, 3, hn]."""
+# How one TP rank's query_key_value rows are ordered (np heads on the rank, hn the head size).
+# mds's, and Megatron's from checkpoint_version 2.0, is per head [np, 3, hn]. Megatron's
+# `fix_query_key_value_ordering` (megatron/checkpointing.py) defines the older ones: version 0
+# [3, np, hn], version 1.0 [np, hn, 3]. deepspeedai/Megatron-DeepSpeed from commit 676a482 (FPDT,
+# 2024-12-04) builds the rows as [Q | K | V] blocks, [3, np, hn], still writing version 3.0.
+QKV_PER_HEAD, QKV_BLOCKS, QKV_HEAD_DIM_FIRST = "np,3,hn", "3,np,hn", "np,hn,3"
+
+
+def qkv_order(state: dict[str, Any], *, where: str) -> str:
+    """The QKV row order of a Megatron or Megatron-DeepSpeed file, from its checkpoint_version
+    (missing is 0, as Megatron reads it) and, at version >= 2, its args: only commits from
+    676a482 on have the `ds_sequence_parallel_fpdt*` arguments, and only they write blocks."""
+    version = float(state.get("checkpoint_version") or 0)
+    if version == 0:
+        return QKV_BLOCKS
+    if version < 2:
+        return QKV_HEAD_DIM_FIRST
+    args = state.get("args")
+    if args is None:
+        raise ValueError(
+            f"{where}: checkpoint_version {version} without Megatron's args; cannot tell whether "
+            "its query_key_value rows are per head or [Q|K|V] blocks (Megatron-DeepSpeed from "
+            "commit 676a482)"
+        )
+    fpdt = any(name.startswith("ds_sequence_parallel_fpdt") for name in vars(args))
+    return QKV_BLOCKS if fpdt else QKV_PER_HEAD
+
+
+def to_per_head_qkv(tensor: np.ndarray, order: str, heads: int) -> np.ndarray:
+    """One TP rank's query_key_value weight or bias in `order`, as [np, 3, hn] rows."""
+    if order == QKV_PER_HEAD:
+        return tensor
     rest = tensor.shape[1:]
     head_dim = tensor.shape[0] // (3 * heads)
-    if version == 0:
+    if order == QKV_BLOCKS:
         grouped = tensor.reshape(3, heads, head_dim, *rest).swapaxes(0, 1)
     else:
         grouped = tensor.reshape(heads, head_dim, 3, *rest).swapaxes(1, 2)
     return np.ascontiguousarray(grouped).reshape(tensor.shape)
+
+
+def flatten_language_model(
+    language: dict[str, Any], *, heads: int, qkv_order: str, offset: int = 0
+) -> dict[str, np.ndarray]:
+    """Megatron's nested `language_model` state dict (`embedding` -> `word_embeddings` ->
+    `weight`, `encoder` or version 0's `transformer` -> `layers.I.X` with chunk-local I) as plain
+    GPT names, the layers numbered from `offset`, QKV rows per head."""
+    out = {}
+    embedding = language.get("embedding", {})
+    for sub in ("word_embeddings", "position_embeddings"):
+        if sub in embedding:
+            out[f"embedding.{sub}.weight"] = embedding[sub]["weight"]
+    encoder = language.get("encoder", language.get("transformer", {}))
+    for name, tensor in encoder.items():
+        if name.startswith("layers."):
+            _, index, local = name.split(".", 2)
+            local = canonical_layer_key(local)
+            if local.startswith("self_attention.query_key_value"):
+                tensor = to_per_head_qkv(tensor, qkv_order, heads)
+            out[layer_name(offset + int(index), local)] = tensor
+        elif name.startswith("final_layernorm."):
+            out[name] = tensor
+        else:
+            raise ValueError(f"unexpected encoder key {name}")
+    return out
 
 
 class MegatronFiles:
@@ -186,7 +275,7 @@ class MegatronFiles:
         names = [self.path(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
         _missing_ranks(folder, [str(path.relative_to(folder)) for path in names])
         first = ptfile.load(self.path(0, 0))
-        self.version = float(first.get("checkpoint_version", 0) or 0)
+        self.qkv_order = qkv_order(first, where=str(self.path(0, 0)))
         self.chunks = _model_chunks(first, self.path(0, 0))
         counts = {
             (pp, c): len(_layer_numbers(self._flatten(pp, 0, c, offset=0)))
@@ -222,25 +311,12 @@ class MegatronFiles:
         if key not in state:
             raise ValueError(f"{path}: no {key!r} in the checkpoint ({self.path(0, 0)} has it)")
         language = state[key].get("language_model", state[key])
-        out = {}
-        embedding = language.get("embedding", {})
-        for sub in ("word_embeddings", "position_embeddings"):
-            if sub in embedding:
-                out[f"embedding.{sub}.weight"] = embedding[sub]["weight"]
-        encoder = language.get("encoder", language.get("transformer", {}))
-        heads = self.heads // self.tp_size
-        for name, tensor in encoder.items():
-            if name.startswith("layers."):
-                _, index, local = name.split(".", 2)
-                local = canonical_layer_key(local)
-                if local.startswith("self_attention.query_key_value") and self.version < 2:
-                    tensor = _fix_qkv(tensor, self.version, heads)
-                out[layer_name(offset + int(index), local)] = tensor
-            elif name.startswith("final_layernorm."):
-                out[name] = tensor
-            else:
-                raise ValueError(f"{path}: unexpected encoder key {name}")
-        return out
+        try:
+            return flatten_language_model(
+                language, heads=self.heads // self.tp_size, qkv_order=self.qkv_order, offset=offset
+            )
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def _chunk_of(self, part: str) -> tuple[int, int]:
         """(stage, chunk) holding a part: the embedding is stage 0's first chunk, the final norm

@@ -1,0 +1,256 @@
+"""Checkpoints that upstream deepspeedai/Megatron-DeepSpeed wrote, read by mds.
+
+The golden (`../shared/data/megatron-deepspeed-golden/`, README there) is upstream's own TP=2
+ZeRO-1 plain-engine checkpoint with the logits upstream's code computed from it. The other layouts
+are written here from the golden's tensors with the transformations upstream's code defines, each
+cited, and must give the same logits:
+- pipeline layer files: DeepSpeed's `PipelineModule.save_state_dict` writes layer i's
+  `state_dict()` to `layer_{i:02d}-model_{tp:02d}-model_states.pt`; deepspeedai's `GPTModelPipe`
+  (megatron/model/gpt_model.py) numbers embedding 1, layers 2..N+1, final norm N+2; bigscience's
+  inserts its two transpose lambdas (embedding 1, layers 3..N+2, final norm N+4);
+- plain Megatron `iter_NNNNNNN/mp_rank_XX/model_optim_rng.pt` (`megatron/checkpointing.py`
+  `get_checkpoint_name`, `save_checkpoint`'s `model` key);
+- older QKV orders: the inverse of `fix_query_key_value_ordering` (megatron/checkpointing.py),
+  version 0 `[3, np, hn]`, 1.0 `[np, hn, 3]`; and commit 676a482's `[Q|K|V]` blocks at 3.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import enum
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mds_checkpoint import load_consolidated
+from mds_model import GPT
+
+LOGIT_ROWS = [0, 1, 64, 127]
+REAL_VOCAB = 50257
+
+
+@pytest.fixture(scope="module")
+def golden(shared_data) -> Path:
+    return shared_data / "megatron-deepspeed-golden"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_enums():
+    """Upstream's `args` pickle one Megatron class, `megatron.core.enums.ModelType` (its values as
+    in Megatron-DeepSpeed's megatron/core/enums.py); torch needs it importable to load and save
+    the golden's states here. mds's own reader never imports it."""
+    enums = types.ModuleType("megatron.core.enums")
+    enums.ModelType = enum.Enum(
+        "ModelType", "encoder_or_decoder encoder_and_decoder retro_encoder retro_decoder"
+    )
+    enums.ModelType.__module__ = enums.__name__
+    modules = {"megatron": types.ModuleType("megatron"), "megatron.core": types.ModuleType("x")}
+    modules["megatron.core.enums"] = enums
+    assert not set(modules) & set(sys.modules)
+    sys.modules.update(modules)
+    yield
+    for name in modules:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def golden_states(golden) -> list[dict]:
+    """Both TP ranks' mp_rank files as torch reads them."""
+    folder = golden / "tp2-pp1-ckpt/global_step10"
+    return [
+        torch.load(folder / f"mp_rank_{tp:02d}_model_states.pt", weights_only=False)
+        for tp in range(2)
+    ]
+
+
+def logits_of(path: Path, tokens: np.ndarray, **kwargs) -> torch.Tensor:
+    model = load_consolidated(path, **kwargs)
+    config = dataclasses.replace(model.config, use_fused_kernels=False)  # the pure-torch path
+    gpt = GPT(config)
+    gpt.load_state_dict(model.state_dict)
+    with torch.no_grad():
+        return gpt.eval().logits(torch.from_numpy(tokens[:128].astype(np.int64))[None])[0]
+
+
+def assert_golden_logits(path: Path, golden: Path, **kwargs) -> None:
+    """Logits at the golden's rows within 1e-5 of upstream's (fp32; another summation order
+    differs by ~1e-6 at these magnitudes), the same argmax at every position."""
+    tokens = np.load(golden / "logits/fixed_tokens.npy")
+    logits = logits_of(path, tokens, **kwargs)[:, :REAL_VOCAB]
+    expected = np.load(golden / "logits/logits_rows_0_1_64_127.npy")
+    np.testing.assert_allclose(logits[LOGIT_ROWS].numpy(), expected, rtol=0, atol=1e-5)
+    assert np.array_equal(logits.argmax(-1).numpy(), np.load(golden / "logits/argmax.npy"))
+
+
+def test_upstream_plain_engine_checkpoint_gives_upstream_logits(golden):
+    model = load_consolidated(golden / "tp2-pp1-ckpt")
+    assert model.config.vocab_size == REAL_VOCAB  # from universal_checkpoint_info
+    assert (model.meta["iteration"], model.meta["consumed_train_samples"]) == (10, 80)
+    assert_golden_logits(golden / "tp2-pp1-ckpt", golden)
+
+
+def test_merge_mp_reshapes_and_verifies_upstream_checkpoint(merge_mp, golden, tmp_path):
+    out = tmp_path / "tp1"
+    result = merge_mp(
+        "--load", golden / "tp2-pp1-ckpt", "--save", out,
+        "--target-tensor-model-parallel-size", "1", "--target-pipeline-model-parallel-size", "1",
+        "--verify",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_golden_logits(out, golden)
+
+
+def _layer_states(module: dict) -> tuple[dict, list[dict], dict]:
+    """A rank's nested module as GPTModelPipe's layers hold it: embedding, layers, final norm."""
+    language = module["language_model"]
+    embedding = {
+        f"{sub}.weight": language["embedding"][sub]["weight"] for sub in language["embedding"]
+    }
+    encoder = language["encoder"]
+    count = 1 + max(int(name.split(".")[1]) for name in encoder if name.startswith("layers."))
+    layers = [
+        {name.split(".", 2)[2]: t for name, t in encoder.items() if name.startswith(f"layers.{i}.")}
+        for i in range(count)
+    ]
+    final = {name.split(".", 1)[1]: t for name, t in encoder.items() if name.startswith("final_")}
+    return embedding, layers, final
+
+
+@pytest.mark.parametrize("numbering", ["deepspeedai", "bigscience"])
+def test_pipeline_layer_files_of_either_fork_give_upstream_logits(
+    golden, golden_states, tmp_path, numbering
+):
+    folder = tmp_path / "ckpt" / "global_step10"
+    folder.mkdir(parents=True)
+    gap = {"deepspeedai": 1, "bigscience": 2}[numbering]
+    for tp, state in enumerate(golden_states):
+        embedding, layers, final = _layer_states(state["module"])
+        indices = [1, *range(1 + gap, 1 + gap + len(layers)), len(layers) + 2 * gap]
+        for index, layer in zip(indices, [embedding, *layers, final], strict=True):
+            torch.save(layer, folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
+        client = {key: value for key, value in state.items() if key != "module"}
+        torch.save({**client, "module": None}, folder / f"mp_rank_{tp:02d}_model_states.pt")
+    (folder.parent / "latest").write_text("global_step10")
+    assert_golden_logits(folder.parent, golden)
+
+
+def _with_qkv_order(module: dict, order: str, heads: int) -> dict:
+    """The module with each QKV weight and bias in `order` (from the golden's per-head rows)."""
+    module = copy.deepcopy(module)
+    encoder = module["language_model"]["encoder"]
+    for name, tensor in encoder.items():
+        if "query_key_value" in name:
+            grouped = tensor.view(heads, 3, -1, *tensor.shape[1:])  # [np, 3, hn]
+            axes = {"blocks": (0, 1), "head_dim_first": (1, 2)}[order]
+            encoder[name] = grouped.transpose(*axes).reshape(tensor.shape).contiguous()
+    return module
+
+
+def _megatron_folder(tmp_path: Path, golden_states: list[dict], modules: list[dict], **client):
+    base = tmp_path / "megatron"
+    for tp, (state, module) in enumerate(zip(golden_states, modules, strict=True)):
+        folder = base / "iter_0000010" / f"mp_rank_{tp:02d}"
+        folder.mkdir(parents=True)
+        saved = {"model": module, "args": state["args"], "iteration": 10, **client}
+        torch.save(saved, folder / "model_optim_rng.pt")
+    (base / "latest_checkpointed_iteration.txt").write_text("10")
+    return base
+
+
+def test_plain_megatron_files_give_upstream_logits(golden, golden_states, tmp_path):
+    modules = [state["module"] for state in golden_states]
+    base = _megatron_folder(tmp_path, golden_states, modules, checkpoint_version=3.0)
+    assert_golden_logits(base, golden)
+
+
+@pytest.mark.parametrize(
+    "version, order", [(0, "blocks"), (1.0, "head_dim_first"), (None, "blocks")]
+)
+def test_older_checkpoint_versions_are_reordered_as_megatron_does(
+    golden, golden_states, tmp_path, version, order
+):
+    """Megatron reads a missing checkpoint_version as 0 (`get_checkpoint_version` is 0 until a
+    file sets it), so a file without one is reordered as version 0."""
+    heads = golden_states[0]["args"].num_attention_heads // 2
+    modules = [_with_qkv_order(state["module"], order, heads) for state in golden_states]
+    client = {} if version is None else {"checkpoint_version": version}
+    base = _megatron_folder(tmp_path, golden_states, modules, **client)
+    assert_golden_logits(base, golden)
+
+
+def test_fpdt_commits_qkv_blocks_are_told_by_their_args(golden, golden_states, tmp_path):
+    """From commit 676a482 upstream's rows are [Q|K|V] blocks at checkpoint_version 3.0; only
+    the ds_sequence_parallel_fpdt* arguments it added tell such a file apart."""
+    heads = golden_states[0]["args"].num_attention_heads // 2
+    folder = tmp_path / "fpdt" / "global_step10"
+    folder.mkdir(parents=True)
+    for tp, state in enumerate(golden_states):
+        args = argparse.Namespace(**vars(state["args"]))
+        args.ds_sequence_parallel_fpdt = False
+        args.ds_sequence_parallel_fpdt_chunk_size = 65536
+        args.ds_sequence_parallel_fpdt_offloading = False
+        saved = {**state, "args": args, "module": _with_qkv_order(state["module"], "blocks", heads)}
+        torch.save(saved, folder / f"mp_rank_{tp:02d}_model_states.pt")
+    assert_golden_logits(folder, golden)
+    # The same rows read as per-head (what mds did before) are not upstream's model.
+    for tp, state in enumerate(golden_states):
+        saved = {**state, "module": _with_qkv_order(state["module"], "blocks", heads)}
+        torch.save(saved, folder / f"mp_rank_{tp:02d}_model_states.pt")
+    with pytest.raises(AssertionError):
+        assert_golden_logits(folder, golden)
+
+
+def test_a_file_whose_qkv_order_cannot_be_told_is_refused(golden, golden_states, tmp_path):
+    folder = tmp_path / "ckpt" / "global_step10"
+    shutil.copytree(golden / "tp2-pp1-ckpt/global_step10", folder)
+    for tp, state in enumerate(golden_states):
+        torch.save({**state, "args": None}, folder / f"mp_rank_{tp:02d}_model_states.pt")
+    with pytest.raises(ValueError, match="Megatron's args") as error:
+        load_consolidated(folder)
+    assert "\n" not in str(error.value)
+
+
+def test_mds_generate_samples_upstream_s_greedy_tokens(golden, shared_data):
+    """Upstream's own greedy continuation of its README prompt (upstream_eval.json), from the
+    upstream checkpoint with GPT-2's files."""
+    from mds_generate import GenerationConfig, Generator, ModelSource, Sampler, SamplingConfig
+    from mds_generate import load as load_model
+    from mds_tokenize import TokenizerSpec
+
+    expected = json.loads((golden / "logits/upstream_eval.json").read_text())
+    tokenizer = TokenizerSpec(
+        vocab_file=shared_data / "gpt2-vocab.json", merge_file=shared_data / "gpt2-merges.txt"
+    )
+    loaded = load_model(
+        ModelSource(load=golden / "tp2-pp1-ckpt", tokenizer=tokenizer, device="cpu")
+    )
+    prompt = loaded.tokenizer.encode(expected["prompt_text"])
+    assert prompt == expected["prompt_text_ids"]
+    new = len(expected["greedy_text_ids"])
+    sampler = Sampler(SamplingConfig(greedy=True), vocab_size=REAL_VOCAB, device=loaded.device)
+    generation = GenerationConfig(max_new_tokens=new, stop_at_eod=False)
+    generator = Generator(loaded.model, loaded.tokenizer, device=loaded.device)
+    [completion] = generator.generate([prompt], sampler=sampler, generation=generation)
+    assert list(completion.token_ids) == expected["greedy_text_ids"]
+
+
+def test_export_hf_of_upstream_checkpoint_gives_upstream_logits_in_transformers(
+    merge_mp, golden, tmp_path
+):
+    import transformers
+
+    result = merge_mp("export-hf", "--load", golden / "tp2-pp1-ckpt", "--save", tmp_path / "hf")
+    assert result.returncode == 0, result.stderr
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.from_numpy(np.load(golden / "logits/fixed_tokens.npy")[:128].astype(np.int64))
+    with torch.no_grad():
+        logits = model(tokens[None]).logits[0]
+    expected = np.load(golden / "logits/logits_rows_0_1_64_127.npy")
+    np.testing.assert_allclose(logits[LOGIT_ROWS].numpy(), expected, rtol=0, atol=1e-5)
