@@ -254,3 +254,55 @@ def test_export_hf_of_upstream_checkpoint_gives_upstream_logits_in_transformers(
         logits = model(tokens[None]).logits[0]
     expected = np.load(golden / "logits/logits_rows_0_1_64_127.npy")
     np.testing.assert_allclose(logits[LOGIT_ROWS].numpy(), expected, rtol=0, atol=1e-5)
+
+
+def upstream_command_line(golden: Path, shared_data: Path, cache: Path) -> list[str]:
+    """The golden README's pretrain_gpt.py flags, paths changed (the data cache to this test's)."""
+    return [
+        *"--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 128".split(),
+        *"--max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8".split(),
+        *"--lr 1e-2 --min-lr 1e-3 --lr-decay-style cosine --lr-decay-iters 20".split(),
+        *"--lr-warmup-iters 2".split(),
+        *"--weight-decay 0.01 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95".split(),
+        *"--adam-eps 1e-8 --init-method-std 0.02 --hidden-dropout 0 --attention-dropout 0".split(),
+        *("--seed", "1234", "--data-path", str(golden / "upstream_train_text_document")),
+        *("--vocab-file", str(shared_data / "gpt2-vocab.json")),
+        *("--merge-file", str(shared_data / "gpt2-merges.txt")),
+        *"--split 949,50,1 --log-interval 1 --eval-interval 1000 --eval-iters 1".split(),
+        *"--distributed-backend gloo --tensor-model-parallel-size 2".split(),
+        *"--pipeline-model-parallel-size 1 --no-pipeline-parallel".split(),
+        *("--save-interval", "10", "--data-cache-path", str(cache)),
+        *("--deepspeed", "--deepspeed_config", str(golden / "ds_zero1.json")),
+        *"--zero-stage 1 --cpu-optimizer".split(),
+        *"--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion".split(),
+    ]
+
+
+@pytest.mark.multiprocess
+def test_mds_train_continues_upstream_s_run_exactly(
+    runs, merge_mp, golden, shared_data, data_cache, tmp_path
+):
+    """Upstream resumed its own checkpoint to iteration 11 (logs/tp2_resume11.log): lm loss
+    9.183857, learning rate 5.500E-03, validation 9.243189. mds-train at the same topology, from
+    the checkpoint's weights and ZeRO-1 Adam state through mds-merge-mp --with-optimizer, logs
+    the same (rel 1e-6: the log prints 7 digits)."""
+    converted = tmp_path / "converted"
+    result = merge_mp(
+        "--load", golden / "tp2-pp1-ckpt", "--save", converted, "--with-optimizer",
+        "--target-tensor-model-parallel-size", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    flags = upstream_command_line(golden, shared_data, data_cache)
+    flags += ["--train-iters", "11", "--load", str(converted), "--save", str(tmp_path / "save")]
+    result = runs.train(flags, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [
+        json.loads(line) for line in (tmp_path / "save/metrics.jsonl").read_text().splitlines()
+    ]
+    [train] = [r for r in records if r["event"] == "train"]
+    assert train["iteration"] == 11
+    assert train["lm_loss"] == pytest.approx(9.183857, rel=1e-6)
+    assert train["learning_rate"] == pytest.approx(5.5e-3, rel=1e-12)
+    [valid] = [r for r in records if r["event"] == "validation"]
+    assert valid["lm_loss"] == pytest.approx(9.243189, rel=1e-6)
+    assert "leaves 0 of its 325 documents for test; no test samples" in result.stderr

@@ -1,8 +1,11 @@
 """Parameter names as DeepSpeed's engines know them, and the order their optimizers hold them.
 
-The plain engine names parameters as the GPT does. The pipeline engine's `PipelineModule` names a
-stage's tied embedding `tied_modules.embed.X` and every other layer `{spec index}.X`; its stages
-are cut with DeepSpeed's `partition_balanced` over the transformer layers ("type:transformer").
+The plain engine names parameters as the module it wraps does: mds-train's GPT by its own names,
+Megatron-DeepSpeed's `GPTModel` by Megatron's nested ones (`language_model.encoder.layers.I.X`).
+The pipeline engine's `PipelineModule` names a stage's tied embedding `tied_modules.embed.X` and
+every other layer `{spec index}.X`, numbered as each fork's `GPTModelPipe` lists its specs; its
+stages are cut with DeepSpeed's `partition_balanced` over the transformer layers
+("type:transformer").
 mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (decayed), then the
 1-D biases and norms, each in module order.
 """
@@ -11,10 +14,39 @@ from __future__ import annotations
 
 from mds_model import GPTConfig
 
-from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
+from .names import FINAL_NORM, LAYER_NAMES, canonical_layer_key, embedding_names, layer_name
 
 TIED_PREFIX = "tied_modules.embed."
-FIRST_LAYER_INDEX = 3  # GPTModelPipe: 0 cast, 1 embedding, 2 transpose, 3.. layers
+MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
+    "language_model.embedding.": "embedding.",
+    "language_model.encoder.": "",
+    "language_model.transformer.": "",  # checkpoint_version 0's spelling
+}
+FIRST_LAYER_INDEX = 3  # bigscience's GPTModelPipe: 0 cast, 1 embedding, 2 transpose, 3.. layers
+# Each fork's GPTModelPipe: spec 0 a cast, 1 the embedding, then the transformer layers one after
+# another and the final norm, each block `gap` after the one before (bigscience puts a transpose
+# lambda between them; deepspeedai/Megatron-DeepSpeed, megatron/model/gpt_model.py, does not).
+PIPE_GAPS = {"bigscience": 2, "deepspeedai": 1}
+EMBEDDING_INDEX = 1
+
+
+def pipe_layer_indices(num_layers: int, numbering: str) -> tuple[int, int]:
+    """(spec index of the first transformer layer, of the final norm) in a fork's numbering."""
+    gap = PIPE_GAPS[numbering]
+    first = EMBEDDING_INDEX + gap
+    return first, first + num_layers - 1 + gap
+
+
+def megatron_to_plain(name: str) -> str:
+    """A Megatron nested parameter name -> the plain GPT name (layers in today's spelling)."""
+    for prefix, plain in MEGATRON_PREFIXES.items():
+        if name.startswith(prefix):
+            rest = name[len(prefix) :]
+            if rest.startswith("layers."):
+                _, index, local = rest.split(".", 2)
+                return layer_name(int(index), canonical_layer_key(local))
+            return plain + rest
+    raise ValueError(f"parameter {name} is not one of Megatron's GPT names")
 
 
 def _embedding(config: GPTConfig) -> tuple[str, ...]:
@@ -24,15 +56,16 @@ def _embedding(config: GPTConfig) -> tuple[str, ...]:
     )
 
 
-def pipeline_to_plain(name: str, num_layers: int) -> str:
+def pipeline_to_plain(name: str, num_layers: int, numbering: str = "bigscience") -> str:
     """A PipelineModule parameter name -> the plain GPT name."""
     if name.startswith(TIED_PREFIX):
         return "embedding." + name[len(TIED_PREFIX) :]
+    first, final = pipe_layer_indices(num_layers, numbering)
     index, rest = name.split(".", 1)
-    position = int(index) - FIRST_LAYER_INDEX
+    position = int(index) - first
     if 0 <= position < num_layers:
-        return layer_name(position, rest)
-    if int(index) == num_layers + 4:
+        return layer_name(position, canonical_layer_key(rest))
+    if int(index) == final:
         return "final_layernorm." + rest
     raise ValueError(f"pipeline parameter {name} is not part of a {num_layers}-layer GPT")
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import ptfile, universal
 from .arrays import to_float32
-from .engine_names import optimizer_order, pipeline_to_plain
+from .engine_names import optimizer_order
 from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
 from .ptfile import Missing
@@ -97,11 +97,6 @@ class OptimizerState:
         if getters[tp] is None:  # a later stage's copy of the tied embedding is not the owner's
             getters[tp] = getter
 
-    def _plain_name(self, engine_name: str) -> str:
-        if self.source.layout == "pipeline":
-            return pipeline_to_plain(engine_name, self.source.config.num_layers)
-        return engine_name
-
     def _index_zero(self, files: list[Path]) -> None:
         by_rank: dict[int, dict[int, Path]] = {}
         for path in files:
@@ -156,8 +151,9 @@ class OptimizerState:
                     pieces.setdefault(engine_name, []).append((dp, address))
             for engine_name, fragments in pieces.items():
                 shape = shapes[engine_name]
+                name = self.source.plain_name(engine_name)
 
-                def getter(fragments=fragments, group=group, shape=shape):
+                def getter(fragments=fragments, group=group, shape=shape, name=name):
                     states = load_states()
                     out = {}
                     for key in ("fp32", *STATE_KEYS):
@@ -170,10 +166,12 @@ class OptimizerState:
                                 else state["base_optimizer_state"]["state"][group][key]
                             )
                             parts.append(_narrow(flat, address))
-                        out[key] = np.concatenate(parts).reshape(shape)
+                        out[key] = self.source.to_per_head(
+                            name, np.concatenate(parts).reshape(shape)
+                        )
                     return out
 
-                self._add(self._plain_name(engine_name), tp, getter)
+                self._add(name, tp, getter)
         del states
 
     def _index_zero3(self, tp: int) -> None:

@@ -18,6 +18,7 @@ from mds_model import GPTConfig
 
 from . import ptfile
 from .describe import config_from_megatron_args, config_from_meta
+from .engine_names import megatron_to_plain, pipeline_to_plain
 from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
@@ -30,6 +31,7 @@ from .sources import (
     PlainEngineFiles,
     part_names,
     qkv_order,
+    to_per_head_qkv,
 )
 
 META = "meta.json"
@@ -56,10 +58,27 @@ class Source:
     pp_size: int
     meta: dict[str, Any]
     reader: Any  # sources.LayerFiles | PlainEngineFiles | MegatronFiles | zero3.Zero3Files
+    qkv_order: str = QKV_PER_HEAD  # of the files' query_key_value rows (sources.qkv_order)
 
     @property
     def iteration(self) -> int:
         return int(self.meta.get("iteration") or 0)
+
+    def plain_name(self, engine_name: str) -> str:
+        """The plain GPT name of a parameter as the source's DeepSpeed engine named it (in its
+        optimizer partitions' `param_slice_mappings`)."""
+        if self.layout == "pipeline":
+            return pipeline_to_plain(engine_name, self.config.num_layers, self.reader.numbering)
+        if engine_name.startswith("language_model."):
+            return megatron_to_plain(engine_name)
+        return engine_name
+
+    def to_per_head(self, plain_name: str, tensor: np.ndarray) -> np.ndarray:
+        """One TP rank's tensor (a weight or its optimizer state) with QKV rows per head."""
+        if "self_attention.query_key_value" not in plain_name:
+            return tensor
+        heads = self.config.num_attention_heads // self.tp_size
+        return to_per_head_qkv(tensor, self.qkv_order, heads)
 
     def parts(self) -> list[str]:
         return part_names(self.config.num_layers)
@@ -169,7 +188,7 @@ def _deepspeed_source(folder: Path) -> Source:
         layout = "plain"
     if layout != "pipeline" and pp != 1:
         raise ValueError(f"{folder}: PP={pp} in the description but no layer_* files")
-    return Source(folder, layout, config, tp, pp, meta, reader)
+    return Source(folder, layout, config, tp, pp, meta, reader, qkv_order=order)
 
 
 def _megatron_source(folder: Path) -> Source:
@@ -193,7 +212,10 @@ def _megatron_source(folder: Path) -> Source:
             "in Megatron's args"
         )
     meta = _megatron_meta(state, config, reader.tp_size, reader.pp_size)
-    return Source(folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader)
+    return Source(
+        folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader,
+        qkv_order=reader.qkv_order,
+    )  # fmt: skip
 
 
 def open_source(path: str | Path, *, iteration: int | None = None) -> Source:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import ptfile
+from .engine_names import EMBEDDING_INDEX, PIPE_GAPS, pipe_layer_indices
 from .locate import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
 from .names import FINAL_NORM, canonical_layer_key, layer_name
 
@@ -113,18 +114,14 @@ class LayerFiles:
         return f"{self.folder}/{self.file(index, 0)}"
 
 
-# The gap between the embedding's file and the first layer's, and the last layer's and the final
-# norm's, in each fork's GPTModelPipe (the transformer layers' files follow one another).
-PIPE_NUMBERINGS = {1: "deepspeedai", 2: "bigscience"}
-
-
 def _pipe_numbering(indices: list[int]) -> str | None:
     """Which fork's GPTModelPipe numbered these layer files (embedding, layers, final norm)."""
-    layers = indices[1:-1]
-    if layers != list(range(layers[0], layers[0] + len(layers))):
-        return None
-    gap = layers[0] - indices[0]
-    return PIPE_NUMBERINGS.get(gap) if indices[-1] - layers[-1] == gap else None
+    num_layers = len(indices) - 2
+    for numbering in PIPE_GAPS:
+        first, final = pipe_layer_indices(num_layers, numbering)
+        if indices == [EMBEDDING_INDEX, *range(first, first + num_layers), final]:
+            return numbering
+    return None
 
 
 def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:

@@ -59,6 +59,7 @@ class DatasetsBuild:
     test: GPTDataset | BlendedDataset | None
     splits: list[SplitSummary] = field(default_factory=list)
     blends: list[BlendSummary] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # skip_empty_eval_splits' warning lines
 
 
 def build_train_valid_test_datasets(
@@ -66,10 +67,15 @@ def build_train_valid_test_datasets(
     *,
     build_missing: bool = True,
     split_names: Sequence[str] = SPLIT_NAMES,
+    skip_empty_eval_splits: bool = False,
 ) -> DatasetsBuild:
     """Opens every dataset, loads or builds each split's index cache, and blends components.
 
     Splits not in `split_names` are left None and untouched (e.g. a trainer that never tests).
+    A valid or test split that `--split` leaves without documents is an error when samples are
+    requested from it, unless `skip_empty_eval_splits`: then, as Megatron's
+    `build_train_valid_test_datasets` does, that dataset (or blend component) is None, and
+    `skipped` says so in a line for the caller to warn with.
     """
     unknown = set(split_names) - set(SPLIT_NAMES)
     if unknown:
@@ -90,7 +96,13 @@ def build_train_valid_test_datasets(
             if split_name not in split_names:
                 continue
             if document_range[0] == document_range[1]:
-                if config.num_samples[k] > 0:
+                if config.num_samples[k] > 0 and skip_empty_eval_splits and split_name != "train":
+                    result.skipped.append(
+                        f"{prefix}: --split {config.split!r} leaves 0 of its {len(reader)} "
+                        f"documents for {split_name}; no {split_name} samples from it (as "
+                        "Megatron-DeepSpeed)"
+                    )
+                elif config.num_samples[k] > 0:
                     raise ValueError(
                         f"{prefix}: --split {config.split!r} leaves 0 of its {len(reader)} "
                         f"documents for {split_name}, but {config.num_samples[k]} {split_name} "

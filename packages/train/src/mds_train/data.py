@@ -8,6 +8,7 @@ parallel ranks of one replica read the same samples. Index caches are built once
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from mds_indexed_data import GPTDataConfig, build_train_valid_test_datasets
 from mds_tokenize import load_tokenizer
 
 from .config import DataSection, Topology, TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,17 @@ def build_datasets(
         cache_dir=config.data.data_cache_path,
     )
     if rank == 0:
-        build = build_train_valid_test_datasets(data_config, build_missing=True)
+        build = build_train_valid_test_datasets(
+            data_config, build_missing=True, skip_empty_eval_splits=True
+        )
         barrier()
+        for line in build.skipped:
+            logger.warning("%s", line)
     else:
         barrier()
-        build = build_train_valid_test_datasets(data_config, build_missing=False)
+        build = build_train_valid_test_datasets(
+            data_config, build_missing=False, skip_empty_eval_splits=True
+        )
     return build
 
 
