@@ -115,6 +115,38 @@ def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
     assert not list(save.glob("*.partial"))
 
 
+def strict_json_lines(path: Path) -> list[dict]:
+    """metrics.jsonl read as JSON is specified: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"{path}: {constant} is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_rerunning_a_finished_job_evaluates_and_exits(runs, shared_data, data_cache, tmp_path):
+    """A requeued job already at --train-iters (Megatron's `train` runs no iteration, then
+    evaluates): the end-of-training losses are real ones, the same as the first run's, since the
+    validation stream resumes where the checkpoint left it; metrics.jsonl stays strict JSON."""
+    save = tmp_path / "ckpt"
+    both = ("--save", str(save), "--load", str(save))
+    first = runs.train(flags(runs, shared_data, data_cache, save, *both, iterations=6))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = runs.train(flags(runs, shared_data, data_cache, save, *both, iterations=6))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (
+        "training already complete: the checkpoint is at iteration 6 and --train-iters is 6; "
+        "nothing to train, evaluating only"
+    ) in again.stderr
+    assert "NAN" not in again.stderr.upper()
+    assert sorted(p.name for p in save.glob("global_step*")) == ["global_step6"]
+    records = strict_json_lines(save / "metrics.jsonl")
+    assert [r["iteration"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
+    ends = [(r["event"], r["lm_loss"]) for r in records if r.get("at", "").startswith("the end")]
+    assert [event for event, _ in ends] == ["validation", "test"] * 2
+    assert ends[2:] == ends[:2] and all(loss > 1.0 for _, loss in ends)
+
+
 def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
     runs, shared_data, data_cache, tmp_path
 ):
