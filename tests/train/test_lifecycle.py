@@ -208,6 +208,24 @@ def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
     )
 
 
+def test_load_of_one_checkpoint_folder_resumes_from_that_one(
+    runs, shared_data, data_cache, tmp_path
+):
+    """--load DIR/global_step1 (as mds-merge-mp and mds-generate take a path) loads that
+    checkpoint, not `latest`'s: iteration 2 then repeats the first run's exactly."""
+    save, first_out, second_out = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
+    every = ("--save", str(save), "--save-interval", "1", "--exit-interval", "2")
+    first = runs.train(flags(runs, shared_data, data_cache, first_out, *every))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert latest(save) == "global_step2"
+    tag = save / "global_step1"
+    again = ("--load", str(tag), "--save", str(tmp_path / "again"), "--exit-interval", "2")
+    second = runs.train(flags(runs, shared_data, data_cache, second_out, *again))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {tag} at iteration 1" in second.stderr
+    assert runs.losses(second_out) == {2: runs.losses(first_out)[2]}
+
+
 KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys

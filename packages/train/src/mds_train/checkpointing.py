@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mds_checkpoint import locate
 from mds_common.files import (
     fsync_directory,
     remove_stale_temporaries,
@@ -103,26 +104,22 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
 def find_checkpoint(
     load_dir: Path, *, save_dir: Path | None = None
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint `latest` names and its meta.json; None when there is none yet (a missing
-    --load folder is fine when it is also --save, as launch scripts that resume pass both)."""
-    if not load_dir.is_dir():
-        if save_dir is not None and load_dir.resolve() == save_dir.resolve():
+    """The checkpoint --load means, as mds-merge-mp and mds-generate read a path (a save folder's
+    `latest` one, or one `global_stepN` folder), and its meta.json. None only for a --load folder
+    that is also --save and has no `latest` yet: the first run of a launch script that passes
+    `--save X --load X` on every requeue. Any other --load must hold a checkpoint."""
+    requeue = save_dir is not None and load_dir.resolve() == save_dir.resolve()
+    if not load_dir.exists():
+        if requeue:
             logger.info("no checkpoint in %s yet; starting from scratch", load_dir)
             return None
         raise ValueError(f"{load_dir}: --load folder does not exist")
-    latest = load_dir / LATEST
-    if not latest.is_file():
+    if requeue and not (load_dir / LATEST).exists() and not (load_dir / META).exists():
         partial = sorted(p.name for p in load_dir.glob("*" + PARTIAL_SUFFIX))
         note = f" (only unfinished saves: {', '.join(partial)})" if partial else ""
         logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
         return None
-    tag = latest.read_text().strip()
-    path = load_dir / tag
-    if not path.is_dir():
-        raise ValueError(
-            f"{latest}: names {tag!r}, which is not a folder in {load_dir}; "
-            "point --load at a complete checkpoint folder"
-        )
+    path = locate(load_dir).folder
     meta_path = path / META
     if not meta_path.is_file():
         raise ValueError(
