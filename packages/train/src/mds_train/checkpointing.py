@@ -44,11 +44,13 @@ SHAPE_FIELDS = (
     "hidden_size",
     "num_attention_heads",
     "ffn_size",
-    "padded_vocab_size",
     "max_positions",
     "position_embedding_type",
     "embed_layernorm",
 )
+# Fields that follow from the TP size (the vocabulary is padded to a multiple of
+# --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
+TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
 
 
 def tag_for(iteration: int) -> str:
@@ -151,24 +153,21 @@ def check_compatible(
                 "optimizer state; add --no-load-optim (or --finetune), or reshape again with "
                 "--with-optimizer"
             )
-    for name in SHAPE_FIELDS:
-        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
-        if theirs != ours:
-            raise ValueError(
-                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
-                "train with the checkpoint's model flags"
-            )
+    _check_fields(meta, run_meta, SHAPE_FIELDS, path)
     saved, current = meta["parallel"], run_meta["parallel"]
     for key, flag in (
         ("tensor_parallel", "--tensor-model-parallel-size"),
         ("pipeline_parallel", "--pipeline-model-parallel-size"),
     ):
         if saved[key] != current[key]:
+            tp, pp = current["tensor_parallel"], current["pipeline_parallel"]
             raise ValueError(
                 f"{path}: saved with TP={saved['tensor_parallel']}, PP={saved['pipeline_parallel']}"
-                f" but this run has TP={current['tensor_parallel']}, "
-                f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
+                f" but this run has TP={tp}, PP={pp}; reshape it with mds-merge-mp merge "
+                f"--target-tensor-model-parallel-size {tp} --target-pipeline-model-parallel-size "
+                f"{pp} --with-optimizer, or change {flag}"
             )
+    _check_fields(meta, run_meta, TP_DEPENDENT_FIELDS, path)
     saved_stage, current_stage = saved.get("zero_stage", 0), current.get("zero_stage", 0)
     if "reshaped" not in meta and (saved_stage == 3) != (current_stage == 3):
         _check_zero3_crossing(saved_stage, current_stage, path, loads_optimizer)
@@ -184,6 +183,18 @@ def check_compatible(
             "or reshape it "
             "with mds-merge-mp --with-optimizer"
         )
+
+
+def _check_fields(
+    meta: dict[str, Any], run_meta: dict[str, Any], names: tuple[str, ...], path: Path
+) -> None:
+    for name in names:
+        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
+        if theirs != ours:
+            raise ValueError(
+                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
+                "train with the checkpoint's model flags"
+            )
 
 
 def _check_zero3_crossing(saved: int, current: int, path: Path, loads_optimizer: bool) -> None:
