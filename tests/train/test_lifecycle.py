@@ -226,6 +226,19 @@ def test_load_of_one_checkpoint_folder_resumes_from_that_one(
     assert runs.losses(second_out) == {2: runs.losses(first_out)[2]}
 
 
+def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_cache, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    result = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path / "out", "--save", str(afile))
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"mds-train: error: {afile}: --save names a file, not a folder; give it a folder"
+    ]
+    assert afile.read_text() == "mine\n" and not (tmp_path / "out").exists()
+
+
 KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys
