@@ -38,6 +38,16 @@ def test_a_folder_that_is_not_a_checkpoint(capsys, tmp_path):
     assert message.startswith(f"{tmp_path / 'empty'}: not a checkpoint")
 
 
+def test_an_empty_latest(capsys, tmp_path):
+    (tmp_path / "ckpt" / "global_step3").mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest").write_text("")
+    message = _fails(capsys, tmp_path, "--load", tmp_path / "ckpt")
+    assert message == (
+        f"{tmp_path / 'ckpt' / 'latest'}: is empty; write the name of a checkpoint folder into it "
+        "(the newest is global_step3), or give that folder itself"
+    )
+
+
 def test_missing_rank_files(capsys, tmp_path, copy):
     (copy / "global_step2" / "layer_05-model_01-model_states.pt").unlink()
     message = _fails(capsys, tmp_path, "--load", copy)

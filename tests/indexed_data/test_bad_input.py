@@ -1,6 +1,7 @@
 """Bad datasets that once passed silently, run through the installed `mds-index`: an `.idx` whose
-header is valid but whose body is corrupt, and a merge of datasets of different vocabularies. Each
-command ends with one stderr line naming the file, a non-zero exit and nothing written."""
+header is valid but whose body is corrupt, an empty `.idx`, and a merge of datasets of different
+vocabularies. Each command ends with one stderr line naming the file, a non-zero exit and nothing
+written."""
 
 import json
 import shutil
@@ -130,6 +131,17 @@ def test_corrupt_body_is_refused_by_every_command(golden_prefix, tmp_path, comma
         "golden.bin",
         "golden.idx",
     ]
+
+
+def test_empty_files_are_named(tmp_path):
+    """Two 0-byte files (a copy cut short, a `touch`): numpy's own error named neither."""
+    prefix = tmp_path / "empty"
+    for suffix in (".bin", ".idx"):
+        Path(f"{prefix}{suffix}").touch()
+    result = run_command("info", prefix)
+    assert_one_line_error(
+        result, f"{prefix}.idx: empty file (0 bytes), not an index; write the dataset again"
+    )
 
 
 def _sidecar(prefix: Path, vocab: Path, merges: Path, *, hashed: bool) -> None:

@@ -216,3 +216,22 @@ def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
     broken.write_text("{\n  'x': 1\n}")
     with pytest.raises(ValueError, match=r"broken.json:2: not valid JSON"):
         load_user_config(broken)
+
+
+@pytest.mark.parametrize(
+    "flag", ["--save", "--output-dir", "--tensorboard-dir", "--data-cache-path"]
+)
+def test_a_folder_flag_at_a_file_is_refused(tmp_path, flag):
+    from mds_train.run import _check_output_folders
+
+    afile = tmp_path / "afile"
+    afile.touch()
+    for path, message in (
+        (afile, f"{afile}: {flag} names a file, not a folder; give it a folder"),
+        (afile / "run1", f"{afile}: a file, so {flag} {afile / 'run1'} cannot be a folder in it"),
+    ):
+        config = build_config(parse([*BIGSCIENCE_TINY, flag, str(path)]))
+        with pytest.raises(ValueError) as error:
+            _check_output_folders(config)
+        assert str(error.value) == message
+    _check_output_folders(build_config(parse([*BIGSCIENCE_TINY, flag, str(tmp_path / "new")])))

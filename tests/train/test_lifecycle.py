@@ -115,6 +115,38 @@ def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
     assert not list(save.glob("*.partial"))
 
 
+def strict_json_lines(path: Path) -> list[dict]:
+    """metrics.jsonl read as JSON is specified: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"{path}: {constant} is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_rerunning_a_finished_job_evaluates_and_exits(runs, shared_data, data_cache, tmp_path):
+    """A requeued job already at --train-iters (Megatron's `train` runs no iteration, then
+    evaluates): the end-of-training losses are real ones, the same as the first run's, since the
+    validation stream resumes where the checkpoint left it; metrics.jsonl stays strict JSON."""
+    save = tmp_path / "ckpt"
+    both = ("--save", str(save), "--load", str(save))
+    first = runs.train(flags(runs, shared_data, data_cache, save, *both, iterations=6))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = runs.train(flags(runs, shared_data, data_cache, save, *both, iterations=6))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (
+        "training already complete: the checkpoint is at iteration 6 and --train-iters is 6; "
+        "nothing to train, evaluating only"
+    ) in again.stderr
+    assert "NAN" not in again.stderr.upper()
+    assert sorted(p.name for p in save.glob("global_step*")) == ["global_step6"]
+    records = strict_json_lines(save / "metrics.jsonl")
+    assert [r["iteration"] for r in records if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
+    ends = [(r["event"], r["lm_loss"]) for r in records if r.get("at", "").startswith("the end")]
+    assert [event for event, _ in ends] == ["validation", "test"] * 2
+    assert ends[2:] == ends[:2] and all(loss > 1.0 for _, loss in ends)
+
+
 def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
     runs, shared_data, data_cache, tmp_path
 ):
@@ -174,6 +206,37 @@ def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
         and "names 'global_step7', which is not a folder"
         in (result.stderr.strip().splitlines()[-1])
     )
+
+
+def test_load_of_one_checkpoint_folder_resumes_from_that_one(
+    runs, shared_data, data_cache, tmp_path
+):
+    """--load DIR/global_step1 (as mds-merge-mp and mds-generate take a path) loads that
+    checkpoint, not `latest`'s: iteration 2 then repeats the first run's exactly."""
+    save, first_out, second_out = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
+    every = ("--save", str(save), "--save-interval", "1", "--exit-interval", "2")
+    first = runs.train(flags(runs, shared_data, data_cache, first_out, *every))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert latest(save) == "global_step2"
+    tag = save / "global_step1"
+    again = ("--load", str(tag), "--save", str(tmp_path / "again"), "--exit-interval", "2")
+    second = runs.train(flags(runs, shared_data, data_cache, second_out, *again))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {tag} at iteration 1" in second.stderr
+    assert runs.losses(second_out) == {2: runs.losses(first_out)[2]}
+
+
+def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_cache, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    result = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path / "out", "--save", str(afile))
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"mds-train: error: {afile}: --save names a file, not a folder; give it a folder"
+    ]
+    assert afile.read_text() == "mine\n" and not (tmp_path / "out").exists()
 
 
 KILLED_DURING_SAVE = textwrap.dedent(

@@ -2,8 +2,10 @@
 
 Public API (README: "Python API"): `load_consolidated` and `ConsolidatedModel` give any
 checkpoint as one TP=1 model; `UniversalState` and `plain_parameter_name` let a trainer at any
-topology take its slices of a reshaped checkpoint's optimizer state (mds-train's resume). They
-load (and torch with them) on first use, so `mds-merge-mp --help` does not wait for torch.
+topology take its slices of a reshaped checkpoint's optimizer state (mds-train's resume);
+`locate` says which checkpoint folder a path means (for mds-train's --load as for this package's
+tools). They load (and torch with them) on first use, so `mds-merge-mp --help` does not wait for
+torch.
 """
 
 from typing import TYPE_CHECKING
@@ -13,16 +15,26 @@ from mds_common.lazy import lazy_attributes
 if TYPE_CHECKING:
     from .consolidate import ConsolidatedModel, load_consolidated
     from .engine_names import plain_parameter_name
+    from .locate import Located, locate
     from .universal import UniversalState
 
 _MODULE_OF = {
     "ConsolidatedModel": "consolidate",
     "load_consolidated": "consolidate",
     "plain_parameter_name": "engine_names",
+    "Located": "locate",
+    "locate": "locate",
     "UniversalState": "universal",
 }
 
-__all__ = ["ConsolidatedModel", "UniversalState", "load_consolidated", "plain_parameter_name"]
+__all__ = [
+    "ConsolidatedModel",
+    "Located",
+    "UniversalState",
+    "load_consolidated",
+    "locate",
+    "plain_parameter_name",
+]
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _MODULE_OF)

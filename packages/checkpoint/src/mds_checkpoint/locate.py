@@ -76,7 +76,8 @@ def locate(path: Path, *, iteration: int | None = None) -> Located:
         tag = (path / LATEST).read_text().strip()
         folder = path / tag
         if not tag or not folder.is_dir():
-            raise ValueError(f"{path / LATEST}: names {tag!r}, which is not a folder in {path}")
+            what = "is empty" if not tag else f"names {tag!r}, which is not a folder in {path}"
+            raise ValueError(f"{path / LATEST}: {what}; {_repair_latest(path)}")
         return _checked(folder)
     if (path / MEGATRON_TRACKER).is_file():
         text = (path / MEGATRON_TRACKER).read_text().strip()
@@ -89,6 +90,18 @@ def locate(path: Path, *, iteration: int | None = None) -> Located:
         f"{path}: not a checkpoint (no {LATEST} or {MEGATRON_TRACKER} file, and no mp_rank_* or "
         "layer_* files); give the --save folder of a training run or one global_stepN folder"
     )
+
+
+def _repair_latest(path: Path) -> str:
+    """What to do about a `latest` that names no checkpoint folder (a crash while DeepSpeed
+    wrote it, a hand edit, a folder deleted since)."""
+    steps = {
+        int(match[1]): p.name
+        for p in path.glob("global_step*")
+        if p.is_dir() and (match := re.fullmatch(r"global_step(\d+)", p.name))
+    }
+    newest = f" (the newest is {steps[max(steps)]})" if steps else ""
+    return f"write the name of a checkpoint folder into it{newest}, or give that folder itself"
 
 
 def _checked(folder: Path) -> Located:

@@ -35,6 +35,11 @@ class IndexedDatasetReader:
         if not self.data_path.is_file():
             raise IndexedDatasetError(f"{self.data_path}: data file not found next to its index")
 
+        if self.index_path.stat().st_size == 0:  # np.memmap's error would not name it
+            raise IndexedDatasetError(
+                f"{self.index_path}: empty file (0 bytes), not an index; write the dataset "
+                "again with mds-tokenize"
+            )
         index = np.memmap(self.index_path, dtype=np.uint8, mode="r")
         self.dtype, num_items, num_doc_idx = decode_header(
             bytes(index[:HEADER_SIZE]), self.index_path

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mds_checkpoint import locate
 from mds_common.files import (
     fsync_directory,
     remove_stale_temporaries,
@@ -43,11 +44,13 @@ SHAPE_FIELDS = (
     "hidden_size",
     "num_attention_heads",
     "ffn_size",
-    "padded_vocab_size",
     "max_positions",
     "position_embedding_type",
     "embed_layernorm",
 )
+# Fields that follow from the TP size (the vocabulary is padded to a multiple of
+# --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
+TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
 
 
 def tag_for(iteration: int) -> str:
@@ -103,26 +106,22 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
 def find_checkpoint(
     load_dir: Path, *, save_dir: Path | None = None
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint `latest` names and its meta.json; None when there is none yet (a missing
-    --load folder is fine when it is also --save, as launch scripts that resume pass both)."""
-    if not load_dir.is_dir():
-        if save_dir is not None and load_dir.resolve() == save_dir.resolve():
+    """The checkpoint --load means, as mds-merge-mp and mds-generate read a path (a save folder's
+    `latest` one, or one `global_stepN` folder), and its meta.json. None only for a --load folder
+    that is also --save and has no `latest` yet: the first run of a launch script that passes
+    `--save X --load X` on every requeue. Any other --load must hold a checkpoint."""
+    requeue = save_dir is not None and load_dir.resolve() == save_dir.resolve()
+    if not load_dir.exists():
+        if requeue:
             logger.info("no checkpoint in %s yet; starting from scratch", load_dir)
             return None
         raise ValueError(f"{load_dir}: --load folder does not exist")
-    latest = load_dir / LATEST
-    if not latest.is_file():
+    if requeue and not (load_dir / LATEST).exists() and not (load_dir / META).exists():
         partial = sorted(p.name for p in load_dir.glob("*" + PARTIAL_SUFFIX))
         note = f" (only unfinished saves: {', '.join(partial)})" if partial else ""
         logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
         return None
-    tag = latest.read_text().strip()
-    path = load_dir / tag
-    if not path.is_dir():
-        raise ValueError(
-            f"{latest}: names {tag!r}, which is not a folder in {load_dir}; "
-            "point --load at a complete checkpoint folder"
-        )
+    path = locate(load_dir).folder
     meta_path = path / META
     if not meta_path.is_file():
         raise ValueError(
@@ -154,24 +153,21 @@ def check_compatible(
                 "optimizer state; add --no-load-optim (or --finetune), or reshape again with "
                 "--with-optimizer"
             )
-    for name in SHAPE_FIELDS:
-        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
-        if theirs != ours:
-            raise ValueError(
-                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
-                "train with the checkpoint's model flags"
-            )
+    _check_fields(meta, run_meta, SHAPE_FIELDS, path)
     saved, current = meta["parallel"], run_meta["parallel"]
     for key, flag in (
         ("tensor_parallel", "--tensor-model-parallel-size"),
         ("pipeline_parallel", "--pipeline-model-parallel-size"),
     ):
         if saved[key] != current[key]:
+            tp, pp = current["tensor_parallel"], current["pipeline_parallel"]
             raise ValueError(
                 f"{path}: saved with TP={saved['tensor_parallel']}, PP={saved['pipeline_parallel']}"
-                f" but this run has TP={current['tensor_parallel']}, "
-                f"PP={current['pipeline_parallel']}; reshape it with mds-merge-mp, or change {flag}"
+                f" but this run has TP={tp}, PP={pp}; reshape it with mds-merge-mp merge "
+                f"--target-tensor-model-parallel-size {tp} --target-pipeline-model-parallel-size "
+                f"{pp} --with-optimizer, or change {flag}"
             )
+    _check_fields(meta, run_meta, TP_DEPENDENT_FIELDS, path)
     saved_stage, current_stage = saved.get("zero_stage", 0), current.get("zero_stage", 0)
     if "reshaped" not in meta and (saved_stage == 3) != (current_stage == 3):
         _check_zero3_crossing(saved_stage, current_stage, path, loads_optimizer)
@@ -187,6 +183,18 @@ def check_compatible(
             "or reshape it "
             "with mds-merge-mp --with-optimizer"
         )
+
+
+def _check_fields(
+    meta: dict[str, Any], run_meta: dict[str, Any], names: tuple[str, ...], path: Path
+) -> None:
+    for name in names:
+        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
+        if theirs != ours:
+            raise ValueError(
+                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
+                "train with the checkpoint's model flags"
+            )
 
 
 def _check_zero3_crossing(saved: int, current: int, path: Path, loads_optimizer: bool) -> None:

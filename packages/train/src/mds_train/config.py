@@ -229,7 +229,9 @@ class DataSection:
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSection:
     save: Path | None = flag("--save", help="Checkpoint folder.")
-    load: Path | None = flag("--load", help="Resume from this folder's `latest` checkpoint.")
+    load: Path | None = flag(
+        "--load", help="Resume from a --save folder's `latest` checkpoint, or one global_stepN."
+    )
     save_interval: int | None = flag("--save-interval", help="Save every N iterations.")
     no_load_optim: bool = flag(
         "--no-load-optim", default=False, help="Load weights, fresh optimizer."

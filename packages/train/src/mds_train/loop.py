@@ -27,6 +27,7 @@ from .metrics import (
     MetricsWriter,
     interval_line,
     megatron_flops_per_iteration,
+    perplexity,
     validation_lines,
 )
 from .model_setup import TrainingSetup, set_learning_rate
@@ -109,6 +110,15 @@ class Trainer:
         consecutive_nan = torch.zeros((), dtype=torch.int64, device=self.device)
         last = None
         engine.train()
+        # Evaluation runs as many micro-batches as training does, even when no iteration runs.
+        self._set_num_micro_batches(state.consumed_train_samples)
+        if state.iteration >= self.train_iters:  # a requeued job that had already finished
+            logger.info(
+                "training already complete: the checkpoint is at iteration %d and --train-iters "
+                "is %d; nothing to train, evaluating only",
+                state.iteration,
+                self.train_iters,
+            )
         while state.iteration < self.train_iters:
             self._set_num_micro_batches(state.consumed_train_samples)
             last = self._train_step(train_batches)
@@ -329,7 +339,7 @@ class Trainer:
             tag = f"lm-loss-validation/lm loss {name}"
             scalars = {tag: value}
             if self.config.logging.log_validation_ppl_to_tensorboard:
-                scalars[tag + " ppl"] = math.exp(min(20.0, value))
+                scalars[tag + " ppl"] = perplexity(value)
             self.metrics.scalars(scalars, step=self.state.iteration)
         return value
 

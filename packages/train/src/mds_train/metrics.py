@@ -138,11 +138,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def perplexity(loss: float) -> float:
+    """Megatron's exp(min(20, loss)), but NaN for a NaN loss (min(20, nan) is 20 in Python, so
+    Megatron prints a finite 4.851652E+08 for a loss that is not a number)."""
+    return math.exp(min(20.0, loss)) if not math.isnan(loss) else math.nan
+
+
 def validation_lines(prefix: str, loss: float) -> list[str]:
     """Megatron's framed block (also for test data): ` validation loss at {prefix} | ... | `."""
     text = (
         f" validation loss at {prefix} | lm loss value: {loss:.6E} | "
-        f"lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+        f"lm loss PPL: {perplexity(loss):.6E} | "
     )
     rule = "-" * (len(text) + 1)
     return [rule, text, rule]
@@ -167,8 +173,11 @@ class MetricsWriter:
             self._tensorboard = SummaryWriter(log_dir=str(tensorboard_dir), max_queue=queue_size)
 
     def record(self, event: dict) -> None:
+        """Appends one line of strict JSON: a NaN or infinite value is written as null (Python's
+        json would write `NaN`, which JSON readers other than Python's refuse)."""
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(event) + "\n")
+            finite = {key: _finite_or_none(value) for key, value in event.items()}
+            self._jsonl.write(json.dumps(finite, allow_nan=False) + "\n")
             self._jsonl.flush()
 
     def scalars(self, values: dict[str, float], *, step: int) -> None:
@@ -183,3 +192,9 @@ class MetricsWriter:
             self._jsonl.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -94,6 +94,26 @@ def _check_datasets(config: TrainConfig, vocab: Vocabulary) -> None:
         check_dataset_tokenizer(prefix, vocab.description)
 
 
+def _check_output_folders(config: TrainConfig) -> None:
+    """A folder flag that names a file (or a path through one) fails before any work, with a
+    line that says so; mkdir's own error, `File exists`, came only after DeepSpeed started."""
+    for flag, path in (
+        ("--save", config.checkpoint.save),
+        ("--output-dir", config.logging.output_dir),
+        ("--tensorboard-dir", config.logging.tensorboard_dir),
+        ("--data-cache-path", config.data.data_cache_path),
+    ):
+        if path is None:
+            continue
+        path = Path(path)
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is None or existing.is_dir():
+            continue
+        if existing == path:
+            raise ValueError(f"{path}: {flag} names a file, not a folder; give it a folder")
+        raise ValueError(f"{existing}: a file, so {flag} {path} cannot be a folder in it")
+
+
 def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
     # Flags, vocabulary and datasets are checked before DeepSpeed loads or any process group
     # forms, so a mistake is one line on stderr and nothing else.
@@ -102,6 +122,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
     config.validate(topology)
     vocab = read_vocabulary(config.data)
     _check_datasets(config, vocab)
+    _check_output_folders(config)
     init_distributed(config.parallel.distributed_backend)
     _configure_logging(launch.rank)
     for warning in warnings:
