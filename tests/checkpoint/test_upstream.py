@@ -279,26 +279,22 @@ def upstream_command_line(golden: Path, shared_data: Path, cache: Path) -> list[
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("tensor_parallel", [2, 1])
 def test_mds_train_continues_upstream_s_run_exactly(
-    runs, merge_mp, golden, shared_data, data_cache, tmp_path
+    runs, golden, shared_data, data_cache, tmp_path, tensor_parallel
 ):
     """Upstream resumed its own checkpoint to iteration 11 (logs/tp2_resume11.log): lm loss
-    9.183857, learning rate 5.500E-03, validation 9.243189. mds-train at the same topology, from
-    the checkpoint's weights and ZeRO-1 Adam state through mds-merge-mp --with-optimizer, logs
-    the same (rel 1e-6: the log prints 7 digits)."""
-    converted = tmp_path / "converted"
-    result = merge_mp(
-        "--load", golden / "tp2-pp1-ckpt", "--save", converted, "--with-optimizer",
-        "--target-tensor-model-parallel-size", "2",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    9.183857, learning rate 5.500E-03, validation 9.243189. mds-train --load of that checkpoint
+    with upstream's command line logs the same (rel 1e-6: the log prints 7 digits), at upstream's
+    TP=2 and at TP=1, where the padded vocabulary keeps upstream's 50432 trained rows (TP=1 alone
+    would pad to 50304, and the loss would move by the dropped rows' share, -2.4e-3)."""
     flags = upstream_command_line(golden, shared_data, data_cache)
-    flags += ["--train-iters", "11", "--load", str(converted), "--save", str(tmp_path / "save")]
-    result = runs.train(flags, nproc=2)
+    flags[flags.index("--tensor-model-parallel-size") + 1] = str(tensor_parallel)
+    save = tmp_path / "save"
+    flags += ["--train-iters", "11", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
+    result = runs.train(flags, nproc=tensor_parallel)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [
-        json.loads(line) for line in (tmp_path / "save/metrics.jsonl").read_text().splitlines()
-    ]
+    records = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
     [train] = [r for r in records if r["event"] == "train"]
     assert train["iteration"] == 11
     assert train["lm_loss"] == pytest.approx(9.183857, rel=1e-6)
@@ -306,3 +302,8 @@ def test_mds_train_continues_upstream_s_run_exactly(
     [valid] = [r for r in records if r["event"] == "validation"]
     assert valid["lm_loss"] == pytest.approx(9.243189, rel=1e-6)
     assert "leaves 0 of its 325 documents for test; no test samples" in result.stderr
+    assert (
+        json.loads((save / "global_step11/meta.json").read_text())["model"]["padded_vocab_size"]
+        == 50432
+    )
+    assert sorted(path.name for path in save.iterdir() if path.name.startswith(".")) == []

@@ -1,7 +1,7 @@
 """`load_consolidated`: any checkpoint as one TP=1, PP=1 model (the sampler's and exporters' view).
 
-The word embeddings are cut or zero-padded to the TP=1 padded vocabulary; every other tensor is
-the source's shards joined, in the source's dtype, as a torch tensor (the readers' numpy arrays
+The word embeddings keep every padded row of the source (Megatron trains them); every other tensor
+is the source's shards joined, in the source's dtype, as a torch tensor (the readers' numpy arrays
 are shared, not copied).
 """
 
@@ -36,14 +36,22 @@ class ConsolidatedModel:
 
 
 def single_rank_config(config: GPTConfig, tp_size: int = 1) -> GPTConfig:
-    """The same model at another tensor-parallel size (its padded vocabulary follows TP)."""
+    """The same model at another tensor-parallel size. Its padded vocabulary follows TP, except
+    that rows the source has are never dropped: Megatron trains the padding rows and they take part
+    in its softmax, so a TP=2 GPT-2 (50432 rows) at TP=1 keeps 50432 rather than Megatron's 50304
+    (the loss would move by the dropped rows' share). More rows are zero-padded, as DeepSpeed's
+    universal checkpoint does."""
     pad_to = config.pad_vocab_size_to
     if pad_to is not None and pad_to % tp_size:
         raise ValueError(
             f"the vocabulary is padded to {pad_to} rows (pad_vocab_size_to), not divisible by the "
             f"target tensor-parallel size {tp_size}"
         )
-    return dataclasses.replace(config, tensor_model_parallel_size=tp_size)
+    target = dataclasses.replace(config, tensor_model_parallel_size=tp_size)
+    rows = config.padded_vocab_size
+    if target.padded_vocab_size < rows and rows % tp_size == 0:
+        target = dataclasses.replace(target, pad_vocab_size_to=rows)
+    return target
 
 
 def consolidate(source: Source) -> ConsolidatedModel:

@@ -10,6 +10,7 @@ mds-merge-mp reshaped to this topology loads its topology-free optimizer state t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -26,6 +27,7 @@ from mds_common.files import (
     replace_directory,
     write_text_atomically,
 )
+from mds_model import GPTConfig
 
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import TrainingState, capture_rng_states, restore_rng_states
@@ -105,11 +107,12 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
 
 def find_checkpoint(
     load_dir: Path, *, save_dir: Path | None = None
-) -> tuple[Path, dict[str, Any]] | None:
+) -> tuple[Path, dict[str, Any] | None] | None:
     """The checkpoint --load means, as mds-merge-mp and mds-generate read a path (a save folder's
-    `latest` one, or one `global_stepN` folder), and its meta.json. None only for a --load folder
-    that is also --save and has no `latest` yet: the first run of a launch script that passes
-    `--save X --load X` on every requeue. Any other --load must hold a checkpoint."""
+    `latest` one, or one `global_stepN` folder), and its meta.json (None: a checkpoint without
+    one, which Megatron-DeepSpeed or Megatron wrote). None only for a --load folder that is also
+    --save and has no `latest` yet: the first run of a launch script that passes `--save X
+    --load X` on every requeue. Any other --load must hold a checkpoint."""
     requeue = save_dir is not None and load_dir.resolve() == save_dir.resolve()
     if not load_dir.exists():
         if requeue:
@@ -124,10 +127,7 @@ def find_checkpoint(
     path = locate(load_dir).folder
     meta_path = path / META
     if not meta_path.is_file():
-        raise ValueError(
-            f"{path}: no {META}; this is not a complete mds-train checkpoint "
-            "(convert other checkpoints with mds-merge-mp)"
-        )
+        return path, None  # Megatron-DeepSpeed's or Megatron's own files (upstream.py)
     try:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as error:
@@ -135,6 +135,23 @@ def find_checkpoint(
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{meta_path}: not an mds-train checkpoint description")
     return path, meta
+
+
+def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTConfig:
+    """The run's model padded to the checkpoint's vocabulary rows where those are more than its
+    own padding gives and no --pad-vocab-size-to was given: mds-merge-mp keeps trained padding
+    rows when it reshapes to a smaller TP (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
+    rows = meta["model"].get("pad_vocab_size_to")
+    tp = gpt_config.tensor_model_parallel_size
+    if (
+        rows
+        and gpt_config.pad_vocab_size_to is None
+        and rows > gpt_config.padded_vocab_size
+        and rows % tp == 0
+    ):
+        logger.info("vocabulary padded to the checkpoint's %d rows", rows)
+        return dataclasses.replace(gpt_config, pad_vocab_size_to=rows)
+    return gpt_config
 
 
 def reshaped_optimizer(meta: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from .checkpointing import (
     check_compatible,
     find_checkpoint,
     load_checkpoint,
+    with_checkpoint_padding,
 )
 from .config import Topology, TrainConfig
 from .data import Vocabulary, build_datasets, read_vocabulary
@@ -32,6 +33,7 @@ from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
 from .state import TrainingState
+from .upstream import convert_upstream, remove_converted
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +116,31 @@ def _check_output_folders(config: TrainConfig) -> None:
         raise ValueError(f"{existing}: a file, so {flag} {path} cannot be a folder in it")
 
 
+def _loads_optimizer(config: TrainConfig) -> bool:
+    return not (config.checkpoint.no_load_optim or config.checkpoint.finetune)
+
+
+def _checkpoint_to_load(
+    config: TrainConfig, topology: Topology, rank: int
+) -> tuple[Path, dict] | None:
+    """The --load checkpoint and its meta.json, one Megatron-DeepSpeed wrote converted first."""
+    if config.checkpoint.load is None:
+        return None
+    save = config.checkpoint.save and Path(config.checkpoint.save)
+    found = find_checkpoint(Path(config.checkpoint.load), save_dir=save)
+    if found is None or found[1] is not None:
+        return found
+    return convert_upstream(
+        found[0],
+        save_dir=save,
+        tensor_parallel=topology.tensor_parallel,
+        pipeline_parallel=topology.pipeline_parallel,
+        with_optimizer=_loads_optimizer(config),
+        rank=rank,
+        barrier=dist.barrier,
+    )
+
+
 def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
     # Flags, vocabulary and datasets are checked before DeepSpeed loads or any process group
     # forms, so a mistake is one line on stderr and nothing else.
@@ -149,14 +176,14 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         params_dtype=config.params_dtype,
         kernels_available=torch.cuda.is_available(),  # CPU runs take the pure-torch paths
     )
+    found = _checkpoint_to_load(config, topology, launch.rank)
+    if found is not None:
+        gpt_config = with_checkpoint_padding(gpt_config, found[1])
     description = run_description(config, topology, gpt_config, vocab)
-    found = None
-    if config.checkpoint.load is not None:
-        save = config.checkpoint.save
-        found = find_checkpoint(Path(config.checkpoint.load), save_dir=save and Path(save))
-        if found is not None:  # before the model is built: a mismatch fails at once
-            loads_optimizer = not (config.checkpoint.no_load_optim or config.checkpoint.finetune)
-            check_compatible(found[1], description, path=found[0], loads_optimizer=loads_optimizer)
+    if found is not None:  # before the model is built: a mismatch fails at once
+        check_compatible(
+            found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
+        )
     setup = build_training_setup(config, topology, gpt_config)
     checkpoint = CheckpointContext(
         engine=setup.engine,
@@ -177,6 +204,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
             load_rng=not config.checkpoint.no_load_rng,
             finetune=config.checkpoint.finetune,
         )
+        remove_converted(found[0], rank=launch.rank, barrier=dist.barrier)
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
         config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier

@@ -1,0 +1,77 @@
+"""`--load` of a checkpoint that Megatron-DeepSpeed or Megatron wrote (no meta.json): converted once
+to this run's TP/PP by mds_checkpoint's reshape, with its optimizer state when it is to be loaded,
+then loaded as any mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed
+samples and tokens). Upstream's own resume at the same topology is what it must equal.
+
+The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read: the save folder
+is one by necessity) and is removed once loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONVERTED_PREFIX = ".upstream-"
+
+
+def converted_folder(save_dir: Path, source: Path) -> Path:
+    return save_dir / f"{CONVERTED_PREFIX}{source.name}"
+
+
+def convert_upstream(
+    source: Path,
+    *,
+    save_dir: Path | None,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    with_optimizer: bool,
+    rank: int,
+    barrier: Callable[[], None],
+) -> tuple[Path, dict[str, Any]]:
+    """Rank 0 converts `source` (one checkpoint folder) while the others wait; every rank gets
+    the converted checkpoint folder and its meta.json."""
+    if save_dir is None:
+        raise ValueError(
+            f"{source}: a Megatron-DeepSpeed checkpoint is converted into the --save folder "
+            "before it loads; give --save"
+        )
+    base = converted_folder(save_dir, source)
+    if rank == 0:
+        from mds_checkpoint.config import ReshapeConfig
+        from mds_checkpoint.reshape import reshape
+
+        shutil.rmtree(base, ignore_errors=True)  # left by a run killed while converting
+        config = ReshapeConfig(
+            load=source,
+            save=base,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            with_optimizer=with_optimizer,
+        )
+        result = reshape(config)
+        logger.info(
+            "%s has no meta.json: converted it as Megatron-DeepSpeed's checkpoint to TP=%d PP=%d%s "
+            "in %.1f s",
+            source,
+            tensor_parallel,
+            pipeline_parallel,
+            " with its optimizer state" if with_optimizer else "",
+            result.seconds,
+        )
+    barrier()
+    folder = base / (base / "latest").read_text().strip()
+    return folder, json.loads((folder / "meta.json").read_text())
+
+
+def remove_converted(folder: Path, *, rank: int, barrier: Callable[[], None]) -> None:
+    """Once every rank has loaded it, the conversion goes."""
+    barrier()
+    if rank == 0 and folder.parent.name.startswith(CONVERTED_PREFIX):
+        shutil.rmtree(folder.parent, ignore_errors=True)
