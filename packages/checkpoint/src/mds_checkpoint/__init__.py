@@ -3,9 +3,9 @@
 Public API (README: "Python API"): `load_consolidated` and `ConsolidatedModel` give any
 checkpoint as one TP=1 model; `UniversalState` and `plain_parameter_name` let a trainer at any
 topology take its slices of a reshaped checkpoint's optimizer state (mds-train's resume);
-`locate` says which checkpoint folder a path means (for mds-train's --load as for this package's
-tools). They load (and torch with them) on first use, so `mds-merge-mp --help` does not wait for
-torch.
+`locate_checkpoint` says which checkpoint folder a path means (for mds-train's --load as for this
+package's tools; not `locate`, which the submodule's name would shadow once imported). They load
+(and torch with them) on first use, so `mds-merge-mp --help` does not wait for torch.
 """
 
 from typing import TYPE_CHECKING
@@ -15,7 +15,7 @@ from mds_common.lazy import lazy_attributes
 if TYPE_CHECKING:
     from .consolidate import ConsolidatedModel, load_consolidated
     from .engine_names import plain_parameter_name
-    from .locate import Located, locate
+    from .locate import Located, locate_checkpoint
     from .universal import UniversalState
 
 _MODULE_OF = {
@@ -23,7 +23,7 @@ _MODULE_OF = {
     "load_consolidated": "consolidate",
     "plain_parameter_name": "engine_names",
     "Located": "locate",
-    "locate": "locate",
+    "locate_checkpoint": "locate",
     "UniversalState": "universal",
 }
 
@@ -32,7 +32,7 @@ __all__ = [
     "Located",
     "UniversalState",
     "load_consolidated",
-    "locate",
+    "locate_checkpoint",
     "plain_parameter_name",
 ]
 

@@ -36,11 +36,11 @@ class ConsolidatedModel:
 
 
 def single_rank_config(config: GPTConfig, tp_size: int = 1) -> GPTConfig:
-    """The same model at another tensor-parallel size. Its padded vocabulary follows TP, except
-    that rows the source has are never dropped: Megatron trains the padding rows and they take part
-    in its softmax, so a TP=2 GPT-2 (50432 rows) at TP=1 keeps 50432 rather than Megatron's 50304
-    (the loss would move by the dropped rows' share). More rows are zero-padded, as DeepSpeed's
-    universal checkpoint does."""
+    """The same model at another tensor-parallel size, with the source's vocabulary rows wherever
+    the target TP divides them: Megatron trains the padding rows and they take part in its
+    softmax, so re-padding to Megatron's multiple of 128 x TP would change the function (a TP=2
+    GPT-2 has 50432 rows, TP=1 pads to 50304: the loss moves by the dropped rows' share; zero rows
+    added the other way move it too). Only rows TP does not divide are re-padded Megatron's way."""
     pad_to = config.pad_vocab_size_to
     if pad_to is not None and pad_to % tp_size:
         raise ValueError(
@@ -49,7 +49,7 @@ def single_rank_config(config: GPTConfig, tp_size: int = 1) -> GPTConfig:
         )
     target = dataclasses.replace(config, tensor_model_parallel_size=tp_size)
     rows = config.padded_vocab_size
-    if target.padded_vocab_size < rows and rows % tp_size == 0:
+    if target.padded_vocab_size != rows and rows % tp_size == 0:
         target = dataclasses.replace(target, pad_vocab_size_to=rows)
     return target
 

@@ -50,7 +50,7 @@ def _tag_folder(base: Path, iteration: int) -> Path | None:
     return None
 
 
-def locate(path: Path, *, iteration: int | None = None) -> Located:
+def locate_checkpoint(path: Path, *, iteration: int | None = None) -> Located:
     """The checkpoint folder `path` means; ValueError with one line when there is none."""
     if not path.exists():
         raise ValueError(f"{path}: no such checkpoint folder")

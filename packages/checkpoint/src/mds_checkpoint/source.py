@@ -19,7 +19,7 @@ from mds_model import GPTConfig
 from . import ptfile
 from .describe import config_from_megatron_args, config_from_meta
 from .engine_names import megatron_to_plain, pipeline_to_plain
-from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate
+from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate_checkpoint
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
 from .sources import (
@@ -220,7 +220,7 @@ def _megatron_source(folder: Path) -> Source:
 
 def open_source(path: str | Path, *, iteration: int | None = None) -> Source:
     """The checkpoint at `path` (a save folder or one checkpoint folder), ready to read."""
-    located = locate(Path(path), iteration=iteration)
+    located = locate_checkpoint(Path(path), iteration=iteration)
     if located.kind == "megatron":
         source = _megatron_source(located.folder)
     else:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_checkpoint import locate
+from mds_checkpoint import locate_checkpoint
 from mds_common.files import (
     fsync_directory,
     remove_stale_temporaries,
@@ -124,7 +124,7 @@ def find_checkpoint(
         note = f" (only unfinished saves: {', '.join(partial)})" if partial else ""
         logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
         return None
-    path = locate(load_dir).folder
+    path = locate_checkpoint(load_dir).folder
     meta_path = path / META
     if not meta_path.is_file():
         return path, None  # Megatron-DeepSpeed's or Megatron's own files (upstream.py)
@@ -138,15 +138,15 @@ def find_checkpoint(
 
 
 def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTConfig:
-    """The run's model padded to the checkpoint's vocabulary rows where those are more than its
-    own padding gives and no --pad-vocab-size-to was given: mds-merge-mp keeps trained padding
-    rows when it reshapes to a smaller TP (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
+    """The run's model padded to the checkpoint's vocabulary rows where no --pad-vocab-size-to
+    was given: mds-merge-mp keeps a checkpoint's rows (Megatron trains its padding rows) when it
+    reshapes to another TP that divides them (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
     rows = meta["model"].get("pad_vocab_size_to")
     tp = gpt_config.tensor_model_parallel_size
     if (
         rows
         and gpt_config.pad_vocab_size_to is None
-        and rows > gpt_config.padded_vocab_size
+        and rows != gpt_config.padded_vocab_size
         and rows % tp == 0
     ):
         logger.info("vocabulary padded to the checkpoint's %d rows", rows)
