@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import typer
 from mds_common.argv import ArgvError, normalise, option_specs
+from mds_common.ignored_flags import MANY, TRAINING_FLAGS
 from mds_train.cli import build_config, given_fields, make_app
 from mds_train.config import Topology
 from mds_train.ds_config import derive_deepspeed_config, merge_deepspeed_config, offloads_optimizer
@@ -323,3 +324,19 @@ def test_given_fields_are_the_typed_and_preset_ones(tmp_path: Path):
     assert "zero_stage" in given  # --zero-stage 1 is on the bigscience line
     _, given = parse_given(WALKTHROUGH_ZERO3)
     assert "zero_stage" not in given
+
+
+def test_the_training_flags_other_tools_ignore_are_mds_trains():
+    """mds_common's TRAINING_FLAGS (what mds-merge-mp and mds-generate accept and ignore) names
+    mds-train's own flags, with their arity: the two lists cannot drift apart unnoticed."""
+    command = typer.main.get_command(make_app())
+    params = {name: param for param in command.params for name in param.opts}
+    for flag in TRAINING_FLAGS.flags:
+        param = params.get(flag.names[0])
+        assert param is not None, f"{flag.names[0]} is not an mds-train flag"
+        if flag.nargs == 0:
+            assert param.is_flag, flag.names[0]
+        elif flag.nargs == MANY:
+            assert param.multiple, flag.names[0]
+        else:
+            assert not param.is_flag and max(param.nargs, 1) == flag.nargs, flag.names[0]

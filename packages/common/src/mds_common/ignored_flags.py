@@ -61,7 +61,8 @@ class IgnoredFlags:
         return IgnoredFlags(f for f in self.flags if not keys & {_key(n) for n in f.names})
 
     def __add__(self, other: IgnoredFlags) -> IgnoredFlags:
-        return IgnoredFlags([*self.flags, *other.without(n for f in self.flags for n in f.names)])
+        names = [name for flag in self.flags for name in flag.names]
+        return IgnoredFlags([*self.flags, *other.without(names).flags])
 
     @property
     def dests(self) -> set[str]:
