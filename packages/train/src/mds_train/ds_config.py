@@ -7,13 +7,10 @@ only derive.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
 from .config import Topology, TrainConfig
-
-logger = logging.getLogger(__name__)
 
 _BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
