@@ -99,6 +99,41 @@ def test_eval_prints_megatrons_lines(capsys, hf_folder, tmp_path):
     assert " | ppl: " in line and " | adjusted ppl: " in line and line.endswith(" |")
 
 
+def test_the_readmes_wikitext_line_notes_what_it_ignores(
+    capsys, caplog, hf_folder, tiny_vocab, tmp_path
+):
+    """004's tasks/main.py WikiText-103 line (issue #21, case 6): its training flags were ignored
+    without a word; each is now named once, and a model flag that differs is one line."""
+    vocab, merges = tiny_vocab
+    path = tmp_path / "wiki.test.tokens"
+    path.write_text(" = Title = \n \n The game 's battle system , the BliTZ system . \n" * 4)
+    common_task_args = [
+        *("--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4),
+        *("--seq-length", 32, "--max-position-embeddings", 128, "--vocab-file", vocab),
+    ]  # 004's COMMON_TASK_ARGS, scaled, without --fp16 (a CPU's float16 is slow)
+    line = [
+        "eval", "--task", "WIKITEXT103", *common_task_args, "--valid-data", path,
+        "--tokenizer-type", "GPT2BPETokenizer", "--merge-file", merges, "--load", hf_folder,
+        "--micro-batch-size", 8, "--checkpoint-activations", "--log-interval", 10,
+        "--no-load-optim", "--no-load-rng", "--device", "cpu",
+    ]  # fmt: skip
+    caplog.clear()
+    code, out, err = run(capsys, *line)
+    assert code == 0 and "validation results on WIKITEXT103" in out, err
+    notes = [m for m in caplog.messages if "is accepted and ignored" in m]
+    assert notes == [
+        "--checkpoint-activations is accepted and ignored: a training flag; the checkpoint gives "
+        "the model",
+        "--no-load-optim is accepted and ignored: no optimizer state is loaded here",
+        "--no-load-rng is accepted and ignored: no RNG state is loaded here",
+    ]
+    wrong = [*line, "--num-attention-heads", 8]
+    assert error_line(capsys, *wrong, prog="mds-generate eval") == (
+        "--num-attention-heads 8, but the checkpoint's model has 4; drop the flag (the "
+        "checkpoint says its shape)"
+    )
+
+
 def test_bad_inputs_are_one_line(capsys, hf_folder, tmp_path, shared_data):
     missing = tmp_path / "absent"
     assert error_line(capsys, "--load", missing, "--prompt", "x") == (

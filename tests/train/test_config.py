@@ -7,14 +7,11 @@ from pathlib import Path
 import pytest
 import typer
 from mds_common.argv import ArgvError, normalise, option_specs
-from mds_train.cli import build_config, make_app
+from mds_common.ignored_flags import MANY, TRAINING_FLAGS
+from mds_train.cli import build_config, given_fields, make_app
 from mds_train.config import Topology
-from mds_train.ds_config import (
-    derive_deepspeed_config,
-    load_user_config,
-    merge_deepspeed_config,
-    offloads_optimizer,
-)
+from mds_train.ds_config import derive_deepspeed_config, merge_deepspeed_config, offloads_optimizer
+from mds_train.ds_file import load_user_config, resolve_user_config
 from mds_train.options import ignored_flags_given
 
 DATA = ["--data-path", "D", "--vocab-file", "v.json", "--merge-file", "m.txt"]
@@ -52,23 +49,35 @@ BIGSCIENCE_TINY = """
 
 def parse(argv: list[str]) -> dict:
     """The parsed values, through the dialect's argv normaliser as mds-train's main does."""
+    return parse_given(argv)[0]
+
+
+def parse_given(argv: list[str]) -> tuple[dict, frozenset[str]]:
+    """The parsed values and the names of those the user gave."""
     command = typer.main.get_command(make_app())
     args = normalise(list(argv), option_specs(command)).args
     with command.make_context("mds-train", args) as ctx:
-        return dict(ctx.params)
+        return dict(ctx.params), given_fields(ctx)
 
 
 @pytest.mark.parametrize(
     ("argv", "world"), [(WALKTHROUGH_345M, 8), (BIGSCIENCE_TINY, 2)], ids=["345m", "bs-tiny"]
 )
-def test_seed_command_lines_parse(argv, world):
+def test_seed_command_lines_parse(argv, world, monkeypatch):
     values = parse(argv)
     config = build_config(values)
     topology = Topology(world_size=world, tensor_parallel=1, pipeline_parallel=1)
     config.validate(topology)
+    # The deepspeed launcher's --local_rank=0 beside its LOCAL_RANK=0: not the user's, no note.
+    monkeypatch.setenv("LOCAL_RANK", "0")
     warnings = ignored_flags_given(values)
     assert any(w.startswith("--deepspeed-activation-checkpointing is accepted") for w in warnings)
     assert not any("local_rank" in w for w in warnings)
+    monkeypatch.delenv("LOCAL_RANK")
+    typed = "--local_rank=0" in argv
+    assert typed == any(
+        w.startswith("--local_rank is accepted") for w in ignored_flags_given(values)
+    )
 
 
 def test_walkthrough_values():
@@ -156,7 +165,7 @@ def test_derived_deepspeed_config():
     # file may turn it back on.
     assert ds["timers"] == {"throughput": {"enabled": False}}
     timed = {"timers": {"throughput": {"enabled": True, "synchronized": False}}}
-    assert merge_deepspeed_config(ds, timed, source="f.json")["timers"] == timed["timers"]
+    assert merge_deepspeed_config(ds, timed)["timers"] == timed["timers"]
 
 
 def test_bf16_optimizer_paths():
@@ -186,8 +195,19 @@ def test_fp16_runs_at_zero_stage_1():
         assert ds["fp16"]["enabled"] and ds["zero_optimization"]["stage"] == 1
 
 
+def resolved(argv: list[str], user: dict, world: int = 2, tensor_parallel: int = 1):
+    """run()'s steps: the file folded into the config, the derived JSON, the file merged over it."""
+    values, given = parse_given(argv)
+    topology = Topology(world_size=world, tensor_parallel=tensor_parallel, pipeline_parallel=1)
+    config = resolve_user_config(
+        build_config(values), user, topology, given=given, source="ds.json"
+    )
+    config.validate(topology)
+    ds = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
+    return config, merge_deepspeed_config(ds, user)
+
+
 def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
-    ds = derived(WALKTHROUGH_345M, world=8)
     # The seed's ZeRO-3 file: deprecated cpu_offload, an agreeing batch and fp16 section.
     seed_file = tmp_path / "ds.json"
     seed_file.write_text(
@@ -204,14 +224,20 @@ def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
         )
     )
     user = load_user_config(seed_file)
-    merged = merge_deepspeed_config(ds, user, source=str(seed_file))
+    _, merged = resolved(WALKTHROUGH_345M, user, world=8)
     assert merged["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     assert offloads_optimizer(merged) and merged["zero_optimization"]["overlap_comm"]
     assert merged["steps_per_print"] == 1
-    with pytest.raises(ValueError, match=r"'gradient_accumulation_steps' is 4 .* but 1"):
-        merge_deepspeed_config(ds, {"gradient_accumulation_steps": 4}, source="f.json")
-    with pytest.raises(ValueError, match="stage"):
-        merge_deepspeed_config(ds, {"zero_optimization": {"stage": 2}}, source="f.json")
+    # --global-batch-size 64 = micro 8 x DP 8: one micro-batch per step.
+    with pytest.raises(
+        ValueError,
+        match=r"ds.json: 'gradient_accumulation_steps' is '4 \(a batch of 256\)' in the "
+        "DeepSpeed config but --global-batch-size 64 was given; remove it from the file or "
+        "change --global-batch-size",
+    ):
+        resolved(WALKTHROUGH_345M, {"gradient_accumulation_steps": 4}, world=8)
+    with pytest.raises(ValueError, match="'zero_optimization.stage' is 2 .* --zero-stage 3 was"):
+        resolved(WALKTHROUGH_345M, {"zero_optimization": {"stage": 2}}, world=8)
     broken = tmp_path / "broken.json"
     broken.write_text("{\n  'x': 1\n}")
     with pytest.raises(ValueError, match=r"broken.json:2: not valid JSON"):
@@ -235,3 +261,101 @@ def test_a_folder_flag_at_a_file_is_refused(tmp_path, flag):
             _check_output_folders(config)
         assert str(error.value) == message
     _check_output_folders(build_config(parse([*BIGSCIENCE_TINY, flag, str(tmp_path / "new")])))
+
+
+# Issue #21, case 4: only values the user gave can contradict the file.
+WALKTHROUGH_ZERO3 = [
+    word
+    for word in WALKTHROUGH_345M
+    if word not in ("--zero-stage", "3", "--deepspeed", "--partition-activations")
+]
+SEED_ZERO3_FILE = {  # 000's deepspeed_config.json
+    "fp16": {"enabled": True},
+    "zero_optimization": {
+        "stage": 3,
+        "allgather_partitions": True,
+        "allgather_bucket_size": 2e8,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 2e8,
+        "contiguous_gradients": True,
+        "cpu_offload": True,
+    },
+}
+BIGSCIENCE_FILE = {  # 003's and 004's ds_config.json, with MICRO_BATCH_SIZE=1, GLOBAL=16
+    "train_micro_batch_size_per_gpu": 1,
+    "train_batch_size": 16,
+    "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 1},
+    "fp16": {
+        "enabled": True,
+        "loss_scale": 0,
+        "loss_scale_window": 500,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+        "initial_scale_power": 12,
+    },
+    "steps_per_print": 2000,
+    "wall_clock_breakdown": False,
+}
+
+
+def test_a_files_stage_wins_over_the_one_fp16_implies():
+    """No --zero-stage given: --fp16 alone would run at ZeRO-1; the file says 3, and 3 it is."""
+    config, merged = resolved(WALKTHROUGH_ZERO3, SEED_ZERO3_FILE, world=8)
+    assert config.parallel.zero_stage == 3 and merged["zero_optimization"]["stage"] == 3
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 2e8 and merged["fp16"]["enabled"]
+    with pytest.raises(ValueError, match="'zero_optimization.stage' is 3 .* --zero-stage 1 was"):
+        resolved([*WALKTHROUGH_ZERO3, "--zero-stage", "1"], SEED_ZERO3_FILE, world=8)
+
+
+def test_a_files_loss_scaling_wins_over_the_flags_defaults():
+    config, merged = resolved(BIGSCIENCE_TINY, BIGSCIENCE_FILE)
+    assert config.precision.loss_scale_window == 500 and config.precision.initial_loss_scale == 4096
+    assert merged["fp16"] == {**BIGSCIENCE_FILE["fp16"]}
+    with pytest.raises(ValueError, match=r"'fp16.loss_scale_window' is 500 .* --loss-scale-window"):
+        resolved([*BIGSCIENCE_TINY, "--loss-scale-window", "1000"], BIGSCIENCE_FILE)
+
+
+def test_a_ramp_up_starts_below_the_files_train_batch_size():
+    """As upstream's set_train_batch_size(): the file's train_batch_size is the target batch
+    (--global-batch-size 16), DeepSpeed starts at the ramp's 2 and follows the ramp."""
+    config, merged = resolved(BIGSCIENCE_TINY, BIGSCIENCE_FILE)
+    assert config.batch.global_batch_size == 16 and config.batch.rampup_batch_size == (2, 2, 80)
+    assert merged["train_batch_size"] == 2 and merged["gradient_accumulation_steps"] == 1
+    argv = list(BIGSCIENCE_TINY)
+    argv[argv.index("--global-batch-size") + 1] = "32"
+    with pytest.raises(ValueError, match="'train_batch_size' is 16 .* --global-batch-size 32 was"):
+        resolved(argv, BIGSCIENCE_FILE)
+    # Not given: the file's train_batch_size is the global batch.
+    argv = [w for w in WALKTHROUGH_ZERO3 if w not in ("--global-batch-size", "64")]
+    config, merged = resolved(argv, {"train_batch_size": 128}, world=8)
+    assert config.batch.global_batch_size == 128 and merged["gradient_accumulation_steps"] == 2
+
+
+def test_given_fields_are_the_typed_and_preset_ones(tmp_path: Path):
+    preset = tmp_path / "run.toml"
+    preset.write_text("zero-stage = 2\n")
+    _, given = parse_given([*BIGSCIENCE_TINY, "--config", str(preset)])
+    assert {"zero_stage", "global_batch_size", "fp16", "micro_batch_size"} <= given
+    assert not given & {"loss_scale_window", "initial_loss_scale", "bf16"}
+    _, given = parse_given(BIGSCIENCE_TINY)
+    assert "zero_stage" in given  # --zero-stage 1 is on the bigscience line
+    _, given = parse_given(WALKTHROUGH_ZERO3)
+    assert "zero_stage" not in given
+
+
+def test_the_training_flags_other_tools_ignore_are_mds_trains():
+    """mds_common's TRAINING_FLAGS (what mds-merge-mp and mds-generate accept and ignore) names
+    mds-train's own flags, with their arity: the two lists cannot drift apart unnoticed."""
+    command = typer.main.get_command(make_app())
+    params = {name: param for param in command.params for name in param.opts}
+    for flag in TRAINING_FLAGS.flags:
+        param = params.get(flag.names[0])
+        assert param is not None, f"{flag.names[0]} is not an mds-train flag"
+        if flag.nargs == 0:
+            assert param.is_flag, flag.names[0]
+        elif flag.nargs == MANY:
+            assert param.multiple, flag.names[0]
+        else:
+            assert not param.is_flag and max(param.nargs, 1) == flag.nargs, flag.names[0]

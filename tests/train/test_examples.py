@@ -11,7 +11,8 @@ import typer
 from mds_common.argv import normalise, option_specs
 from mds_train.cli import build_config, make_app
 from mds_train.config import Topology
-from mds_train.ds_config import derive_deepspeed_config, load_user_config, merge_deepspeed_config
+from mds_train.ds_config import derive_deepspeed_config, merge_deepspeed_config
+from mds_train.ds_file import load_user_config, resolve_user_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # script: the world it is written for (GPUs).
@@ -50,10 +51,12 @@ def test_example_command_lines_validate(name):
 def test_the_walkthroughs_deepspeed_file_merges():
     config = build_config(parse(mds_train_arguments(EXAMPLES / "gpt2_345m.sh")))
     topology = Topology(world_size=8, tensor_parallel=1, pipeline_parallel=1)
-    derived = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
-    merged = merge_deepspeed_config(
-        derived, load_user_config(EXAMPLES / "ds_zero3_offload.json"), source="ds_zero3_offload"
+    user = load_user_config(EXAMPLES / "ds_zero3_offload.json")
+    config = resolve_user_config(
+        config, user, topology, given=frozenset(), source="ds_zero3_offload"
     )
+    derived = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
+    merged = merge_deepspeed_config(derived, user)
     assert merged["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     assert merged["zero_optimization"]["stage"] == 3 and merged["fp16"]["enabled"]
 

@@ -1,7 +1,9 @@
 """`mds-merge-mp`: reshape (the default command), `export-hf`, `import-hf`.
 
 Megatron's `tools/merge_mp_partitions.py` line works unchanged (`--model-type GPT`,
-`--tensor-model-parallel-size` naming the source's TP, `--target-pipeline-model-parallel-size`).
+`--tensor-model-parallel-size` / `--pipeline-model-parallel-size` naming the source's layout and
+the model flags, all checked against the checkpoint; `--target-pipeline-model-parallel-size`);
+its tokenizer flags and any training flags are accepted with a note (mds_common.ignored_flags).
 Parsing, errors and exit codes follow the shared dialect (`mds_common.cli`, docs/cli.md); torch
 and the readers load inside the commands, so `--help` stays fast.
 """
@@ -19,6 +21,7 @@ from typing import Annotated
 
 import typer
 from mds_common.cli import new_app, run_app
+from mds_common.ignored_flags import TRAINING_FLAGS, IgnoredFlags, ignored
 
 app = new_app(
     "Reshape mds-train / Megatron(-DeepSpeed) checkpoints to any TP/PP (merge, the default), "
@@ -44,6 +47,31 @@ Iteration = Annotated[
     int | None,
     typer.Option("--iteration", help="Read global_stepN / iter_N instead of the newest."),
 ]
+# merge_mp_partitions' model flags: the checkpoint says its shape, a flag given must repeat it.
+ModelFlag = Annotated[int | None, typer.Option(help="Checked against the checkpoint, if given.")]
+MODEL_FLAGS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "seq_length",
+    "max_position_embeddings",
+)
+_TOKENIZER = "the checkpoint's tokenizer record is carried over"
+# What merge_mp_partitions' and the training scripts' lines also pass (issue #21: the README's
+# line works unchanged): accepted, each one given noted once.
+MERGE_IGNORED = (
+    IgnoredFlags(
+        [
+            ignored("--tokenizer-type", why=_TOKENIZER),
+            ignored("--vocab-file", why=_TOKENIZER),
+            ignored("--merge-file", why=_TOKENIZER),
+            ignored("--tokenizer-name-or-path", why=_TOKENIZER),
+            ignored("--eod-token", why=_TOKENIZER),
+            ignored("--make-vocab-size-divisible-by", why="the checkpoint holds the padded rows"),
+        ]
+    )
+    + TRAINING_FLAGS
+)
 
 
 @contextmanager
@@ -61,6 +89,7 @@ def _loading() -> Iterator[None]:
 
 
 @app.command("merge")
+@MERGE_IGNORED.accepting
 def merge(
     load: Load,
     save: Save,
@@ -90,9 +119,21 @@ def merge(
             help="The source's TP size (merge_mp_partitions' flag); checked against the files.",
         ),
     ] = None,
+    pipeline_model_parallel_size: Annotated[
+        int | None,
+        typer.Option(
+            "--pipeline-model-parallel-size",
+            help="The source's PP size (merge_mp_partitions' flag); checked against the files.",
+        ),
+    ] = None,
     model_type: Annotated[
         str, typer.Option("--model-type", help="merge_mp_partitions' flag; only GPT.")
     ] = "GPT",
+    num_layers: ModelFlag = None,
+    hidden_size: ModelFlag = None,
+    num_attention_heads: ModelFlag = None,
+    seq_length: ModelFlag = None,
+    max_position_embeddings: ModelFlag = None,
 ) -> None:
     """Reshape a checkpoint to another tensor/pipeline-parallel layout (mds-train's layout)."""
     with _loading():
@@ -110,8 +151,18 @@ def merge(
         with_optimizer=with_optimizer,
         verify=verify,
     )
-    if tensor_model_parallel_size is not None:
-        _check_source_tp(config, tensor_model_parallel_size)
+    model_flags = tuple(
+        (name, value)
+        for name, value in zip(
+            MODEL_FLAGS,
+            (num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings),
+            strict=True,
+        )
+        if value is not None
+    )
+    layout = (tensor_model_parallel_size, pipeline_model_parallel_size)
+    if model_flags or layout != (None, None):
+        _check_source(config, *layout, model_flags)
     result = reshape(config)
     typer.echo(
         f"wrote {result.folder}: TP={config.tensor_parallel} PP={config.pipeline_parallel}, "
@@ -122,15 +173,19 @@ def merge(
         typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
 
 
-def _check_source_tp(config, given: int) -> None:
+def _check_source(config, tp: int | None, pp: int | None, model_flags: tuple) -> None:
+    """The source-describing flags of merge_mp_partitions' line against the checkpoint."""
+    from .describe import check_model_flags
     from .source import open_source
 
     source = open_source(config.load, iteration=config.iteration)
-    if source.tp_size != given:
-        raise ValueError(
-            f"--tensor-model-parallel-size {given}: the checkpoint was saved with TP="
-            f"{source.tp_size}"
-        )
+    for flag, given, saved, name in (
+        ("--tensor-model-parallel-size", tp, source.tp_size, "TP"),
+        ("--pipeline-model-parallel-size", pp, source.pp_size, "PP"),
+    ):
+        if given is not None and given != saved:
+            raise ValueError(f"{flag} {given}: the checkpoint was saved with {name}={saved}")
+    check_model_flags(source.config, model_flags)
 
 
 @app.command("export-hf")

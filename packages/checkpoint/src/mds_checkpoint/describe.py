@@ -30,6 +30,21 @@ def config_from_meta(model: dict[str, Any], *, where: str) -> GPTConfig:
         raise ValueError(f"{where}: meta.json's model does not describe a GPT ({error})") from None
 
 
+def check_model_flags(config: GPTConfig, given: tuple[tuple[str, int], ...]) -> None:
+    """Megatron model flags of a command line, (GPTConfig field, value), must describe the
+    checkpoint's model: the checkpoint says its own shape, a flag may only repeat it."""
+    for name, value in given:
+        actual = {"max_position_embeddings": config.max_positions}.get(name)
+        if actual is None:
+            actual = getattr(config, name)
+        if value != actual:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{flag} {value}, but the checkpoint's model has {actual}; drop the flag (the "
+                "checkpoint says its shape)"
+            )
+
+
 def _position_type(value: Any) -> str:
     if value is None:
         return "learned"

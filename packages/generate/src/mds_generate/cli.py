@@ -2,8 +2,9 @@
 
 Megatron's `tools/generate_samples_gpt.py` and `tasks/main.py` command lines work as written: the
 model flags they need (`--num-layers`, `--hidden-size`, ...) are accepted and checked against the
-checkpoint, which says its own shape. Parsing, errors and exit codes follow the shared dialect
-(`mds_common.cli`, docs/cli.md); torch is imported inside the commands.
+checkpoint, which says its own shape; the training flags a script's `$GPT_ARGS` also holds are
+accepted with a note each (mds_common.ignored_flags). Parsing, errors and exit codes follow the
+shared dialect (`mds_common.cli`, docs/cli.md); torch is imported inside the commands.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated
 
 import typer
 from mds_common.cli import new_app, run_app
+from mds_common.ignored_flags import TRAINING_FLAGS, IgnoredFlags, ignored
 from mds_tokenize.flags import EodToken, MergeFile, TokenizerNameOrPath, VocabFile
 
 app = new_app(
@@ -60,8 +62,19 @@ MicroBatch = Annotated[
 ]
 # Megatron model flags: accepted so old command lines run, and checked against the checkpoint.
 ModelFlag = Annotated[int | None, typer.Option(help="Checked against the checkpoint, if given.")]
-Ignored = Annotated[int | None, typer.Option(help="Ignored: the checkpoint is read whole.")]
-IgnoredSwitch = Annotated[bool, typer.Option(help="Ignored (Megatron compatibility).")]
+_WHOLE = "the checkpoint is read whole, whatever its layout"
+# The rest of a training script's $GPT_ARGS (issue #21: 004's generate_samples_gpt.py line passes
+# the pretraining flags): accepted, each one given noted once.
+GENERATE_IGNORED = (
+    IgnoredFlags(
+        [
+            ignored("--tensor-model-parallel-size", why=_WHOLE),
+            ignored("--pipeline-model-parallel-size", why=_WHOLE),
+            ignored("--make-vocab-size-divisible-by", why="the checkpoint holds the padded rows"),
+        ]
+    )
+    + TRAINING_FLAGS
+)
 
 
 SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
@@ -110,6 +123,7 @@ def model_source(flags: dict):
 
 
 @app.command()
+@GENERATE_IGNORED.accepting
 def sample(
     load: Load,
     prompt: Annotated[str | None, typer.Option(help="One prompt; the completion streams.")] = None,
@@ -166,9 +180,6 @@ def sample(
     hidden_size: ModelFlag = None,
     num_attention_heads: ModelFlag = None,
     max_position_embeddings: ModelFlag = None,
-    tensor_model_parallel_size: Ignored = None,
-    pipeline_model_parallel_size: Ignored = None,
-    local_rank: Ignored = None,
 ) -> None:
     """Sample: one --prompt, every line of --sample-input-file, --num-samples unconditional
     samples into --genfile, or (none of those) prompts read from stdin, streamed."""
@@ -176,7 +187,6 @@ def sample(
     from .config import GenerationConfig, SampleConfig, SamplingConfig
     from .modes import run_sample
 
-    del tensor_model_parallel_size, pipeline_model_parallel_size, local_rank
     modes = [
         name
         for name, given in (
@@ -221,6 +231,7 @@ def sample(
 
 
 @app.command("eval")
+@GENERATE_IGNORED.accepting
 def evaluate(
     load: Load,
     task: Annotated[str, typer.Option(help="WIKITEXT103 or LAMBADA (any case).")],
@@ -251,12 +262,6 @@ def evaluate(
     hidden_size: ModelFlag = None,
     num_attention_heads: ModelFlag = None,
     max_position_embeddings: ModelFlag = None,
-    tensor_model_parallel_size: Ignored = None,
-    pipeline_model_parallel_size: Ignored = None,
-    local_rank: Ignored = None,
-    checkpoint_activations: IgnoredSwitch = False,
-    no_load_optim: IgnoredSwitch = False,
-    no_load_rng: IgnoredSwitch = False,
 ) -> None:
     """Zero-shot evaluation as Megatron's tasks/main.py: WikiText-103 perplexity (overlapping
     windows, word-level adjusted) or LAMBADA last-word accuracy."""
@@ -264,8 +269,6 @@ def evaluate(
     from .config import EvalConfig
     from .evaluation import run_eval
 
-    del tensor_model_parallel_size, pipeline_model_parallel_size, local_rank
-    del checkpoint_activations, no_load_optim, no_load_rng
     if len(valid_data) != 1:
         raise ValueError(f"--valid-data takes exactly one file, got {len(valid_data)}")
     run_eval(

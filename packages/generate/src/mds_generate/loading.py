@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mds_checkpoint.describe import check_model_flags
 from mds_checkpoint.hf_folder import (
     CONFIG,
     TOKENIZER_FILES,
@@ -190,24 +191,10 @@ def check_vocabulary(
         check_checkpoint_tokenizer(recorded, tokenizer.description(), checkpoint=compare_files)
 
 
-def check_shape(config: GPTConfig, expected: tuple[tuple[str, int], ...]) -> None:
-    """Model flags of an old command line must describe the checkpoint's model."""
-    for name, value in expected:
-        actual = (
-            config.max_positions if name == "max_position_embeddings" else getattr(config, name)
-        )
-        if value != actual:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{flag} {value}, but the checkpoint's model has {actual}; drop the flag (the "
-                "checkpoint says its shape)"
-            )
-
-
 def load(source: ModelSource) -> LoadedModel:
     device = resolve_device(source.device)
     kind, config, state_dict, meta, saved_dtype = _read_checkpoint(source)
-    check_shape(config, source.expected_shape)
+    check_model_flags(config, source.expected_shape)
     spec = tokenizer_spec(source, kind, meta)
     tokenizer = load_tokenizer(spec)
     check_vocabulary(

@@ -50,11 +50,24 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
     )
 
 
+def given_fields(ctx: typer.Context) -> frozenset[str]:
+    """The parameters the user gave, on the command line or in a --config preset: the values a
+    --deepspeed_config file may not contradict (defaults yield to it)."""
+    # By name: typer vendors its own click, whose ParameterSource is not click's.
+    sources = ("COMMANDLINE", "DEFAULT_MAP")
+    return frozenset(
+        name
+        for name in ctx.params
+        if getattr(ctx.get_parameter_source(name), "name", None) in sources
+    )
+
+
 def _train(**values: Any) -> int:
     from mds_tokenize.flags import tokenizer_spec
 
     from .run import run
 
+    given = given_fields(values.pop("ctx"))
     values.pop("preset", None)
     config = build_config(values)
     data = config.data
@@ -66,7 +79,7 @@ def _train(**values: Any) -> int:
         data.tokenizer_name_or_path,
         data.eod_token,
     )
-    return run(config, warnings=ignored_flags_given(values))
+    return run(config, warnings=ignored_flags_given(values), given=given)
 
 
 def make_app() -> typer.Typer:
@@ -84,7 +97,8 @@ def make_app() -> typer.Typer:
             ),
         ],
     )
-    parameters = [preset]
+    context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    parameters = [context, preset]
     for section in SECTIONS.values():
         parameters += typer_parameters(section)
     parameters += ignored_parameters()

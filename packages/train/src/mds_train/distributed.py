@@ -1,7 +1,8 @@
 """Joining the job: ranks from the deepspeed launcher, torchrun, SLURM's srun, or one plain process.
 
 Every launcher ends as the same environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
-before `deepspeed.init_distributed`; the backend is NCCL on GPUs and gloo on CPU unless named.
+before `deepspeed.init_distributed`; the backend is NCCL on GPUs and gloo on CPU unless named
+(fallbacks.choose_backend).
 """
 
 from __future__ import annotations
@@ -71,17 +72,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(backend: str | None) -> LaunchInfo:
-    """Joins the process group; on GPUs each process takes the device of its local rank."""
+def init_distributed(backend: str) -> LaunchInfo:
+    """Joins the process group (backend: fallbacks.choose_backend's); on GPUs each process takes
+    the device of its local rank."""
     import deepspeed
 
     info = launch_environment()  # idempotent: a second call reads what the first filled in
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     for attempt in range(5):
         try:
-            deepspeed.init_distributed(dist_backend=chosen, verbose=False)
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
             return info
         except torch.distributed.DistNetworkError:
             # A single process picks its own port; another program may take it between the

@@ -1,26 +1,18 @@
 """The DeepSpeed JSON: derived from the training flags by one function, the user's file over it.
 
-A user's `--deepspeed_config` may add what the flags do not say (offload, bucket sizes, overlap);
-a key it shares with the derived config must hold the same value, or the run stops naming both.
-Deprecated spellings (ZeRO's `"cpu_offload": true`) are translated with a warning.
+A user's `--deepspeed_config` (ds_file.py: read, checked against the flags given, folded into the
+config) may add what the flags do not say (offload, bucket sizes, overlap) and change what they
+only derive.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from .config import Topology, TrainConfig
 
-logger = logging.getLogger(__name__)
-
-# Keys the engine's own logic needs but that flags do not set: a user file may change them freely.
-_FREE_KEYS = {"steps_per_print", "wall_clock_breakdown", "timers"}
-# The optimizer's settings in a user file, and the flags that say the same.
-_OPTIMIZER_PARAMS = {"lr": "--lr", "eps": "--adam-eps", "weight_decay": "--weight-decay"}
+_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
 
 def uses_master_weights(config: TrainConfig, topology: Topology) -> bool:
@@ -97,95 +89,29 @@ def _log2(scale: float) -> int:
     return power
 
 
-def load_user_config(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read the DeepSpeed config ({error.strerror})") from None
-    try:
-        user = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{path}:{error.lineno}: not valid JSON ({error.msg}); fix the DeepSpeed config"
-        ) from None
-    if not isinstance(user, dict):
-        raise ValueError(f"{path}: the DeepSpeed config must be a JSON object")
-    return _translate_deprecated(user, path)
-
-
-def _translate_deprecated(user: dict[str, Any], path: Path) -> dict[str, Any]:
-    zero = user.get("zero_optimization")
-    if isinstance(zero, dict) and "cpu_offload" in zero:
-        zero = dict(zero)
-        if zero.pop("cpu_offload"):
-            logger.warning(
-                '%s: "cpu_offload": true is deprecated; read as "offload_optimizer": '
-                '{"device": "cpu"}',
-                path,
-            )
-            zero.setdefault("offload_optimizer", {"device": "cpu"})
-        user = {**user, "zero_optimization": zero}
-    return user
-
-
-def merge_deepspeed_config(
-    derived: dict[str, Any], user: dict[str, Any], *, source: str
-) -> dict[str, Any]:
-    """derived with user's keys added; a key both set must agree (the value "auto" defers)."""
-    merged = dict(derived)
-    for key, value in user.items():
-        if key not in derived or key in _FREE_KEYS or value == "auto":
-            merged[key] = derived.get(key, value) if value == "auto" else value
-            continue
-        ours = derived[key]
-        if isinstance(ours, dict) and isinstance(value, dict):
-            merged[key] = merge_deepspeed_config(ours, value, source=f"{source}: {key}")
-        elif not _same(ours, value):
-            raise ValueError(
-                f"{source}: {key!r} is {value!r} in the DeepSpeed config but {ours!r} from the "
-                "command line; remove it from the file or change the flag"
-            )
+def merge_deepspeed_config(derived: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    """The user's file over the derived config (after ds_file.resolve_user_config, so the keys a
+    flag sets agree): the file's other keys win, as derived values yield to it; "auto" takes the
+    derived value. The batch keys stay derived: with a ramp-up the file's are DeepSpeed's initial
+    values only, which the loop's set_train_batch_size replaces (as upstream)."""
+    merged = _over(derived, user)
+    for key in _BATCH_KEYS:
+        merged[key] = derived[key]
     return merged
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or (a == b and type(a) is type(b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    return a == b
+def _over(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(ours)
+    for key, value in theirs.items():
+        if value == "auto" and key in ours:
+            continue
+        if isinstance(value, dict) and isinstance(ours.get(key), dict):
+            merged[key] = _over(ours[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def offloads_optimizer(ds_config: dict[str, Any]) -> bool:
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
     return offload.get("device") in ("cpu", "nvme")
-
-
-def check_user_optimizer(user: dict[str, Any], config: TrainConfig, *, source: str) -> None:
-    """A user file's "optimizer" section builds DeepSpeed's optimizer; it must agree with flags."""
-    section = user.get("optimizer")
-    if section is None:
-        return
-    if "scheduler" in user:
-        raise ValueError(
-            f'{source}: remove "scheduler"; the learning-rate schedule comes from --lr-* flags'
-        )
-    if config.optimizer.optimizer != "adam" or "adam" not in str(section.get("type", "")).lower():
-        raise ValueError(
-            f"{source}: the optimizer section must be an Adam type with --optimizer adam"
-        )
-    params = section.get("params", {})
-    flags = {"lr": config.optimizer.lr, "eps": config.optimizer.adam_eps}
-    flags["weight_decay"] = config.optimizer.weight_decay
-    for key, flag_name in _OPTIMIZER_PARAMS.items():
-        if key in params and not _same(float(params[key]), float(flags[key])):
-            raise ValueError(
-                f"{source}: optimizer {key} is {params[key]} but {flag_name} is {flags[key]}; "
-                "make them agree"
-            )
-    betas = params.get("betas")
-    ours = [config.optimizer.adam_beta1, config.optimizer.adam_beta2]
-    if betas is not None and [float(b) for b in betas] != ours:
-        raise ValueError(
-            f"{source}: optimizer betas are {betas} but --adam-beta1/--adam-beta2 give {ours}"
-        )

@@ -26,9 +26,7 @@ from mds_model import (
 
 from .config import Topology, TrainConfig
 from .ds_config import (
-    check_user_optimizer,
     derive_deepspeed_config,
-    load_user_config,
     merge_deepspeed_config,
     offloads_optimizer,
     uses_master_weights,
@@ -136,7 +134,10 @@ def _client_optimizer(
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=opt.adam_eps, fused=fused)
 
 
-def build_training_setup(config: TrainConfig, topology: Topology, gpt_config: GPTConfig):
+def build_training_setup(
+    config: TrainConfig, topology: Topology, gpt_config: GPTConfig, user_ds: dict[str, Any]
+):
+    """`user_ds`: the user's DeepSpeed file, already folded into `config` (ds_file.py)."""
     import deepspeed  # loaded here, after the flags and files were checked
     from mds_model import build_gpt_pipe, pipeline_deepspeed_config
 
@@ -156,19 +157,14 @@ def build_training_setup(config: TrainConfig, topology: Topology, gpt_config: GP
     if torch.cuda.is_available():
         module = module.cuda()
 
-    user: dict[str, Any] = {}
-    source = str(config.parallel.deepspeed_config)
-    if config.parallel.deepspeed_config is not None:
-        user = load_user_config(config.parallel.deepspeed_config)
-        check_user_optimizer(user, config, source=source)
-    client = "optimizer" not in user
+    client = "optimizer" not in user_ds
     derived = derive_deepspeed_config(
         config,
         topology,
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
         client_optimizer=client,
     )
-    ds_config = merge_deepspeed_config(derived, user, source=source) if user else derived
+    ds_config = merge_deepspeed_config(derived, user_ds)
     params = parameter_groups(module, config.optimizer.weight_decay)
     optimizer = None
     if client:

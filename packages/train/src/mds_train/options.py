@@ -14,6 +14,7 @@ import typing
 from typing import Annotated, Any
 
 import typer
+from mds_common.ignored_flags import IgnoredFlags, ignored
 
 _SPEC = "mds_train_flag"
 
@@ -108,64 +109,58 @@ def flag_names(section: type) -> dict[str, str]:
     }
 
 
-# Megatron-DeepSpeed flags whose job is done another way here: accepted, and each named once in a
-# warning. Value-taking flags map to True; plain switches to False.
-IGNORED: dict[str, tuple[bool, str]] = {
-    "--deepspeed": (False, "DeepSpeed is always on"),
-    "--data-impl": (True, "mmap is the only dataset format"),
-    "--dataset-impl": (True, "mmap is the only dataset format"),
-    "--DDP-impl": (True, "DeepSpeed's engine does data parallelism"),
-    "--local_rank": (True, ""),  # the deepspeed launcher adds it; ranks come from the environment
-    "--local-rank": (True, ""),
-    "--codecarbon-dir": (True, "energy tracking is not built in"),
-    "--partition-activations": (False, "activation checkpointing is mds_model's own"),
-    "--deepspeed-activation-checkpointing": (False, "activation checkpointing is mds_model's own"),
-    "--contigious-checkpointing": (False, "activation checkpointing is mds_model's own"),
-    "--checkpoint-in-cpu": (False, "activation checkpointing is mds_model's own"),
-    "--synchronize-each-layer": (False, "activation checkpointing is mds_model's own"),
-    "--no-masked-softmax-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
-    "--no-bias-gelu-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
-    "--no-bias-dropout-fusion": (False, "use --no-fused-kernels to turn every kernel off"),
-    "--tensorboard-log-interval": (True, "TensorBoard scalars are written every --log-interval"),
-    "--num-workers": (True, "the data loader reads memory-mapped samples in the main process"),
-    "--pipeline-model-parallel-impl": (True, "the DeepSpeed pipeline engine is the only one"),
-    "--no-pipeline-parallel": (False, "--pipeline-model-parallel-size 1 uses the plain engine"),
-    "--cpu-optimizer": (False, "offload the optimizer in the DeepSpeed config"),
-    "--override-lr-scheduler": (False, "the schedule always comes from the flags"),
-    "--use-checkpoint-lr-scheduler": (False, "the schedule always comes from the flags"),
-}
-
-
-def _ignored_dest(name: str) -> str:
-    return "ignored_" + name.lstrip("-").replace("-", "_").lower()
+# Megatron-DeepSpeed flags whose job is done another way here: accepted, and each one given named
+# once in a note (mds_common.ignored_flags).
+_ACTIVATIONS = "activation checkpointing is mds_model's own"
+_FUSION = "use --no-fused-kernels to turn every kernel off"
+_SCHEDULE = "the schedule always comes from the flags"
+IGNORED = IgnoredFlags(
+    [
+        ignored("--deepspeed", why="DeepSpeed is always on", nargs=0),
+        ignored("--data-impl", "--dataset-impl", why="mmap is the only dataset format"),
+        ignored("--DDP-impl", why="DeepSpeed's engine does data parallelism"),
+        # The deepspeed launcher adds it beside LOCAL_RANK: noted only when the two differ.
+        ignored(
+            "--local_rank",
+            "--local-rank",
+            why="the local rank comes from the LOCAL_RANK environment variable",
+            env="LOCAL_RANK",
+        ),
+        ignored("--codecarbon-dir", why="energy tracking is not built in"),
+        ignored("--partition-activations", why=_ACTIVATIONS, nargs=0),
+        ignored("--deepspeed-activation-checkpointing", why=_ACTIVATIONS, nargs=0),
+        ignored("--contigious-checkpointing", why=_ACTIVATIONS, nargs=0),
+        ignored("--checkpoint-in-cpu", why=_ACTIVATIONS, nargs=0),
+        ignored("--synchronize-each-layer", why=_ACTIVATIONS, nargs=0),
+        ignored("--no-masked-softmax-fusion", why=_FUSION, nargs=0),
+        ignored("--no-bias-gelu-fusion", why=_FUSION, nargs=0),
+        ignored("--no-bias-dropout-fusion", why=_FUSION, nargs=0),
+        ignored(
+            "--tensorboard-log-interval", why="TensorBoard scalars are written every --log-interval"
+        ),
+        ignored(
+            "--num-workers", why="the data loader reads memory-mapped samples in the main process"
+        ),
+        ignored(
+            "--pipeline-model-parallel-impl", why="the DeepSpeed pipeline engine is the only one"
+        ),
+        ignored(
+            "--no-pipeline-parallel",
+            why="--pipeline-model-parallel-size 1 uses the plain engine",
+            nargs=0,
+        ),
+        ignored("--cpu-optimizer", why="offload the optimizer in the DeepSpeed config", nargs=0),
+        ignored("--override-lr-scheduler", why=_SCHEDULE, nargs=0),
+        ignored("--use-checkpoint-lr-scheduler", why=_SCHEDULE, nargs=0),
+    ]
+)
 
 
 def ignored_parameters() -> list[inspect.Parameter]:
-    """Hidden options for IGNORED; `--local_rank` and `--local-rank` share one."""
-    parameters, seen = [], set()
-    for name, (takes_value, _) in IGNORED.items():
-        dest = _ignored_dest(name)
-        if dest in seen:
-            continue
-        seen.add(dest)
-        names = [n for n in IGNORED if _ignored_dest(n) == dest]
-        annotation = str | None if takes_value else bool
-        parameters.append(
-            inspect.Parameter(
-                dest,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None if takes_value else False,
-                annotation=Annotated[annotation, typer.Option(*names, hidden=True)],
-            )
-        )
-    return parameters
+    """Hidden options for IGNORED."""
+    return IGNORED.parameters()
 
 
 def ignored_flags_given(values: dict[str, Any]) -> list[str]:
     """The ignored flags present on the command line, with why each is ignored."""
-    given = {}
-    for name, (_, why) in IGNORED.items():
-        dest = _ignored_dest(name)
-        if why and values.get(dest) not in (None, False):
-            given.setdefault(dest, f"{name} is accepted and ignored: {why}")
-    return list(given.values())
+    return IGNORED.notes(values)

@@ -29,6 +29,8 @@ from .config import Topology, TrainConfig
 from .data import Vocabulary, build_datasets, read_vocabulary
 from .distributed import device, init_distributed, launch_environment
 from .ds_config import effective_zero_stage
+from .ds_file import load_user_config, resolve_user_config
+from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
@@ -141,19 +143,36 @@ def _checkpoint_to_load(
     )
 
 
-def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
+def run(
+    config: TrainConfig, *, warnings: list[str] = (), given: frozenset[str] = frozenset()
+) -> int:
+    """`warnings`: notes for rank 0 to log (ignored flags); `given`: the config fields the user
+    gave (cli.given_fields), which a `--deepspeed_config` file may not contradict."""
     # Flags, vocabulary and datasets are checked before DeepSpeed loads or any process group
     # forms, so a mistake is one line on stderr and nothing else.
     launch = launch_environment()
     topology = config.topology(launch.world_size)
+    user_ds: dict = {}
+    if config.parallel.deepspeed_config is not None:
+        path = config.parallel.deepspeed_config
+        user_ds = load_user_config(path)
+        config = resolve_user_config(config, user_ds, topology, given=given, source=str(path))
     config.validate(topology)
     vocab = read_vocabulary(config.data)
     _check_datasets(config, vocab)
     _check_output_folders(config)
-    init_distributed(config.parallel.distributed_backend)
+    backend, backend_note = choose_backend(
+        config.parallel.distributed_backend,
+        cuda=torch.cuda.is_available(),
+        available=lambda name: getattr(dist, f"is_{name}_available")(),
+    )
+    config, user_ds, fp16_note = without_fp16(config, user_ds, fp16_supported=_fp16_supported())
+    init_distributed(backend)
     _configure_logging(launch.rank)
-    for warning in warnings:
-        logger.warning("%s", warning)
+    if launch.rank == 0:  # the same on every rank: said once
+        for warning in [*warnings, backend_note, fp16_note]:
+            if warning:
+                logger.warning("%s", warning)
     if config.logging.peak_tflops is None:
         peak = default_peak_tflops(config.params_dtype)
         config = dataclasses.replace(
@@ -184,7 +203,7 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
-    setup = build_training_setup(config, topology, gpt_config)
+    setup = build_training_setup(config, topology, gpt_config, user_ds)
     checkpoint = CheckpointContext(
         engine=setup.engine,
         rank=launch.rank,
@@ -240,6 +259,14 @@ def run(config: TrainConfig, *, warnings: list[str] = ()) -> int:
             torch.cuda.synchronize()
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _fp16_supported() -> bool:
+    if torch.cuda.is_available():
+        return True
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
 
 
 def _write_resolved_config(
