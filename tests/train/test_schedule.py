@@ -60,6 +60,53 @@ def test_rampup_follows_megatron():
     assert ramp.iterations_for(1000) == iterations + (1000 - consumed) // 16
 
 
+def megatron_train_iters(start: int, increment: int, ramp: int, gbs: int, train_samples: int):
+    """Megatron-DeepSpeed's update_train_iters (megatron/training.py) over the rule of
+    RampupBatchsizeNumMicroBatches.update (megatron/microbatches.py), transcribed."""
+
+    def current_global_batch_size(consumed: int) -> int:
+        if consumed > ramp:
+            return gbs
+        return start + int(consumed / (ramp / ((gbs - start) // increment))) * increment
+
+    iterations = consumed = 0
+    while consumed <= ramp:
+        consumed += current_global_batch_size(consumed)
+        iterations += 1
+    return iterations + (train_samples - consumed) // gbs
+
+
+def test_train_samples_give_megatrons_iterations_when_longer_than_the_ramp():
+    ramp = BatchSizeSchedule(
+        global_batch_size=12, micro_batch_size=1, data_parallel_size=1, rampup=(2, 2, 60)
+    )
+    assert ramp.iterations_for(150) == megatron_train_iters(2, 2, 60, 12, 150) == 21
+    for train_samples in range(60, 400):
+        assert ramp.iterations_for(train_samples) == megatron_train_iters(
+            2, 2, 60, 12, train_samples
+        ), train_samples
+
+
+def test_train_samples_shorter_than_the_ramp_stop_once_consumed():
+    # The bigscience seeds' ramp (2 2 1_000 to 16) over 100 samples: upstream's formula says 129
+    # iterations (414 samples), a clamp of its negative term 187 (1,016); 50 batches of 2 are 100.
+    seeds = BatchSizeSchedule(
+        global_batch_size=16, micro_batch_size=1, data_parallel_size=1, rampup=(2, 2, 1000)
+    )
+    assert megatron_train_iters(2, 2, 1000, 16, 100) == 129
+    assert seeds.iterations_for(100) == 50
+    ramp = BatchSizeSchedule(
+        global_batch_size=12, micro_batch_size=1, data_parallel_size=1, rampup=(2, 2, 60)
+    )
+    for train_samples in range(60):
+        iterations = ramp.iterations_for(train_samples)
+        consumed = 0
+        for _ in range(iterations):
+            consumed += ramp.global_batch_at(consumed)
+        # every sample of those iterations was asked for; one more iteration would overrun
+        assert consumed <= train_samples < consumed + ramp.global_batch_at(consumed)
+
+
 def test_rampup_sizes_must_divide():
     with pytest.raises(ValueError, match="not a multiple"):
         BatchSizeSchedule(
@@ -67,3 +114,7 @@ def test_rampup_sizes_must_divide():
         )
     with pytest.raises(ValueError, match="--global-batch-size"):
         BatchSizeSchedule(global_batch_size=10, micro_batch_size=4, data_parallel_size=1)
+    with pytest.raises(ValueError, match="samples must be >= 1"):  # Megatron divides by zero
+        BatchSizeSchedule(
+            global_batch_size=4, micro_batch_size=1, data_parallel_size=1, rampup=(2, 2, 0)
+        )

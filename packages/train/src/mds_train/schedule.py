@@ -83,8 +83,9 @@ class BatchSizeSchedule:
         if self.rampup is None:
             return
         start, increment, ramp_samples = self.rampup
-        if start < 1 or increment < 1 or ramp_samples < 0:
-            raise ValueError("--rampup-batch-size: start and increment must be >= 1, samples >= 0")
+        if start < 1 or increment < 1 or ramp_samples < 1:
+            # 0 samples would divide by zero in Megatron's rule (0 samples per increment).
+            raise ValueError("--rampup-batch-size: start, increment and samples must be >= 1")
         difference = self.global_batch_size - start
         if difference < 0 or difference % increment:
             raise ValueError(
@@ -114,11 +115,18 @@ class BatchSizeSchedule:
         )
 
     def iterations_for(self, train_samples: int) -> int:
-        """Megatron's `update_train_iters`: ramp-up iterations, then whole global batches."""
+        """Iterations of a `--train-samples` run: as many as fit in it, a partial last batch
+        thrown away. That is Megatron's `update_train_iters` (the ramp's iterations, then
+        `(train_samples - consumed) // global_batch_size`) whenever the run is at least as long
+        as the ramp; a shorter run stops where its samples are consumed, where upstream's
+        negative term would cut iterations off the ramp that it still counts in full."""
         if self.rampup is None:
             return train_samples // self.global_batch_size
         iterations = consumed = 0
         while consumed <= self.rampup[2]:
-            consumed += self.global_batch_at(consumed)
+            batch = self.global_batch_at(consumed)
+            if consumed + batch > train_samples:
+                return iterations
+            consumed += batch
             iterations += 1
-        return iterations + max(0, train_samples - consumed) // self.global_batch_size
+        return iterations + (train_samples - consumed) // self.global_batch_size
