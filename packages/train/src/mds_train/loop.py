@@ -187,12 +187,17 @@ class Trainer:
             loss = engine.train_batch(data_iter=batches).float().reshape(())
         else:
             total = torch.zeros((), device=self.device)
-            for _ in range(self._num_micro):
+            for micro in range(self._num_micro):
+                # The iteration's last micro-batch is the accumulation boundary (reduce, step),
+                # said explicitly as upstream's forward_backward_no_pipelining does: DeepSpeed's
+                # own count, (micro_steps + 1) % gradient_accumulation_steps, drifts off the
+                # iterations once the ramp-up changes the accumulation steps mid-run.
+                engine.set_gradient_accumulation_boundary(micro == self._num_micro - 1)
                 tokens, labels, loss_mask = next(batches)
                 loss = engine(tokens, labels, loss_mask)
                 engine.backward(loss)
-                engine.step()
                 total += loss.detach().float()
+            engine.step()
             loss = total / self._num_micro
             if self.setup.groups.dp_size > 1:
                 dist.all_reduce(loss, group=self.setup.groups.dp_group)
