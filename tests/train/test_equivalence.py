@@ -171,6 +171,7 @@ def offload_config(tmp_path: Path) -> list[str]:
 LAYOUTS["dp2-zero3-offload"] = (2, offload_config)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_parallel_layouts_match_one_process(
     layout, runs, reference_run, shared_data, data_cache, tmp_path
