@@ -93,6 +93,15 @@ def merge(
     model_type: Annotated[
         str, typer.Option("--model-type", help="merge_mp_partitions' flag; only GPT.")
     ] = "GPT",
+    target_layout: Annotated[
+        str,
+        typer.Option(
+            "--target-layout",
+            help="Files to write: mds (mds-train's), deepspeedai or bigscience "
+            "(Megatron-DeepSpeed forks' DeepSpeed files), megatron (iter_N/mp_rank_XX/"
+            "model_optim_rng.pt).",
+        ),
+    ] = "mds",
 ) -> None:
     """Reshape a checkpoint to another tensor/pipeline-parallel layout (mds-train's layout)."""
     with _loading():
@@ -109,6 +118,7 @@ def merge(
         iteration=iteration,
         with_optimizer=with_optimizer,
         verify=verify,
+        layout=target_layout,
     )
     if tensor_model_parallel_size is not None:
         _check_source_tp(config, tensor_model_parallel_size)
@@ -146,6 +156,14 @@ def export_hf(
         bool,
         typer.Option("--verify", help="Compare the exported weights' logits with the source's."),
     ] = False,
+    vocab_file: Annotated[
+        Path | None,
+        typer.Option("--vocab-file", help="GPT-2 vocab.json to put beside; default: the ckpt's."),
+    ] = None,
+    merge_file: Annotated[
+        Path | None,
+        typer.Option("--merge-file", help="GPT-2 merges.txt to put beside (with --vocab-file)."),
+    ] = None,
 ) -> None:
     """Write a GPT2LMHeadModel folder (config.json + model.safetensors, padding removed)."""
     with _loading():
@@ -154,7 +172,13 @@ def export_hf(
 
     result = run_export(
         ExportConfig(
-            load=load, save=save, iteration=iteration, eos_token_id=eos_token_id, verify=verify
+            load=load,
+            save=save,
+            iteration=iteration,
+            eos_token_id=eos_token_id,
+            verify=verify,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
         )
     )
     typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")
