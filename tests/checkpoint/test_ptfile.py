@@ -5,6 +5,7 @@ conversions bit for bit against torch's `.to()`."""
 import argparse
 import collections
 import contextlib
+import enum
 import importlib
 import random
 import struct
@@ -499,3 +500,35 @@ def test_unreadable_files_are_one_line_errors(tmp_path):
             ptfile.load(path)
         text = str(error.value)
         assert text.startswith(f"{path}: ") and message in text and "\n" not in text, text
+
+
+def test_pickles_a_namespace_and_an_enum_as_torch_save_does(tmp_path):
+    """Megatron's `args` (an argparse.Namespace) in the bytes torch.save writes for it (protocol 2:
+    GLOBAL argparse Namespace, NEWOBJ, BUILD its dict), and a class of a module that is not
+    installed (bigscience's `megatron.enums.PositionEmbeddingType`) by name, as pickle writes an
+    Enum member: the class called with its value."""
+    args = argparse.Namespace(num_layers=2, tokenizer_type="GPT2BPETokenizer", lr=None, ids=[1, 2])
+    ptfile.save({"args": args, "w": np.arange(6, dtype=np.float32)}, tmp_path / "mds.pt")
+    torch.save({"args": args, "w": torch.arange(6, dtype=torch.float32)}, tmp_path / "torch.pt")
+
+    def pickled(path: Path) -> bytes:
+        with zipfile.ZipFile(path) as archive:
+            return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+
+    assert pickled(tmp_path / "mds.pt") == pickled(tmp_path / "torch.pt")
+    assert torch.load(tmp_path / "mds.pt", weights_only=False)["args"] == args
+
+    class Reduced:  # what ptfile.GlobalName stands for, the way upstream_state uses it
+        def __reduce__(self):
+            return ptfile.GlobalName("megatron.enums", "PositionEmbeddingType"), (2,)
+
+    ptfile.save({"position_embedding_type": Reduced()}, tmp_path / "enum.pt")
+    enums = type(sys)("megatron.enums")
+    enums.PositionEmbeddingType = enum.Enum("PositionEmbeddingType", "rotary absolute")
+    enums.PositionEmbeddingType.__module__ = "megatron.enums"
+    sys.modules.update({"megatron": type(sys)("megatron"), "megatron.enums": enums})
+    try:
+        loaded = torch.load(tmp_path / "enum.pt", weights_only=False)
+    finally:
+        del sys.modules["megatron"], sys.modules["megatron.enums"]
+    assert loaded["position_embedding_type"] is enums.PositionEmbeddingType.absolute

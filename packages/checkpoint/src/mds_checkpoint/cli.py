@@ -134,6 +134,15 @@ def merge(
     num_attention_heads: ModelFlag = None,
     seq_length: ModelFlag = None,
     max_position_embeddings: ModelFlag = None,
+    target_layout: Annotated[
+        str,
+        typer.Option(
+            "--target-layout",
+            help="Files to write: mds (mds-train's), deepspeedai or bigscience "
+            "(Megatron-DeepSpeed forks' DeepSpeed files), megatron (iter_N/mp_rank_XX/"
+            "model_optim_rng.pt).",
+        ),
+    ] = "mds",
 ) -> None:
     """Reshape a checkpoint to another tensor/pipeline-parallel layout (mds-train's layout)."""
     with _loading():
@@ -150,6 +159,7 @@ def merge(
         iteration=iteration,
         with_optimizer=with_optimizer,
         verify=verify,
+        layout=target_layout,
     )
     model_flags = tuple(
         (name, value)
@@ -201,6 +211,14 @@ def export_hf(
         bool,
         typer.Option("--verify", help="Compare the exported weights' logits with the source's."),
     ] = False,
+    vocab_file: Annotated[
+        Path | None,
+        typer.Option("--vocab-file", help="GPT-2 vocab.json to put beside; default: the ckpt's."),
+    ] = None,
+    merge_file: Annotated[
+        Path | None,
+        typer.Option("--merge-file", help="GPT-2 merges.txt to put beside (with --vocab-file)."),
+    ] = None,
 ) -> None:
     """Write a GPT2LMHeadModel folder (config.json + model.safetensors, padding removed)."""
     with _loading():
@@ -209,7 +227,13 @@ def export_hf(
 
     result = run_export(
         ExportConfig(
-            load=load, save=save, iteration=iteration, eos_token_id=eos_token_id, verify=verify
+            load=load,
+            save=save,
+            iteration=iteration,
+            eos_token_id=eos_token_id,
+            verify=verify,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
         )
     )
     typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")

@@ -12,9 +12,18 @@ mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (de
 
 from __future__ import annotations
 
+from typing import Any
+
 from mds_model import GPTConfig
 
-from .names import FINAL_NORM, LAYER_NAMES, canonical_layer_key, embedding_names, layer_name
+from .names import (
+    FINAL_NORM,
+    LAYER_NAMES,
+    canonical_layer_key,
+    embedding_names,
+    layer_name,
+    layer_of,
+)
 
 TIED_PREFIX = "tied_modules.embed."
 MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
@@ -35,6 +44,45 @@ def pipe_layer_indices(num_layers: int, numbering: str) -> tuple[int, int]:
     gap = PIPE_GAPS[numbering]
     first = EMBEDDING_INDEX + gap
     return first, first + num_layers - 1 + gap
+
+
+def pipeline_file_key(name: str, num_layers: int, numbering: str) -> tuple[int, str]:
+    """(GPTModelPipe spec index, key inside its layer file) of a plain-GPT parameter name in a
+    fork's numbering: the inverse of `pipeline_to_plain`."""
+    first, final = pipe_layer_indices(num_layers, numbering)
+    layer = layer_of(name)
+    if layer is not None:
+        return first + layer[0], layer[1]
+    if name.startswith("embedding."):
+        return EMBEDDING_INDEX, name[len("embedding.") :]
+    if name.startswith("final_layernorm."):
+        return final, name[len("final_layernorm.") :]
+    raise ValueError(f"no pipeline layer holds {name}")
+
+
+def megatron_nested(flat: dict[str, Any], *, layer_offset: int = 0) -> dict[str, Any]:
+    """Plain GPT names -> the nested dict Megatron's `GPTModel.state_dict_for_save_checkpoint`
+    writes: `language_model` -> `embedding` -> `word_embeddings` -> `weight` (and BLOOM's
+    `norm.*`), `position_embeddings` -> `weight`; `encoder` -> `layers.I.X` (I counted from
+    `layer_offset`, a pipeline stage's first layer) and `final_layernorm.X`. Only the parts
+    present are nested (a pipeline stage holds some)."""
+    embedding: dict[str, dict[str, Any]] = {}
+    encoder: dict[str, Any] = {}
+    for name, value in flat.items():
+        layer = layer_of(name)
+        if layer is not None:
+            encoder[layer_name(layer[0] - layer_offset, layer[1])] = value
+        elif name.startswith("embedding."):
+            sub, key = name[len("embedding.") :].split(".", 1)
+            embedding.setdefault(sub, {})[key] = value
+        else:
+            encoder[name] = value
+    language: dict[str, Any] = {}
+    if embedding:
+        language["embedding"] = embedding
+    if encoder:
+        language["encoder"] = encoder
+    return {"language_model": language}
 
 
 def megatron_to_plain(name: str) -> str:

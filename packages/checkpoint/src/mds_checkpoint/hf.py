@@ -40,7 +40,8 @@ from .hf_folder import (
     read_hf_config,
 )
 from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
-from .source import open_source
+from .source import open_source, tokenizer_record
+from .upstream_state import tokenizer_eod_id
 from .writer import new_save_folder, tag_for
 
 logger = logging.getLogger(__name__)
@@ -72,9 +73,10 @@ def export_hf(config: ExportConfig) -> ExportResult:
     source = open_source(config.load, iteration=config.iteration)
     _refuse_non_gpt2(source.config, source.folder)
     model = consolidate(source)
+    tokenizer = _export_tokenizer(config, tokenizer_record(model.meta))
     eos = config.eos_token_id
     if eos is None:
-        eos = (model.meta.get("tokenizer") or {}).get("eod_id")
+        eos = tokenizer_eod_id(tokenizer)
     hf_config = hf_gpt2_config(model.config, eos_token_id=eos)
     hf_config["torch_dtype"] = model.config.params_dtype
     state = to_hf_gpt2_state_dict(model.state_dict, model.config)
@@ -83,12 +85,24 @@ def export_hf(config: ExportConfig) -> ExportResult:
     with atomic_directory(config.save) as staging:
         (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
-        _copy_tokenizer(model.meta.get("tokenizer") or {}, staging)
+        _copy_tokenizer(tokenizer, staging)
         if config.verify:
             from .verify import check_logits
 
             difference = check_logits(model, _consolidated_from_hf(staging))
     return ExportResult(config.save, len(state), difference)
+
+
+def _export_tokenizer(config: ExportConfig, recorded: dict) -> dict:
+    """The tokenizer that goes beside the weights: --vocab-file/--merge-file, else the one the
+    checkpoint names (meta.json's record, or Megatron's args)."""
+    if config.vocab_file is None:
+        return recorded
+    return {
+        "type": "GPT2BPETokenizer",
+        "vocab_file": config.vocab_file,
+        "merge_file": config.merge_file,
+    }
 
 
 def _copy_tokenizer(recorded: dict, folder: Path) -> None:
@@ -152,10 +166,10 @@ def import_hf(config: ImportConfig) -> Path:
         folder = writer.folder
         for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
             writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
-        writer.finish({})
         eos = hf_config.get("eos_token_id")
         tokenizer = {**_recorded_folder_tokenizer(config.load), "vocab_size": model.vocab_size}
         base = {"tokenizer": {**tokenizer, "eod_id": eos}}
+        writer.finish({}, tokenizer=base["tokenizer"])
         provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
         write_meta(
             folder,

@@ -16,6 +16,7 @@ from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
 from .consolidate import single_rank_config
+from .locate import MEGATRON_TRACKER
 from .source import MDS_FORMAT, META, PROGRESS_FIELDS, model_fields
 
 LATEST = "latest"
@@ -50,11 +51,14 @@ def check_save_folder(save: Path) -> None:
     entries = list(save.iterdir())
     if not entries:
         return
-    latest = save / LATEST
-    if latest.is_file():
-        meta_path = save / latest.read_text().strip() / META
+    for pointer in (save / LATEST, save / MEGATRON_TRACKER):  # an earlier output's tag
+        if not pointer.is_file():
+            continue
+        tag = pointer.read_text().strip()
+        if pointer.name == MEGATRON_TRACKER and tag.isdigit():
+            tag = f"iter_{int(tag):07d}"
         try:
-            if json.loads(meta_path.read_text()).get("tool") == TOOL:
+            if json.loads((save / tag / META).read_text()).get("tool") == TOOL:
                 return
         except (OSError, json.JSONDecodeError):
             pass
@@ -75,6 +79,7 @@ def output_meta(
     tag: str,
     reshaped: dict[str, Any],
     optimizer: dict[str, Any] | None,
+    layout: str = "mds",
 ) -> dict[str, Any]:
     """meta.json of the output: the source's description with this model, topology and records."""
     tp = config.tensor_model_parallel_size
@@ -92,14 +97,22 @@ def output_meta(
             "pipeline_parallel": pipeline_parallel,
             "data_parallel": 1,
             "zero_stage": 0,
-            "engine": "pipeline" if pipeline_parallel > 1 else "plain",
+            "engine": _engine(layout, pipeline_parallel),
         },
         precision=config.params_dtype,
     )
     meta.setdefault("tokenizer", None)
     meta.update(progress_of(base))
-    meta.update(tag=tag, reshaped=reshaped, optimizer=optimizer)
+    meta.update(tag=tag, layout=layout, reshaped=reshaped, optimizer=optimizer)
     return meta
+
+
+def _engine(layout: str, pipeline_parallel: int) -> str:
+    """Which engine's files hold the weights: DeepSpeed's pipeline (layer files; bigscience's fork
+    runs it at any PP) or plain engine, or none (plain Megatron's model_optim_rng.pt)."""
+    if layout == "megatron":
+        return "megatron"
+    return "pipeline" if pipeline_parallel > 1 or layout == "bigscience" else "plain"
 
 
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:

@@ -23,7 +23,6 @@ from .config import ReshapeConfig
 from .consolidate import consolidate
 from .optimizer_read import OptimizerState
 from .output import (
-    LATEST,
     check_save_folder,
     output_meta,
     progress_of,
@@ -31,8 +30,8 @@ from .output import (
     write_meta,
 )
 from .partition import BufferPool
-from .source import Source, merged_part, open_source
-from .writer import new_save_folder, tag_for
+from .source import Source, merged_part, open_source, tokenizer_record
+from .writer import new_save_folder, tag_for, write_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +54,15 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         pipeline_parallel=config.pipeline_parallel,
     )
     check_save_folder(config.save)
-    tag = tag_for(source.iteration)
+    tag = tag_for(source.iteration, config.layout)
     num_tensors = num_bytes = 0
     difference = None
     with new_save_folder(
-        config.save, tag, config=target, pipeline_parallel=config.pipeline_parallel
+        config.save,
+        tag,
+        config=target,
+        pipeline_parallel=config.pipeline_parallel,
+        layout=config.layout,
     ) as (staging, writer):
         folder = writer.folder
         current: dict[str, np.ndarray] = {}
@@ -94,7 +97,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                 pending.result()
             meter.close()
         current = {}
-        writer.finish(progress_of(source.meta))
+        writer.finish(progress_of(source.meta), tokenizer=tokenizer_record(source.meta))
         optimizer_record = None
         if optimizer is not None:
             universal.write_global_state(
@@ -111,9 +114,10 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
             tag=tag,
             reshaped=_provenance(source),
             optimizer=optimizer_record,
+            layout=config.layout,
         )
         write_meta(folder, meta)
-        (staging / LATEST).write_text(tag)
+        write_trackers(staging, layout=config.layout, tag=tag, iteration=source.iteration)
         if config.verify:
             from .verify import check_logits  # the model and its Triton kernels: only here
 

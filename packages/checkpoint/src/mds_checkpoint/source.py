@@ -35,6 +35,7 @@ from .sources import (
 )
 
 META = "meta.json"
+MEGATRON_TOKENIZER = "megatron_tokenizer"  # meta's record of Megatron args' tokenizer fields
 MDS_FORMAT = "mds-train checkpoint"
 PROGRESS_FIELDS = (
     "iteration",
@@ -119,13 +120,27 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
         "consumed_train_tokens": int(state.get("tokens", 0) or 0),
     }
     progress["lr_samples"] = progress["consumed_train_samples"]
-    return {
+    meta = {
         "model": model_fields(config),
         "parallel": {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": None},
         "precision": config.params_dtype,
         "tokenizer": None,
         **progress,
     }
+    if getattr(args, "tokenizer_type", None):
+        meta[MEGATRON_TOKENIZER] = {
+            "type": args.tokenizer_type,
+            **{key: getattr(args, key, None) for key in ("vocab_file", "merge_file")},
+            "vocab_size": config.vocab_size,
+        }
+    return meta
+
+
+def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer a checkpoint names: meta.json's `tokenizer` (mds-train records its files and
+    end-of-document id), else what Megatron's args say (`tokenizer_type`, `vocab_file`,
+    `merge_file`, as the run was given them); {} when neither."""
+    return meta.get("tokenizer") or meta.get(MEGATRON_TOKENIZER) or {}
 
 
 def model_fields(config: GPTConfig) -> dict[str, Any]:
@@ -211,7 +226,8 @@ def _megatron_source(folder: Path) -> Source:
             f"{folder}: {reader.num_layers} layers in the files, num_layers {config.num_layers} "
             "in Megatron's args"
         )
-    meta = _megatron_meta(state, config, reader.tp_size, reader.pp_size)
+    # mds-merge-mp's --target-layout megatron leaves its meta.json beside (tokenizer, progress)
+    meta = _read_meta(folder) or _megatron_meta(state, config, reader.tp_size, reader.pp_size)
     return Source(
         folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader,
         qkv_order=reader.qkv_order,

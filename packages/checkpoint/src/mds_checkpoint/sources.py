@@ -234,8 +234,8 @@ def flatten_language_model(
     out = {}
     embedding = language.get("embedding", {})
     for sub in ("word_embeddings", "position_embeddings"):
-        if sub in embedding:
-            out[f"embedding.{sub}.weight"] = embedding[sub]["weight"]
+        for key, tensor in embedding.get(sub, {}).items():  # `weight`, BLOOM's `norm.*`
+            out[f"embedding.{sub}.{key}"] = tensor
     encoder = language.get("encoder", language.get("transformer", {}))
     for name, tensor in encoder.items():
         if name.startswith("layers."):

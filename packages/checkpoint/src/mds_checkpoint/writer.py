@@ -1,13 +1,20 @@
-"""Writing an mds-train checkpoint at a target (TP, PP), one model part at a time.
+"""Writing a checkpoint at a target (TP, PP) in one of four layouts, one model part at a time.
 
-PP > 1: DeepSpeed's pipeline files, `layer_XX-model_YY-model_states.pt` per GPTModelPipe index and
-TP rank (written as each part arrives), and one `mp_rank_MM_model_states.pt` per (stage, TP rank)
-with `module` None (MM = stage * TP + tp). PP = 1: the plain engine's `mp_rank_YY_model_states.pt`
-with the GPT's state dict under `module`, streamed tensor by tensor (`ptfile.StreamingSave`). Every
-mp_rank file carries the DeepSpeed keys its loader reads and mds-train's progress
-(`mds_train.state`). Tensors are numpy arrays (`arrays.py`), written in torch.save's format by
-`ptfile`. What is written goes to disk in the background as the next parts are made
-(`writeback.py`).
+- "mds" (mds-train's own): PP > 1, DeepSpeed's pipeline files `layer_XX-model_YY-model_states.pt`
+  per GPTModelPipe index (bigscience's numbering) and TP rank, and one `mp_rank_MM_model_states.pt`
+  per (stage, TP rank) with `module` None (MM = stage * TP + tp); PP = 1, the plain engine's
+  `mp_rank_YY_model_states.pt` with the GPT's flat state dict under `module`.
+- "deepspeedai" (deepspeedai/Megatron-DeepSpeed): the same files, layer files in its numbering and
+  `module` in Megatron's nested names (`engine_names.megatron_nested`).
+- "bigscience" (bigscience-workshop/Megatron-DeepSpeed, which always runs GPTModelPipe): layer
+  files in its numbering at any PP.
+- "megatron" (plain Megatron): `mp_rank_TT[_PPP]/model_optim_rng.pt` with the nested `model`,
+  stage-local layer numbers, and the last stage's `word_embeddings_for_head` when PP > 1.
+Every rank file carries upstream's client state (`upstream_state.py`), the DeepSpeed layouts the
+keys DeepSpeed's loader reads, "mds" also mds-train's progress (`mds_train.state`). Streamed
+files (`ptfile.StreamingSave`) get their tensors as parts arrive and their pickle at `finish`.
+Tensors are numpy arrays (`arrays.py`). What is written goes to disk in the background as the
+next parts are made (`writeback.py`).
 """
 
 from __future__ import annotations
@@ -23,28 +30,36 @@ from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
 from . import ptfile
-from .names import layer_of
+from .config import TARGET_LAYOUTS as LAYOUTS
+from .engine_names import megatron_nested, pipeline_file_key
+from .locate import LATEST, MEGATRON_FILE, MEGATRON_TRACKER
+from .names import WORD_EMBEDDINGS, layer_of
 from .partition import split_whole
+from .upstream_state import upstream_keys
 from .writeback import WriteBack
 
 CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
 CLIENT_VERSION = 1
+_NUMBERING = {"mds": "bigscience", "deepspeedai": "deepspeedai", "bigscience": "bigscience"}
+HEAD_COPY = "word_embeddings_for_head"  # Megatron's last-stage copy of the tied embedding
 
 
-def tag_for(iteration: int) -> str:
+def tag_for(iteration: int, layout: str = "mds") -> str:
+    """The checkpoint folder's name: DeepSpeed's `global_stepN`; Megatron's `iter_NNNNNNN`, or
+    `release` at iteration 0 (its `read_metadata` takes no iteration 0)."""
+    if layout == "megatron":
+        return "release" if iteration == 0 else f"iter_{iteration:07d}"
     return f"global_step{iteration}"
 
 
-def pipeline_file_key(name: str, config: GPTConfig) -> tuple[int, str]:
-    """(GPTModelPipe index, key inside its layer file) of a plain-GPT parameter name."""
-    layer = layer_of(name)
-    if layer is not None:
-        return layer[0] + 3, layer[1]
-    if name.startswith("embedding."):
-        return 1, name[len("embedding.") :]
-    if name.startswith("final_layernorm."):
-        return config.num_layers + 4, name[len("final_layernorm.") :]
-    raise ValueError(f"no pipeline layer holds {name}")
+def write_trackers(save: Path, *, layout: str, tag: str, iteration: int) -> None:
+    """The save folder's pointers, as each writer leaves them: DeepSpeed's `latest` (the tag) and
+    Megatron's `latest_checkpointed_iteration.txt` (the iteration, or `release`), which
+    deepspeedai's save_checkpoint writes beside DeepSpeed's and plain Megatron alone."""
+    if layout != "megatron":
+        (save / LATEST).write_text(tag)
+    if layout in ("deepspeedai", "megatron"):
+        (save / MEGATRON_TRACKER).write_text("release" if tag == "release" else str(iteration))
 
 
 class CheckpointWriter:
@@ -53,19 +68,47 @@ class CheckpointWriter:
     Used as a context manager: an error ends the open files and the write-back at once (the
     caller removes the folder), not in some finalizer later."""
 
-    def __init__(self, folder: Path, *, config: GPTConfig, pipeline_parallel: int) -> None:
-        self.folder, self.config, self.pp = folder, config, pipeline_parallel
+    def __init__(
+        self, folder: Path, *, config: GPTConfig, pipeline_parallel: int, layout: str = "mds"
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"--target-layout {layout}: choose one of {', '.join(LAYOUTS)}")
+        self.folder, self.config, self.pp, self.layout = folder, config, pipeline_parallel, layout
         self.tp = config.tensor_model_parallel_size
         folder.mkdir(parents=True, exist_ok=True)
-        self._streams: list[ptfile.StreamingSave] = []
-        self._modules: list[dict[str, Any]] = []
+        # layer files (DeepSpeed's pipeline engine), else one streamed file per (tp, stage)
+        self.layer_files = layout == "bigscience" or (layout != "megatron" and self.pp > 1)
+        self._streams: dict[tuple[int, int], ptfile.StreamingSave] = {}
+        self._modules: dict[tuple[int, int], dict[str, Any]] = {}
         self._write_back = WriteBack()
-        if self.pp == 1:
-            for tp in range(self.tp):
-                self._streams.append(
-                    ptfile.StreamingSave(folder / f"mp_rank_{tp:02d}_model_states.pt")
-                )
-                self._modules.append({})
+        if not self.layer_files:
+            stages = self.pp if layout == "megatron" else 1
+            for stage in range(stages):
+                for tp in range(self.tp):
+                    path = self._stream_path(tp, stage)
+                    path.parent.mkdir(exist_ok=True)
+                    self._streams[(tp, stage)] = ptfile.StreamingSave(path)
+                    self._modules[(tp, stage)] = {}
+
+    def _stream_path(self, tp: int, stage: int) -> Path:
+        if self.layout != "megatron":
+            return self.folder / f"mp_rank_{tp:02d}_model_states.pt"
+        # Megatron's get_checkpoint_name: the pipeline rank only when PP > 1
+        rank = f"mp_rank_{tp:02d}" if self.pp == 1 else f"mp_rank_{tp:02d}_{stage:03d}"
+        return self.folder / rank / MEGATRON_FILE
+
+    def _stages_of(self, name: str) -> list[int]:
+        """The pipeline stages (of a streamed layout) whose file holds a parameter: the first
+        has the embedding (Megatron's last stage also a copy for the head), the last the final
+        norm, stage s the layers from s x L / P."""
+        if self.layout != "megatron" or self.pp == 1:
+            return [0]
+        layer = layer_of(name)
+        if layer is not None:
+            return [layer[0] // (self.config.num_layers // self.pp)]
+        if name == WORD_EMBEDDINGS:
+            return [0, self.pp - 1]
+        return [0] if name.startswith("embedding.") else [self.pp - 1]
 
     def __enter__(self) -> CheckpointWriter:
         return self
@@ -73,7 +116,7 @@ class CheckpointWriter:
     def __exit__(self, exc_type, exc, traceback) -> None:
         if exc_type is None:
             return
-        for stream in self._streams:
+        for stream in self._streams.values():
             stream.__exit__(exc_type, exc, traceback)
         with contextlib.suppress(OSError):  # a failed sync would hide the error that got here
             self._write_back.close()
@@ -87,17 +130,23 @@ class CheckpointWriter:
             )
             for tp, piece in enumerate(pieces):
                 shards[tp][name] = piece
-        if self.pp == 1:
+        if not self.layer_files:
             for tp, shard in enumerate(shards):
                 for name, piece in shard.items():
-                    self._modules[tp][name] = self._streams[tp].add(piece)
-            self.written(stream.path for stream in self._streams)
+                    stages = self._stages_of(name)
+                    saved = self._streams[(tp, stages[0])].add(piece)
+                    self._modules[(tp, stages[0])][name] = saved
+                    for stage in stages[1:]:  # Megatron's head copy of the word embeddings
+                        copy = self._streams[(tp, stage)].add(piece)
+                        self._modules[(tp, stage)][HEAD_COPY] = copy
+            self.written(stream.path for stream in self._streams.values())
             return
         paths = []
+        numbering = _NUMBERING[self.layout]
         for tp, shard in enumerate(shards):
             by_file: dict[int, dict[str, np.ndarray]] = {}
             for name, piece in shard.items():
-                index, key = pipeline_file_key(name, self.config)
+                index, key = pipeline_file_key(name, self.config.num_layers, numbering)
                 by_file.setdefault(index, {})[key] = piece
             for index, state in by_file.items():
                 paths.append(self.folder / f"layer_{index:02d}-model_{tp:02d}-model_states.pt")
@@ -107,9 +156,11 @@ class CheckpointWriter:
     def written(self, paths) -> None:
         self._write_back.written(paths)
 
-    def _deepspeed_keys(self, progress: dict[str, int], *, module: Any) -> dict[str, Any]:
+    def _deepspeed_keys(
+        self, progress: dict[str, int], *, module: Any, client: dict[str, Any]
+    ) -> dict[str, Any]:
         model_parallel = self.tp * self.pp if self.pp > 1 else self.tp
-        return {
+        keys = {
             "module": module,
             "buffer_names": [],
             "optimizer": None,
@@ -128,31 +179,62 @@ class CheckpointWriter:
             "checkpoint_parallel_dimensions": {"pp_degree": self.pp, "tp_degree": self.tp},
             "ds_config": {},
             "ds_version": distribution_version("deepspeed"),
-            CLIENT_KEY: {"state": dict(progress), "version": CLIENT_VERSION},
+            **client,
         }
+        if self.layout == "mds":
+            keys[CLIENT_KEY] = {"state": dict(progress), "version": CLIENT_VERSION}
+        return keys
 
-    def finish(self, progress: dict[str, int]) -> None:
+    def _module(self, tp: int, stage: int) -> dict[str, Any]:
+        """A streamed file's model: the flat GPT names ("mds"), else Megatron's nesting."""
+        flat = self._modules[(tp, stage)]
+        if self.layout == "mds":
+            return flat
+        head = flat.pop(HEAD_COPY, None)
+        offset = stage * (self.config.num_layers // self.pp) if self.layout == "megatron" else 0
+        nested = megatron_nested(flat, layer_offset=offset)
+        if head is not None:
+            nested[HEAD_COPY] = {"weight": head}
+        return nested
+
+    def finish(self, progress: dict[str, int], *, tokenizer: dict | None = None) -> None:
+        """Every rank file's pickle: the model (streamed layouts) and the client state;
+        `tokenizer` is meta.json's record (for `args`' tokenizer fields)."""
         self._write_back.close()
-        if self.pp == 1:
-            for stream, module in zip(self._streams, self._modules, strict=True):
-                stream.close(self._deepspeed_keys(progress, module=module))
+        client = upstream_keys(
+            self.config,
+            pipeline_parallel=self.pp,
+            progress=progress,
+            tokenizer=tokenizer or {},
+            layout=self.layout,
+        )
+        if self.layout == "megatron":
+            for (tp, stage), stream in self._streams.items():
+                model = self._module(tp, stage)
+                stream.close({**client, "model": model})
+            return
+        if not self.layer_files:
+            for (tp, stage), stream in self._streams.items():
+                module = self._module(tp, stage)
+                stream.close(self._deepspeed_keys(progress, module=module, client=client))
             return
         for stage in range(self.pp):
             for tp in range(self.tp):
                 path = self.folder / f"mp_rank_{stage * self.tp + tp:02d}_model_states.pt"
-                ptfile.save(self._deepspeed_keys(progress, module=None), path)
+                keys = self._deepspeed_keys(progress, module=None, client=client)
+                ptfile.save(keys, path)
 
 
 @contextlib.contextmanager
 def new_save_folder(
-    save: Path, tag: str, *, config: GPTConfig, pipeline_parallel: int
+    save: Path, tag: str, *, config: GPTConfig, pipeline_parallel: int, layout: str = "mds"
 ) -> Iterator[tuple[Path, CheckpointWriter]]:
     """(staging folder, a writer of its `tag` folder): `save` appears complete or not at all
     (`atomic_directory`), and an error ends the writer's open files before the folder goes."""
     with (
         atomic_directory(save) as staging,
         CheckpointWriter(
-            staging / tag, config=config, pipeline_parallel=pipeline_parallel
+            staging / tag, config=config, pipeline_parallel=pipeline_parallel, layout=layout
         ) as writer,
     ):
         yield staging, writer

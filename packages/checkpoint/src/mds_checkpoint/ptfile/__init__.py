@@ -9,6 +9,6 @@ described in `format.py`.
 
 from .format import Missing
 from .read import load
-from .write import SavedTensor, StreamingSave, save
+from .write import GlobalName, SavedTensor, StreamingSave, save
 
-__all__ = ["Missing", "SavedTensor", "StreamingSave", "load", "save"]
+__all__ = ["GlobalName", "Missing", "SavedTensor", "StreamingSave", "load", "save"]

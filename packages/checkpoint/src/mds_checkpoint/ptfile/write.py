@@ -24,7 +24,7 @@ _ZIP64_LOCAL_EXTRA_BYTES = 20  # zipfile's zip64 extra field in a local header: 
 _WRITE_CHUNK_BYTES = 8 << 20  # bounds copies of non-contiguous arrays; 1-64 MiB write alike
 
 
-class _GlobalName:
+class GlobalName:
     """A module's attribute written into a pickle by name (GLOBAL), its module not imported:
     pickle's own check of a global would import torch."""
 
@@ -38,9 +38,9 @@ class _GlobalName:
         raise TypeError(f"{self.module}.{self.name} exists only in the pickle")
 
 
-_REBUILD_TENSOR = _GlobalName("torch._utils", "_rebuild_tensor_v2")
+_REBUILD_TENSOR = GlobalName("torch._utils", "_rebuild_tensor_v2")
 _STORAGE_CLASSES = {
-    dtype: _GlobalName("torch", storage)
+    dtype: GlobalName("torch", storage)
     for storage, dtype in STORAGE_DTYPES.items()
     if storage != "UntypedStorage"
 }
@@ -57,7 +57,7 @@ class SavedTensor:
     def __init__(self, storage: _StorageRecord, shape: tuple[int, ...]) -> None:
         self.storage, self.shape = storage, shape
 
-    def rebuild_call(self) -> tuple[_GlobalName, tuple[Any, ...]]:
+    def rebuild_call(self) -> tuple[GlobalName, tuple[Any, ...]]:
         """What torch.save pickles for a C-contiguous tensor of its own storage."""
         stride, step = [], 1
         for length in reversed(self.shape):
@@ -72,7 +72,7 @@ class SavedTensor:
 
 class _ArchivePickler(pickle._Pickler):
     """Protocol 2, as torch.save: arrays become tensors (added to the archive on the way) and
-    `_GlobalName`s GLOBAL opcodes. The pure-Python pickler, for its dispatch table (speed does
+    `GlobalName`s GLOBAL opcodes. The pure-Python pickler, for its dispatch table (speed does
     not matter: the pickle holds metadata only)."""
 
     dispatch = dict(pickle._Pickler.dispatch)
@@ -98,11 +98,11 @@ class _ArchivePickler(pickle._Pickler):
             return ("storage", _STORAGE_CLASSES[obj.dtype], obj.key, "cpu", obj.numel)
         return None
 
-    def _save_global_name(self, name: _GlobalName) -> None:
+    def _save_global_name(self, name: GlobalName) -> None:
         self.write(pickle.GLOBAL + f"{name.module}\n{name.name}\n".encode())
         self.memoize(name)
 
-    dispatch[_GlobalName] = _save_global_name
+    dispatch[GlobalName] = _save_global_name
 
 
 def _byte_chunks(array: np.ndarray) -> Iterator[np.ndarray]:

@@ -1,0 +1,217 @@
+"""The keys Megatron(-DeepSpeed) itself reads from a checkpoint's rank files, for what mds writes.
+
+Upstream's `save_checkpoint` (megatron/checkpointing.py, both forks) puts `args` (its argparse
+namespace), `checkpoint_version` 3.0, `iteration` and `tokens` beside the model; bigscience adds
+`checkpoint_info` (`_checkpoint_info`), deepspeedai `universal_checkpoint_info`
+(`_universal_checkpoint_info` and megatron/model/gpt_model.py `UniversalCheckpointInfo`). Readers
+take a missing `checkpoint_version` for 0 and reorder query/key/value rows that mds already holds
+per head (`[np, 3, hn]`, version >= 2), so it is always written. `args` carries upstream's names
+for the model, topology, tokenizer and progress, with the activation mds computes (tanh GeLU:
+`openai_gelu`, which Hugging Face's converter reads as `gelu_new`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from mds_model import GPTConfig
+
+from .ptfile import GlobalName
+
+CHECKPOINT_VERSION = 3.0
+UNIVERSAL_CHECKPOINT_VERSION = 0.4  # deepspeed/checkpoint/constants.py (DeepSpeed 0.19)
+GPT2_EOD_TOKEN = "<|endoftext|>"
+GPT2_EOD_ID = 50256  # in GPT-2's vocab.json, the file GPT2BPETokenizer reads
+# Megatron-LM's spelling of position_embedding_type; bigscience pickles its enum (below).
+_POSITION_NAMES = {"learned": "learned_absolute", "rotary": "rope", "alibi": "alibi"}
+_BIGSCIENCE_POSITIONS = {"rotary": 1, "learned": 2, "alibi": 3}  # megatron/enums.py
+
+
+class _BigscienceEnum:
+    """bigscience's `megatron.enums.PositionEmbeddingType(value)`, pickled by name as Python
+    pickles an Enum member (the class, called with its value), without the module here."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return GlobalName("megatron.enums", "PositionEmbeddingType"), (self.value,)
+
+
+def tokenizer_eod_id(tokenizer: dict) -> int | None:
+    """The end-of-document id of a recorded tokenizer: its `eod_id`, else for GPT-2 BPE the id of
+    <|endoftext|> in its vocab.json (GPT-2's own 50256 when the file is not at hand)."""
+    if tokenizer.get("eod_id") is not None:
+        return int(tokenizer["eod_id"])
+    if tokenizer.get("type") != "GPT2BPETokenizer":
+        return None
+    vocab = tokenizer.get("vocab_file")
+    if vocab and Path(vocab).is_file():
+        try:
+            return int(json.loads(Path(vocab).read_text())[GPT2_EOD_TOKEN])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return GPT2_EOD_ID
+
+
+def megatron_args(
+    config: GPTConfig,
+    *,
+    pipeline_parallel: int,
+    progress: dict[str, int],
+    tokenizer: dict,
+    layout: str,
+) -> argparse.Namespace:
+    """Upstream's `args` for this model at the target topology (the fields its loaders read:
+    `check_checkpoint_args`, `load_args_from_checkpoint`, Hugging Face's converter)."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    position = config.position_embedding_type
+    deepspeed = layout != "megatron"
+    args = dict(
+        num_layers=config.num_layers,
+        encoder_num_layers=config.num_layers,
+        hidden_size=h,
+        ffn_hidden_size=config.ffn_size,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        kv_channels=h // heads,
+        seq_length=config.seq_length,
+        encoder_seq_length=config.seq_length,
+        max_position_embeddings=config.max_positions,
+        padded_vocab_size=config.padded_vocab_size,
+        make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
+        tensor_model_parallel_size=config.tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_parallel,
+        virtual_pipeline_model_parallel_size=None,
+        num_layers_per_virtual_pipeline_stage=None,
+        tokenizer_type=tokenizer.get("type"),
+        vocab_file=tokenizer.get("vocab_file"),
+        merge_file=tokenizer.get("merge_file"),
+        tokenizer_name_or_path=tokenizer.get("name_or_path"),
+        iteration=int(progress.get("iteration", 0)),
+        consumed_train_samples=int(progress.get("consumed_train_samples", 0)),
+        consumed_valid_samples=int(progress.get("consumed_valid_samples", 0)),
+        consumed_train_tokens=int(progress.get("consumed_train_tokens", 0)),
+        fp16=config.params_dtype == "float16",
+        bf16=config.params_dtype == "bfloat16",
+        layernorm_epsilon=config.layernorm_epsilon,
+        hidden_dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+        init_method_std=config.init_method_std,
+        # deepspeedai's switches; Megatron-LM's (and bigscience's) position_embedding_type
+        add_position_embedding=position == "learned",
+        use_rotary_position_embeddings=position == "rotary",
+        rotary_percent=1.0,
+        rope_theta=config.rotary_base,
+        position_embedding_type=(
+            _BigscienceEnum(_BIGSCIENCE_POSITIONS[position])
+            if layout == "bigscience"
+            else _POSITION_NAMES[position]
+        ),
+        embed_layernorm=config.embed_layernorm,
+        # mds's MLP computes the tanh GeLU: upstream's ParallelMLP with openai_gelu, HF's gelu_new
+        openai_gelu=True,
+        bias_gelu_fusion=False,
+        onnx_safe=None,
+        swiglu=False,
+        squared_relu=False,
+        add_bias_linear=True,
+        normalization="layernorm",
+        apply_layernorm_1p=False,
+        apply_residual_connection_post_layernorm=False,
+        untie_embeddings_and_output_weights=False,
+        data_parallel_random_init=False,
+        universal_checkpoint=False,
+        deepspeed=deepspeed,
+        no_pipeline_parallel=deepspeed and pipeline_parallel == 1 and layout != "bigscience",
+        mos=False,
+        kd=False,
+    )
+    return argparse.Namespace(**args)
+
+
+def universal_checkpoint_info(
+    config: GPTConfig, *, original_vocab_size: int, using_model_pipe: bool
+) -> dict[str, Any]:
+    """deepspeedai's `_universal_checkpoint_info`: the vocabulary sizes and its parameter-pattern
+    lists, as `UniversalCheckpointInfo` builds them for a GPT (layer norms, biased linears, tied
+    embeddings, no SwiGLU)."""
+    learned = config.position_embedding_type == "learned"
+    info: dict[str, Any] = {
+        "universal_checkpoint_version": UNIVERSAL_CHECKPOINT_VERSION,
+        "original_vocab_size": original_vocab_size,
+        "padded_vocab_size": config.padded_vocab_size,
+    }
+    vocab = (
+        ["tied_modules.embed.word_embeddings.weight"]
+        if using_model_pipe
+        else ["language_model.embedding.word_embeddings.weight"]
+    )
+    info["vocabulary_parameter_patterns"] = vocab
+    if using_model_pipe:
+        positions = ["tied_modules.embed.position_embeddings.weight"] if learned else []
+        info["pipeline_replicated_parameter_patterns"] = vocab + positions
+    if config.tensor_model_parallel_size > 1:
+        layers = "" if using_model_pipe else "language_model.encoder.layers."
+        final = r"\d+." if using_model_pipe else "language_model.encoder.final_layernorm."
+        replicated = [
+            layers + r"\d+.input_layernorm.weight",
+            layers + r"\d+.post_attention_layernorm.weight",
+            final + "weight",
+            final + "bias",
+        ]
+        if learned:
+            replicated.append(
+                "tied_modules.embed.position_embeddings.weight"
+                if using_model_pipe
+                else "language_model.embedding.position_embeddings.weight"
+            )
+        replicated += [
+            layers + r"\d+.self_attention.dense.bias",
+            layers + r"\d+.mlp.dense_4h_to_h.bias",
+            layers + r"\d+.input_layernorm.bias",
+            layers + r"\d+.post_attention_layernorm.bias",
+        ]
+        info["tp_replicated_parameter_patterns"] = replicated
+        info["parameter_with_row_parallelism_patterns"] = [
+            layers + r"\d+.mlp.dense_4h_to_h.weight",
+            layers + r"\d+.self_attention.dense.weight",
+        ]
+    info["parameter_with_2_sub_params_cat_dim_0"] = []
+    return info
+
+
+def upstream_keys(
+    config: GPTConfig,
+    *,
+    pipeline_parallel: int,
+    progress: dict[str, int],
+    tokenizer: dict,
+    layout: str,
+) -> dict[str, Any]:
+    """The client state upstream's save_checkpoint writes (less `rng_state`: per-rank RNG states
+    do not carry over to another topology), in its order."""
+    original = config.vocab_size  # the tokenizer's (mds pads only the embedding's rows)
+    pipe = layout == "bigscience" or (layout != "megatron" and pipeline_parallel > 1)
+    return {
+        "args": megatron_args(
+            config,
+            pipeline_parallel=pipeline_parallel,
+            progress=progress,
+            tokenizer=tokenizer,
+            layout=layout,
+        ),
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": int(progress.get("iteration", 0)),
+        "tokens": int(progress.get("consumed_train_tokens", 0)),
+        "checkpoint_info": {
+            "padded_vocab_size": config.padded_vocab_size,
+            "original_vocab_size": original,
+        },
+        "universal_checkpoint_info": universal_checkpoint_info(
+            config, original_vocab_size=original, using_model_pipe=pipe
+        ),
+    }
