@@ -35,7 +35,7 @@ from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
 from .state import TrainingState
-from .upstream import convert_upstream, remove_converted
+from .upstream import convert_upstream, needs_conversion, remove_converted
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _checkpoint_to_load(
         return None
     save = config.checkpoint.save and Path(config.checkpoint.save)
     found = find_checkpoint(Path(config.checkpoint.load), save_dir=save)
-    if found is None or found[1] is not None:
+    if found is None or not needs_conversion(found[1]):
         return found
     return convert_upstream(
         found[0],

@@ -1,7 +1,8 @@
-"""`--load` of a checkpoint that Megatron-DeepSpeed or Megatron wrote (no meta.json): converted once
-to this run's TP/PP by mds_checkpoint's reshape, with its optimizer state when it is to be loaded,
-then loaded as any mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed
-samples and tokens). Upstream's own resume at the same topology is what it must equal.
+"""`--load` of a checkpoint that Megatron-DeepSpeed or Megatron wrote (no meta.json), or that
+mds-merge-mp wrote in another `--target-layout`: converted once to this run's TP/PP by
+mds_checkpoint's reshape, with its optimizer state when it is to be loaded, then loaded as any
+mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed samples and
+tokens). Upstream's own resume at the same topology is what it must equal.
 
 The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read: the save folder
 is one by necessity) and is removed once loaded.
@@ -19,6 +20,12 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 CONVERTED_PREFIX = ".upstream-"
+
+
+def needs_conversion(meta: dict[str, Any] | None) -> bool:
+    """No meta.json (upstream's own files), or mds-merge-mp's output in another `--target-layout`
+    than mds-train's own, whose names DeepSpeed's loader would not find."""
+    return meta is None or meta.get("layout", "mds") != "mds"
 
 
 def converted_folder(save_dir: Path, source: Path) -> Path:
@@ -57,8 +64,7 @@ def convert_upstream(
         )
         result = reshape(config)
         logger.info(
-            "%s has no meta.json: converted it as Megatron-DeepSpeed's checkpoint to TP=%d PP=%d%s "
-            "in %.1f s",
+            "%s is not in mds-train's layout: converted it to TP=%d PP=%d%s in %.1f s",
             source,
             tensor_parallel,
             pipeline_parallel,
