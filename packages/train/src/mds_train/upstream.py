@@ -75,13 +75,13 @@ def convert_upstream(
 
 def _record_scheduler(source: Path, meta_path: Path) -> None:
     """The source's `lr_scheduler` (the same in every mp_rank file) into the converted meta.json."""
-    import torch
+    from mds_checkpoint import ptfile  # reads Megatron's pickles without megatron installed
     from mds_common.files import write_text_atomically
 
     files = sorted(source.glob("mp_rank_*_model_states.pt"))
     if not files:
         return
-    state = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    state = ptfile.load(files[0])
     record = state.get("lr_scheduler") or state.get("opt_param_scheduler")
     if not isinstance(record, dict):
         return
