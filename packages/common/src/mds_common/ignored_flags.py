@@ -102,7 +102,7 @@ class RefusedFlags:
         notes = []
         for flag in self.flags:
             value = values.get(flag.dest)
-            if value in (None, False, []):
+            if value in (None, False, [], ()):
                 continue
             if not flag.is_allowed(value):
                 raise FlagRefused(flag.error())
@@ -143,7 +143,7 @@ class IgnoredFlags:
         notes = []
         for flag in self.flags:
             value = values.get(flag.dest)
-            if value in (None, False, []):
+            if value in (None, False, [], ()):
                 continue
             if flag.env is not None and environ.get(flag.env) == str(value):
                 continue
