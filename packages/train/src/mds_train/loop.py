@@ -114,13 +114,13 @@ class Trainer:
         # Evaluation runs as many micro-batches as training does, even when no iteration runs.
         self._set_num_micro_batches(state.consumed_train_samples)
         if not self._to_train():  # a requeued job that had already finished
+            tokens = self.config.batch.train_tokens
             logger.info(
                 "training already complete: the checkpoint is at iteration %d and --train-iters "
-                "is %d (%d tokens consumed, --train-tokens %s); nothing to train, evaluating only",
+                "is %d%s; nothing to train, evaluating only",
                 state.iteration,
                 self.train_iters,
-                state.consumed_train_tokens,
-                self.config.batch.train_tokens,
+                "" if tokens is None else f" ({state.consumed_train_tokens} tokens of {tokens})",
             )
         while self._to_train():
             self._set_num_micro_batches(state.consumed_train_samples)
