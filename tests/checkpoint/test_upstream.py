@@ -273,8 +273,9 @@ def upstream_command_line(golden: Path, shared_data: Path, cache: Path) -> list[
         *"--pipeline-model-parallel-size 1 --no-pipeline-parallel".split(),
         *("--save-interval", "10", "--data-cache-path", str(cache)),
         *("--deepspeed", "--deepspeed_config", str(golden / "ds_zero1.json")),
-        *"--zero-stage 1 --cpu-optimizer".split(),
+        *"--zero-stage 1 --cpu-optimizer --cpu_torch_adam".split(),
         *"--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion".split(),
+        "--no-gradient-accumulation-fusion",
     ]
 
 
@@ -292,6 +293,7 @@ def test_mds_train_continues_upstream_s_run_exactly(
     flags[flags.index("--tensor-model-parallel-size") + 1] = str(tensor_parallel)
     save = tmp_path / "save"
     flags += ["--train-iters", "11", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
+    flags += ["--use-checkpoint-opt_param-scheduler"]  # as upstream's resume (the README's)
     result = runs.train(flags, nproc=tensor_parallel)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
@@ -307,3 +309,51 @@ def test_mds_train_continues_upstream_s_run_exactly(
         == 50432
     )
     assert sorted(path.name for path in save.iterdir() if path.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize(
+    ("scheduler_flag", "learning_rate"),
+    [
+        # The checkpoint's max_lr 0.01: cosine at 88 of 160 samples, warmup 16, as upstream logs.
+        ("--use-checkpoint-opt_param-scheduler", 5.5e-3),
+        # The flags' --lr 2e-2: 1e-3 + (2e-2 - 1e-3) x 0.5 (cos(pi x 72 / 144) + 1).
+        ("--override-opt_param-scheduler", 1e-3 + (2e-2 - 1e-3) * 0.5),
+    ],
+)
+def test_the_scheduler_flags_choose_the_checkpoint_s_schedule_or_the_flags(
+    runs, golden, shared_data, data_cache, tmp_path, scheduler_flag, learning_rate
+):
+    """Upstream's OptimizerParamScheduler.load_state_dict: --use-checkpoint-opt_param-scheduler
+    keeps the checkpoint's recorded schedule (its lr_scheduler dict), --override-opt_param-scheduler
+    takes the flags'; progress (num_steps 80) comes from the checkpoint either way. Iteration 11's
+    loss is computed before its step, so it is upstream's in both."""
+    flags = upstream_command_line(golden, shared_data, data_cache)
+    flags[flags.index("--tensor-model-parallel-size") + 1] = "1"
+    flags[flags.index("--lr") + 1] = "2e-2"
+    save = tmp_path / "save"
+    flags += ["--train-iters", "11", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
+    result = runs.train([*flags, scheduler_flag])
+    assert result.returncode == 0, result.stderr[-3000:]
+    [train] = runs.train_records(save)
+    assert train["lm_loss"] == pytest.approx(9.183857, rel=1e-6)
+    assert train["learning_rate"] == pytest.approx(learning_rate, rel=1e-12)
+
+
+def test_a_schedule_that_differs_from_the_checkpoint_s_is_one_line(
+    runs, golden, shared_data, data_cache, tmp_path
+):
+    """Neither flag: upstream asserts the flags' values equal the checkpoint's; mds-train says
+    which value differs, both sides, and the two flags that settle it."""
+    flags = upstream_command_line(golden, shared_data, data_cache)
+    flags[flags.index("--tensor-model-parallel-size") + 1] = "1"
+    flags[flags.index("--lr") + 1] = "2e-2"
+    save = tmp_path / "save"
+    flags += ["--train-iters", "11", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
+    result = runs.train(flags)
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "error" in line]
+    assert line.startswith("mds-train: error: ") and "max_lr 0.01, the flags give 0.02" in line
+    assert (
+        "--use-checkpoint-opt_param-scheduler" in line and "--override-opt_param-scheduler" in line
+    )
+    assert "Traceback" not in result.stderr

@@ -12,7 +12,7 @@ from mds_train.cli import build_config, given_fields, make_app
 from mds_train.config import Topology
 from mds_train.ds_config import derive_deepspeed_config, merge_deepspeed_config, offloads_optimizer
 from mds_train.ds_file import load_user_config, resolve_user_config
-from mds_train.options import ignored_flags_given
+from mds_train.options import megatron_flags_given
 
 DATA = ["--data-path", "D", "--vocab-file", "v.json", "--merge-file", "m.txt"]
 
@@ -70,13 +70,13 @@ def test_seed_command_lines_parse(argv, world, monkeypatch):
     config.validate(topology)
     # The deepspeed launcher's --local_rank=0 beside its LOCAL_RANK=0: not the user's, no note.
     monkeypatch.setenv("LOCAL_RANK", "0")
-    warnings = ignored_flags_given(values)
+    warnings = megatron_flags_given(values)
     assert any(w.startswith("--deepspeed-activation-checkpointing is accepted") for w in warnings)
     assert not any("local_rank" in w for w in warnings)
     monkeypatch.delenv("LOCAL_RANK")
     typed = "--local_rank=0" in argv
     assert typed == any(
-        w.startswith("--local_rank is accepted") for w in ignored_flags_given(values)
+        w.startswith("--local_rank is accepted") for w in megatron_flags_given(values)
     )
 
 

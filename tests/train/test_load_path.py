@@ -102,3 +102,30 @@ def test_an_empty_or_dangling_latest_names_itself(tmp_path, save_dir):
             find_checkpoint(save, save_dir=save if save_dir else None)
         assert str(error.value).startswith(f"{save / 'latest'}: {what}"), str(error.value)
         assert repair in str(error.value)
+
+
+@pytest.mark.parametrize("exit_on_missing", [False, True])
+def test_exit_on_missing_checkpoint_turns_a_first_run_into_an_error(tmp_path, exit_on_missing):
+    """Megatron's --exit-on-missing-checkpoint: a --load that holds no checkpoint (here the
+    requeue's --save X --load X, which otherwise starts from scratch) ends the run instead."""
+    from mds_train.cli import build_config
+    from mds_train.config import Topology
+    from mds_train.run import _checkpoint_to_load
+
+    from .test_config import DATA, parse
+
+    argv = [
+        *DATA,
+        *"--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8".split(),
+        *"--micro-batch-size 1 --lr 1e-3 --train-iters 1".split(),
+        *("--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt")),
+    ]
+    if exit_on_missing:
+        argv.append("--exit-on-missing-checkpoint")
+    config = build_config(parse(argv))
+    topology = Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1)
+    if not exit_on_missing:
+        assert _checkpoint_to_load(config, topology, rank=0) is None
+        return
+    with pytest.raises(ValueError, match="--load holds no checkpoint and --exit-on-missing"):
+        _checkpoint_to_load(config, topology, rank=0)

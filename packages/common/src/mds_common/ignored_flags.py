@@ -3,7 +3,10 @@
 A script written for Megatron-DeepSpeed passes the same flag groups to every tool (`$GPT_ARGS` to
 pretraining, merging and generation alike); each tool declares the flags it uses and accepts the
 others here, naming each one given once on stderr: `--lr is accepted and ignored: <why>`.
-`TRAINING_FLAGS` lists `pretrain_gpt.py`'s training-only flags for the tools that do not train.
+A flag whose request a tool cannot carry out is refused instead (`RefusedFlags`): accepted by the
+parser as the same hidden option, then ended with one usage line `--num-experts: <what the tool
+does instead>` (exit 2, as an unknown flag was). `TRAINING_FLAGS` lists `pretrain_gpt.py`'s
+training-only flags for the tools that do not train.
 """
 
 from __future__ import annotations
@@ -45,6 +48,69 @@ def ignored(*names: str, why: str, nargs: int = 1, env: str | None = None) -> Ig
     return IgnoredFlag(names=names, why=why, nargs=nargs, env=env)
 
 
+@dataclass(frozen=True)
+class RefusedFlag:
+    names: tuple[str, ...]  # spellings; the error names the first
+    why: str  # what the tool does instead
+    nargs: int = 1
+    # Values that ask for what the tool does anyway (`--num-experts 1`: the dense model): these
+    # are accepted and noted as an ignored flag is, with `harmless` as the reason.
+    allowed: tuple[str, ...] = ()
+    harmless: str = ""
+
+    @property
+    def dest(self) -> str:
+        return "refused_" + self.names[0].lstrip("-").replace("-", "_").lower()
+
+    def error(self) -> str:
+        return f"{self.names[0]}: {self.why}"
+
+    def is_allowed(self, value: Any) -> bool:
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return bool(self.allowed) and all(str(v) in self.allowed for v in values)
+
+
+class FlagRefused(typer.BadParameter):
+    """A refused flag given: exit 2, the message as is (no "Invalid value")."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def refused(
+    *names: str, why: str, nargs: int = 1, allowed: tuple[str, ...] = (), harmless: str = ""
+) -> RefusedFlag:
+    return RefusedFlag(names=names, why=why, nargs=nargs, allowed=allowed, harmless=harmless)
+
+
+class RefusedFlags:
+    """A tool's refused flags: hidden typer parameters, and the usage error for the first given."""
+
+    def __init__(self, flags: Iterable[RefusedFlag]) -> None:
+        self.flags = tuple(flags)
+
+    @property
+    def dests(self) -> set[str]:
+        return {flag.dest for flag in self.flags}
+
+    def parameters(self) -> list[inspect.Parameter]:
+        return [_hidden_parameter(flag.dest, flag.names, flag.nargs) for flag in self.flags]
+
+    def check(self, values: Mapping[str, Any]) -> list[str]:
+        """Raises `FlagRefused` (a usage error, exit 2) for the first refused flag given with a
+        value it refuses; returns the notes for those given with an allowed value."""
+        notes = []
+        for flag in self.flags:
+            value = values.get(flag.dest)
+            if value in (None, False, [], ()):
+                continue
+            if not flag.is_allowed(value):
+                raise FlagRefused(flag.error())
+            shown = " ".join(value) if isinstance(value, (list, tuple)) else value
+            notes.append(f"{flag.names[0]} {shown} is accepted and ignored: {flag.harmless}")
+        return notes
+
+
 def _key(name: str) -> str:
     return name.replace("_", "-").lower()
 
@@ -69,26 +135,7 @@ class IgnoredFlags:
         return {flag.dest for flag in self.flags}
 
     def parameters(self) -> list[inspect.Parameter]:
-        parameters = []
-        for flag in self.flags:
-            if flag.nargs == 0:
-                annotation, default = bool, False
-            elif flag.nargs == MANY:
-                annotation, default = list[str] | None, None
-            elif flag.nargs == 1:
-                annotation, default = str | None, None
-            else:
-                annotation, default = tuple[(str,) * flag.nargs] | None, None
-            option = typer.Option(*flag.names, hidden=True)
-            parameters.append(
-                inspect.Parameter(
-                    flag.dest,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=default,
-                    annotation=Annotated[annotation, option],
-                )
-            )
-        return parameters
+        return [_hidden_parameter(flag.dest, flag.names, flag.nargs) for flag in self.flags]
 
     def notes(self, values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list:
         """One note per flag given (values by parameter name), in declaration order."""
@@ -96,7 +143,7 @@ class IgnoredFlags:
         notes = []
         for flag in self.flags:
             value = values.get(flag.dest)
-            if value in (None, False, []):
+            if value in (None, False, [], ()):
                 continue
             if flag.env is not None and environ.get(flag.env) == str(value):
                 continue
@@ -128,6 +175,25 @@ class IgnoredFlags:
         wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
         del wrapper.__wrapped__  # typer must read the new signature, not the command's
         return wrapper
+
+
+def _hidden_parameter(dest: str, names: tuple[str, ...], nargs: int) -> inspect.Parameter:
+    """A hidden typer option taking `nargs` values as argparse would."""
+    if nargs == 0:
+        annotation, default = bool, False
+    elif nargs == MANY:
+        annotation, default = list[str] | None, None
+    elif nargs == 1:
+        annotation, default = str | None, None
+    else:
+        annotation, default = tuple[(str,) * nargs] | None, None
+    option = typer.Option(*names, hidden=True)
+    return inspect.Parameter(
+        dest,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[annotation, option],
+    )
 
 
 def _declared_names(signature: inspect.Signature, hints: dict[str, Any]) -> list[str]:

@@ -16,7 +16,14 @@ import typer
 from mds_common.cli import new_app, run_app
 
 from .config import SECTIONS, TrainConfig
-from .options import ignored_flags_given, ignored_parameters, section_from_values, typer_parameters
+from .options import (
+    megatron_flags_given,
+    megatron_parameters,
+    section_from_values,
+    typer_parameters,
+)
+
+PRESET_FLAG = "--config"
 
 
 def _preset(ctx: typer.Context, path: Path | None) -> Path | None:
@@ -37,7 +44,7 @@ def _preset(ctx: typer.Context, path: Path | None) -> Path | None:
     defaults: dict[str, Any] = {}
     for key, value in preset.items():
         name = key.lstrip("-").replace("-", "_")
-        if name not in names or name.startswith("ignored_"):
+        if name not in names or name.startswith(("ignored_", "refused_")):
             raise typer.BadParameter(f"{path}: unknown key {key!r}")
         defaults[name] = value
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
@@ -69,6 +76,7 @@ def _train(**values: Any) -> int:
 
     given = given_fields(values.pop("ctx"))
     values.pop("preset", None)
+    notes = megatron_flags_given(values)  # a refused flag: one usage line, before anything
     config = build_config(values)
     data = config.data
     # A missing or misplaced tokenizer flag is a usage error (exit 2), as in the other tools.
@@ -79,7 +87,7 @@ def _train(**values: Any) -> int:
         data.tokenizer_name_or_path,
         data.eod_token,
     )
-    return run(config, warnings=ignored_flags_given(values), given=given)
+    return run(config, warnings=notes, given=given)
 
 
 def make_app() -> typer.Typer:
@@ -90,7 +98,7 @@ def make_app() -> typer.Typer:
         annotation=Annotated[
             Path | None,
             typer.Option(
-                "--config",
+                PRESET_FLAG,
                 is_eager=True,
                 callback=_preset,
                 help="TOML preset of flags (keys are flag names); the command line wins.",
@@ -101,7 +109,7 @@ def make_app() -> typer.Typer:
     parameters = [context, preset]
     for section in SECTIONS.values():
         parameters += typer_parameters(section)
-    parameters += ignored_parameters()
+    parameters += megatron_parameters()
 
     def train(**values: Any) -> int:
         return _train(**values)

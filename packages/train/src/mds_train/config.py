@@ -14,7 +14,12 @@ from pathlib import Path
 from mds_model import GPTConfig
 
 from .options import flag
-from .schedule import DECAY_STYLES, BatchSizeSchedule, LearningRateSchedule
+from .schedule import (
+    DECAY_STYLES,
+    BatchSizeSchedule,
+    LearningRateSchedule,
+    TokenLearningRateSchedule,
+)
 
 POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
 
@@ -121,6 +126,10 @@ class ParallelSection:
         choices=("nccl", "gloo"),
         help="Collectives backend; default nccl on GPUs, gloo on CPU.",
     )
+    distributed_timeout_minutes: int | None = flag(
+        "--distributed-timeout-minutes",
+        help="Minutes a collective waits for a rank (unset: 10, or DEEPSPEED_TIMEOUT).",
+    )
     deepspeed_config: Path | None = flag(
         "--deepspeed_config",
         "--deepspeed-config",
@@ -141,6 +150,9 @@ class BatchSection:
     )
     train_iters: int | None = flag("--train-iters", help="Iterations to train.")
     train_samples: int | None = flag("--train-samples", help="Samples to train.")
+    train_tokens: int | None = flag(
+        "--train-tokens", help="Also stop once this many tokens are consumed (of all runs)."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +172,10 @@ class OptimizerSection:
     )
     lr_warmup_iters: int = flag("--lr-warmup-iters", default=0, help="Warmup in iterations.")
     lr_warmup_samples: int = flag("--lr-warmup-samples", default=0, help="Warmup in samples.")
+    lr_decay_tokens: int | None = flag(
+        "--lr-decay-tokens", help="Decay length in tokens (instead of iterations or samples)."
+    )
+    lr_warmup_tokens: int | None = flag("--lr-warmup-tokens", help="Warmup in tokens.")
     weight_decay: float = flag(
         "--weight-decay", default=0.01, help="Decoupled decay (not on biases and norms)."
     )
@@ -240,6 +256,23 @@ class CheckpointSection:
     finetune: bool = flag(
         "--finetune", default=False, help="Load weights only; iteration and data restart at 0."
     )
+    exit_on_missing_checkpoint: bool = flag(
+        "--exit-on-missing-checkpoint",
+        default=False,
+        help="A --load with no checkpoint yet (--load = --save) is an error, not a fresh start.",
+    )
+    override_opt_param_scheduler: bool = flag(
+        "--override-opt_param-scheduler",
+        "--override-lr-scheduler",
+        default=False,
+        help="Resume with the flags' schedule, whatever the checkpoint recorded.",
+    )
+    use_checkpoint_opt_param_scheduler: bool = flag(
+        "--use-checkpoint-opt_param-scheduler",
+        "--use-checkpoint-lr-scheduler",
+        default=False,
+        help="Resume with the schedule the checkpoint recorded, whatever the flags say.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +292,11 @@ class LoggingSection:
     )
     log_validation_ppl_to_tensorboard: bool = flag(
         "--log-validation-ppl-to-tensorboard", default=False, help="Validation perplexity too."
+    )
+    log_optimizer_states_to_tensorboard: bool = flag(
+        "--log-optimizer-states-to-tensorboard",
+        default=False,
+        help="Norms and extremes of Adam's moments and the weights too.",
     )
     output_dir: Path | None = flag(
         "--output-dir", help="metrics.jsonl and the resolved config (default: --save)."
@@ -354,8 +392,19 @@ class TrainConfig:
             return self.batch.train_iters
         return self.batch_schedule(topology).iterations_for(self.batch.train_samples)
 
-    def lr_schedule(self, topology: Topology) -> LearningRateSchedule:
-        """Megatron's AnnealingLR lengths, in samples (README: "Learning-rate schedule")."""
+    def lr_schedule(self, topology: Topology) -> LearningRateSchedule | TokenLearningRateSchedule:
+        """Megatron's schedule from the flags (README: "Learning-rate schedule"): in samples, or
+        Megatron-DeepSpeed's token variant when a length is given in tokens."""
+        samples = self.sample_lr_schedule(topology)
+        opt = self.optimizer
+        if opt.lr_warmup_tokens is None and opt.lr_decay_tokens is None:
+            return samples
+        return TokenLearningRateSchedule(
+            samples=samples, warmup_tokens=opt.lr_warmup_tokens, decay_tokens=opt.lr_decay_tokens
+        )
+
+    def sample_lr_schedule(self, topology: Topology) -> LearningRateSchedule:
+        """Megatron's AnnealingLR lengths, in samples."""
         opt, gbs = self.optimizer, self.global_batch_size(topology)
         if self.batch.train_iters is not None:
             decay = (opt.lr_decay_iters or self.batch.train_iters) * gbs
@@ -386,6 +435,18 @@ class TrainConfig:
             raise ValueError("with --train-samples give --lr-decay-samples, not --lr-decay-iters")
         if opt.lr_warmup_fraction is not None and (opt.lr_warmup_iters or opt.lr_warmup_samples):
             raise ValueError("give --lr-warmup-fraction or --lr-warmup-iters/samples, not both")
+        if batch.train_tokens is not None and batch.train_tokens < 1:
+            raise ValueError("--train-tokens must be >= 1")
+        if self.checkpoint.override_opt_param_scheduler and (
+            self.checkpoint.use_checkpoint_opt_param_scheduler
+        ):
+            raise ValueError(
+                "give --override-opt_param-scheduler or --use-checkpoint-opt_param-scheduler, "
+                "not both"
+            )
+        timeout = self.parallel.distributed_timeout_minutes
+        if timeout is not None and timeout < 1:
+            raise ValueError("--distributed-timeout-minutes must be >= 1")
         if precision.fp16 and precision.bf16:
             raise ValueError("give --fp16 or --bf16, not both")
         own_reduction = (  # ds_config.uses_master_weights

@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
@@ -72,17 +73,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(backend: str) -> LaunchInfo:
+def init_distributed(backend: str, *, timeout_minutes: int | None = None) -> LaunchInfo:
     """Joins the process group (backend: fallbacks.choose_backend's); on GPUs each process takes
-    the device of its local rank."""
+    the device of its local rank. Collectives fail after `timeout_minutes` (Megatron's
+    --distributed-timeout-minutes) waiting for a rank; when None, DeepSpeed's default (10,
+    as Megatron's, or the DEEPSPEED_TIMEOUT environment variable)."""
     import deepspeed
+    from deepspeed.constants import default_pg_timeout
 
     info = launch_environment()  # idempotent: a second call reads what the first filled in
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     for attempt in range(5):
         try:
-            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            deepspeed.init_distributed(
+                dist_backend=backend,
+                verbose=False,
+                timeout=default_pg_timeout
+                if timeout_minutes is None
+                else timedelta(minutes=timeout_minutes),
+            )
             return info
         except torch.distributed.DistNetworkError:
             # A single process picks its own port; another program may take it between the

@@ -31,7 +31,8 @@ from .metrics import (
     validation_lines,
 )
 from .model_setup import TrainingSetup, set_learning_rate
-from .schedule import BatchSizeSchedule, LearningRateSchedule
+from .optimizer_stats import optimizer_state_stats
+from .schedule import BatchSizeSchedule, LearningRateSchedule, TokenLearningRateSchedule
 from .state import TrainingState
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Trainer:
     setup: TrainingSetup
     state: TrainingState
     train_iters: int
-    lr_schedule: LearningRateSchedule
+    lr_schedule: LearningRateSchedule | TokenLearningRateSchedule
     batch_schedule: BatchSizeSchedule
     datasets: object  # mds_indexed_data.DatasetsBuild
     checkpoint: CheckpointContext
@@ -98,7 +99,7 @@ class Trainer:
             logger.info("Detected kill switch at %s. Exiting", self.config.exit.kill_switch_path)
             return 0
         state, engine = self.state, self.setup.engine
-        set_learning_rate(self.setup.optimizer, self.lr_schedule.lr(state.lr_samples))
+        set_learning_rate(self.setup.optimizer, self.lr_schedule.lr_at(state))
         train_batches = self._batches(self.datasets.train, state.consumed_train_samples)
         if self.setup.is_pipeline:
             train_batches = pipeline_batches(train_batches)
@@ -112,24 +113,30 @@ class Trainer:
         engine.train()
         # Evaluation runs as many micro-batches as training does, even when no iteration runs.
         self._set_num_micro_batches(state.consumed_train_samples)
-        if state.iteration >= self.train_iters:  # a requeued job that had already finished
+        if not self._to_train():  # a requeued job that had already finished
+            tokens = self.config.batch.train_tokens
             logger.info(
                 "training already complete: the checkpoint is at iteration %d and --train-iters "
-                "is %d; nothing to train, evaluating only",
+                "is %d%s; nothing to train, evaluating only",
                 state.iteration,
                 self.train_iters,
+                "" if tokens is None else f" ({state.consumed_train_tokens} tokens of {tokens})",
             )
-        while state.iteration < self.train_iters:
+        while self._to_train():
             self._set_num_micro_batches(state.consumed_train_samples)
             last = self._train_step(train_batches)
             global_batch = self._num_micro * self.config.batch.micro_batch_size
             global_batch *= self.topology.data_parallel
             state.iteration += 1
             state.consumed_train_samples += global_batch
+            tokens_before = state.consumed_train_tokens
             state.consumed_train_tokens += global_batch * self.config.model.seq_length
             if last.applied:
                 state.lr_samples += global_batch
-                set_learning_rate(self.setup.optimizer, self.lr_schedule.lr(state.lr_samples))
+                state.lr_tokens = tokens_before  # as upstream's scheduler step reads them
+                if state.lr_samples == self.lr_schedule.warmup_samples:
+                    state.lr_warmup_end_tokens = state.lr_tokens  # a token decay starts here
+                set_learning_rate(self.setup.optimizer, self.lr_schedule.lr_at(state))
             else:
                 state.skipped_iterations += 1
             finite = stats.add(last.loss, skipped=not last.applied)
@@ -165,6 +172,13 @@ class Trainer:
             test_batches = self._batches(self.datasets.test, 0)
             self._evaluate(test_batches, "the end of training for test data", "test")
         return 0
+
+    def _to_train(self) -> bool:
+        """Megatron-DeepSpeed's loop condition: iterations left, and tokens if --train-tokens."""
+        tokens = self.config.batch.train_tokens
+        return self.state.iteration < self.train_iters and (
+            tokens is None or self.state.consumed_train_tokens < tokens
+        )
 
     def _set_num_micro_batches(self, consumed: int) -> None:
         num_micro = self.batch_schedule.num_micro_batches_at(consumed)
@@ -231,6 +245,14 @@ class Trainer:
         remaining = (self.train_iters - self.state.iteration) * ms / 1000.0
         lr = self.setup.optimizer.param_groups[0]["lr"]
         state = self.state
+        optimizer_stats = None
+        if self.config.logging.log_optimizer_states_to_tensorboard:  # a collective: every rank
+            optimizer_stats = optimizer_state_stats(
+                self.setup.optimizer,
+                self.setup.groups,
+                sharded=self.setup.ds_config["zero_optimization"]["stage"] > 0,
+                device=self.device,
+            )
         if self.rank == 0:
             logger.info(
                 interval_line(
@@ -273,6 +295,12 @@ class Trainer:
                 }
             )
             self._tensorboard_training(mean_loss, lr, global_batch, grad_norm, last, ms, tflops)
+            if optimizer_stats is not None:  # upstream's axes: iterations and tokens
+                self.metrics.scalars(optimizer_stats, step=state.iteration)
+                self.metrics.scalars(
+                    {tag + " vs tokens": value for tag, value in optimizer_stats.items()},
+                    step=state.consumed_train_tokens,
+                )
         return num_nan
 
     def _tensorboard_training(self, loss, lr, global_batch, grad_norm, last, ms, tflops) -> None:

@@ -3,7 +3,7 @@
 `flag(...)` is a dataclass field whose metadata names its spellings and help; `typer_parameters`
 turns a section's fields into the keyword parameters of the typer command, and
 `section_from_values` builds the frozen section back from the parsed values. Megatron's flags
-that we accept but do not need are in `IGNORED`.
+that mds-train ignores or refuses are in megatron_flags.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import typing
 from typing import Annotated, Any
 
 import typer
-from mds_common.ignored_flags import IgnoredFlags, ignored
 
 _SPEC = "mds_train_flag"
 
@@ -109,58 +108,21 @@ def flag_names(section: type) -> dict[str, str]:
     }
 
 
-# Megatron-DeepSpeed flags whose job is done another way here: accepted, and each one given named
-# once in a note (mds_common.ignored_flags).
-_ACTIVATIONS = "activation checkpointing is mds_model's own"
-_FUSION = "use --no-fused-kernels to turn every kernel off"
-_SCHEDULE = "the schedule always comes from the flags"
-IGNORED = IgnoredFlags(
-    [
-        ignored("--deepspeed", why="DeepSpeed is always on", nargs=0),
-        ignored("--data-impl", "--dataset-impl", why="mmap is the only dataset format"),
-        ignored("--DDP-impl", why="DeepSpeed's engine does data parallelism"),
-        # The deepspeed launcher adds it beside LOCAL_RANK: noted only when the two differ.
-        ignored(
-            "--local_rank",
-            "--local-rank",
-            why="the local rank comes from the LOCAL_RANK environment variable",
-            env="LOCAL_RANK",
-        ),
-        ignored("--codecarbon-dir", why="energy tracking is not built in"),
-        ignored("--partition-activations", why=_ACTIVATIONS, nargs=0),
-        ignored("--deepspeed-activation-checkpointing", why=_ACTIVATIONS, nargs=0),
-        ignored("--contigious-checkpointing", why=_ACTIVATIONS, nargs=0),
-        ignored("--checkpoint-in-cpu", why=_ACTIVATIONS, nargs=0),
-        ignored("--synchronize-each-layer", why=_ACTIVATIONS, nargs=0),
-        ignored("--no-masked-softmax-fusion", why=_FUSION, nargs=0),
-        ignored("--no-bias-gelu-fusion", why=_FUSION, nargs=0),
-        ignored("--no-bias-dropout-fusion", why=_FUSION, nargs=0),
-        ignored(
-            "--tensorboard-log-interval", why="TensorBoard scalars are written every --log-interval"
-        ),
-        ignored(
-            "--num-workers", why="the data loader reads memory-mapped samples in the main process"
-        ),
-        ignored(
-            "--pipeline-model-parallel-impl", why="the DeepSpeed pipeline engine is the only one"
-        ),
-        ignored(
-            "--no-pipeline-parallel",
-            why="--pipeline-model-parallel-size 1 uses the plain engine",
-            nargs=0,
-        ),
-        ignored("--cpu-optimizer", why="offload the optimizer in the DeepSpeed config", nargs=0),
-        ignored("--override-lr-scheduler", why=_SCHEDULE, nargs=0),
-        ignored("--use-checkpoint-lr-scheduler", why=_SCHEDULE, nargs=0),
-    ]
-)
+def flag_spec(field: dataclasses.Field) -> FlagSpec | None:
+    """A config field's flag, if it has one."""
+    return field.metadata.get(_SPEC)
 
 
-def ignored_parameters() -> list[inspect.Parameter]:
-    """Hidden options for IGNORED."""
-    return IGNORED.parameters()
+def megatron_parameters() -> list[inspect.Parameter]:
+    """Hidden options for the Megatron flags mds-train ignores or refuses (megatron_flags.py)."""
+    from .megatron_flags import IGNORED, REFUSED
+
+    return [*IGNORED.parameters(), *REFUSED.parameters()]
 
 
-def ignored_flags_given(values: dict[str, Any]) -> list[str]:
-    """The ignored flags present on the command line, with why each is ignored."""
-    return IGNORED.notes(values)
+def megatron_flags_given(values: dict[str, Any]) -> list[str]:
+    """The notes for the ignored flags given; a refused one given ends the command line with a
+    usage error (exit 2) naming it and what mds-train does instead."""
+    from .megatron_flags import IGNORED, REFUSED
+
+    return [*REFUSED.check(values), *IGNORED.notes(values)]

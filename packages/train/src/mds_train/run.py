@@ -34,8 +34,9 @@ from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
+from .scheduler_record import resolve_schedule
 from .state import TrainingState
-from .upstream import convert_upstream, needs_conversion, remove_converted
+from .upstream import convert_upstream, needs_conversion, remove_converted, scheduler_progress
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,11 @@ def _checkpoint_to_load(
         return None
     save = config.checkpoint.save and Path(config.checkpoint.save)
     found = find_checkpoint(Path(config.checkpoint.load), save_dir=save)
+    if found is None and config.checkpoint.exit_on_missing_checkpoint:
+        raise ValueError(
+            f"{config.checkpoint.load}: --load holds no checkpoint and "
+            "--exit-on-missing-checkpoint is given; drop it to start from scratch"
+        )
     if found is None or not needs_conversion(found[1]):
         return found
     return convert_upstream(
@@ -167,7 +173,7 @@ def run(
         available=lambda name: getattr(dist, f"is_{name}_available")(),
     )
     config, user_ds, fp16_note = without_fp16(config, user_ds, fp16_supported=_fp16_supported())
-    init_distributed(backend)
+    init_distributed(backend, timeout_minutes=config.parallel.distributed_timeout_minutes)
     _configure_logging(launch.rank)
     if launch.rank == 0:  # the same on every rank: said once
         for warning in [*warnings, backend_note, fp16_note]:
@@ -203,6 +209,10 @@ def run(
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
+    recorded = found[1].get("lr_schedule") if found is not None else None
+    lr_schedule, description["lr_schedule"] = resolve_schedule(
+        config, topology, recorded, source=str(found[0]) if found else ""
+    )
     setup = build_training_setup(config, topology, gpt_config, user_ds)
     checkpoint = CheckpointContext(
         engine=setup.engine,
@@ -223,6 +233,8 @@ def run(
             load_rng=not config.checkpoint.no_load_rng,
             finetune=config.checkpoint.finetune,
         )
+        if not config.checkpoint.finetune:
+            scheduler_progress(state, recorded)
         remove_converted(found[0], rank=launch.rank, barrier=dist.barrier)
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
@@ -242,7 +254,7 @@ def run(
         setup=setup,
         state=state,
         train_iters=train_iters,
-        lr_schedule=config.lr_schedule(topology),
+        lr_schedule=lr_schedule,
         batch_schedule=config.batch_schedule(topology),
         datasets=datasets,
         checkpoint=checkpoint,

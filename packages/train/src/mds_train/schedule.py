@@ -2,14 +2,16 @@
 
 The schedule is BS Megatron-DeepSpeed's `AnnealingLR` (README: "Learning-rate schedule"): it counts
 samples of applied steps, warms up linearly from 0 (so the first iteration runs at lr 0), then
-decays to `min_lr` by a linear, cosine or inverse-square-root rule. The ramp-up is Megatron's
-`RampupBatchsizeNumMicroBatches` (README: "Batch-size ramp-up").
+decays to `min_lr` by a linear, cosine or inverse-square-root rule. `TokenLearningRateSchedule` is
+deepspeedai/Megatron-DeepSpeed's token variant (`--lr-warmup-tokens`, `--lr-decay-tokens`). The
+ramp-up is Megatron's `RampupBatchsizeNumMicroBatches` (README: "Batch-size ramp-up").
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
@@ -57,6 +59,92 @@ class LearningRateSchedule:
         else:
             coefficient = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + (self.max_lr - self.min_lr) * coefficient
+
+    def lr_at(self, progress: ScheduleProgress) -> float:
+        return self.lr(progress.lr_samples)
+
+
+class ScheduleProgress(Protocol):
+    """What a schedule reads of the training state (state.TrainingState)."""
+
+    lr_samples: int  # upstream's num_steps: samples of the applied steps
+    lr_tokens: int  # upstream's num_tokens: tokens consumed before the last applied step
+    lr_warmup_end_tokens: int | None  # lr_tokens when a sample warmup ended
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLearningRateSchedule:
+    """Megatron-DeepSpeed's `OptimizerParamScheduler.get_lr` with `--lr-warmup-tokens` or
+    `--lr-decay-tokens`: each length that is given in tokens is measured in tokens, the other in
+    samples (`samples`). With a token decay after a sample warmup, the warmup's length in tokens is
+    the token count at the step that ended it, as upstream records it (`lr_warmup_end_tokens`).
+
+    Upstream's `step()` reads `args.consumed_train_tokens` while DeepSpeed's `engine.step()` runs,
+    before the train loop adds the iteration's tokens: `lr_tokens` lags one iteration behind."""
+
+    samples: LearningRateSchedule
+    warmup_tokens: int | None
+    decay_tokens: int | None
+
+    def __post_init__(self) -> None:
+        if self.warmup_tokens is not None and self.warmup_tokens < 0:
+            raise ValueError("--lr-warmup-tokens must be >= 0")
+        if self.warmup_tokens is not None and self.decay_tokens is None:
+            if self.samples.warmup_samples > 0:  # upstream's decay ratio would go negative
+                raise ValueError(
+                    "give --lr-warmup-tokens or --lr-warmup-iters/samples/fraction, not both"
+                )
+        if self.decay_tokens is None or self.samples.decay_style in ("constant",):
+            return
+        if self.warmup_tokens is None and self.samples.warmup_samples == 0:
+            if self.samples.decay_style != "inverse-square-root":
+                raise ValueError(
+                    "--lr-decay-tokens needs a warmup (Megatron-DeepSpeed fails without one): "
+                    "give --lr-warmup-tokens"
+                )
+        elif self.warmup_tokens is not None and self.decay_tokens <= self.warmup_tokens:
+            raise ValueError(
+                f"--lr-decay-tokens ({self.decay_tokens}) must be larger than --lr-warmup-tokens "
+                f"({self.warmup_tokens})"
+            )
+
+    @property
+    def warmup_samples(self) -> int:
+        return self.samples.warmup_samples
+
+    def lr_at(self, progress: ScheduleProgress) -> float:
+        sched, steps, tokens = self.samples, progress.lr_samples, progress.lr_tokens
+        max_lr, min_lr = sched.max_lr, sched.min_lr
+        warmup_tokens = self.warmup_tokens
+        if warmup_tokens is None and self.decay_tokens is not None:
+            warmup_tokens = progress.lr_warmup_end_tokens
+        if warmup_tokens is None:
+            if sched.warmup_samples > 0 and steps <= sched.warmup_samples:
+                return max_lr * steps / sched.warmup_samples
+        elif warmup_tokens > 0 and tokens <= warmup_tokens:
+            return max_lr * tokens / warmup_tokens
+        if sched.decay_style == "constant":
+            return max_lr
+        if self.decay_tokens is None:
+            if steps > sched.decay_samples:
+                return min_lr
+        elif tokens > self.decay_tokens:
+            return min_lr
+        if sched.decay_style == "inverse-square-root":
+            if warmup_tokens is None:
+                lr = max_lr * math.sqrt(max(sched.warmup_samples, 1)) / math.sqrt(max(steps, 1))
+            else:
+                lr = max_lr * math.sqrt(max(warmup_tokens, 1)) / math.sqrt(max(tokens, 1))
+            return max(min_lr, lr)
+        if self.decay_tokens is None:
+            ratio = (steps - sched.warmup_samples) / (sched.decay_samples - sched.warmup_samples)
+        else:
+            ratio = (tokens - warmup_tokens) / (self.decay_tokens - warmup_tokens)
+        if sched.decay_style == "linear":
+            coefficient = 1.0 - ratio
+        else:
+            coefficient = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        return min_lr + (max_lr - min_lr) * coefficient
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,16 +23,27 @@ class TrainingState:
     consumed_valid_samples: int = 0
     consumed_train_tokens: int = 0
     lr_samples: int = 0  # AnnealingLR's num_steps: samples of the steps that were applied
+    # OptimizerParamScheduler's num_tokens: the tokens consumed before the last applied step's
+    # iteration (upstream's step() reads them before its loop counts the iteration's).
+    lr_tokens: int = 0
+    # Its lr_warmup_tokens as recorded when a warmup in samples ends (a token decay reads it).
+    lr_warmup_end_tokens: int | None = None
     skipped_iterations: int = 0
     nan_iterations: int = 0
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | None]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingState:
         names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: int(value) for key, value in values.items() if key in names})
+        return cls(
+            **{
+                key: None if value is None else int(value)
+                for key, value in values.items()
+                if key in names
+            }
+        )
 
 
 def capture_rng_states(tracker: RNGStatesTracker | None) -> dict[str, Any]:

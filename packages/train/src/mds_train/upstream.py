@@ -5,7 +5,9 @@ mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed s
 tokens). Upstream's own resume at the same topology is what it must equal.
 
 The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read: the save folder
-is one by necessity) and is removed once loaded.
+is one by necessity) and is removed once loaded. Its meta.json gets the source's scheduler state
+(`lr_schedule`: upstream's `lr_scheduler` dict, progress included), which scheduler_record.py
+checks against the flags and `scheduler_progress` turns into the run's schedule counters.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def convert_upstream(
             with_optimizer=with_optimizer,
         )
         result = reshape(config)
+        _record_scheduler(source, base / (base / "latest").read_text().strip() / "meta.json")
         logger.info(
             "%s is not in mds-train's layout: converted it to TP=%d PP=%d%s in %.1f s",
             source,
@@ -74,6 +77,39 @@ def convert_upstream(
     barrier()
     folder = base / (base / "latest").read_text().strip()
     return folder, json.loads((folder / "meta.json").read_text())
+
+
+def _record_scheduler(source: Path, meta_path: Path) -> None:
+    """The source's `lr_scheduler` (the same in every mp_rank file) into the converted meta.json."""
+    from mds_checkpoint import ptfile  # reads Megatron's pickles without megatron installed
+    from mds_common.files import write_text_atomically
+
+    files = sorted(source.glob("mp_rank_*_model_states.pt"))
+    if not files:
+        return
+    state = ptfile.load(files[0])
+    record = state.get("lr_scheduler") or state.get("opt_param_scheduler")
+    if not isinstance(record, dict):
+        return
+    meta = json.loads(meta_path.read_text())
+    meta["lr_schedule"] = {key: _plain(value) for key, value in record.items()}
+    write_text_atomically(meta_path, json.dumps(meta, indent=2) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def scheduler_progress(state: Any, record: dict[str, Any] | None) -> None:
+    """Upstream's scheduler counters, where its checkpoint recorded them, as the run's: num_steps
+    (samples of applied steps; the conversion's consumed samples count skipped ones too),
+    num_tokens, and a warmup length in tokens that a token decay recorded."""
+    if not record or "num_steps" not in record and "num_iters" not in record:
+        return
+    state.lr_samples = int(record.get("num_steps", record.get("num_iters")))
+    state.lr_tokens = int(record.get("num_tokens") or 0)
+    warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
+    state.lr_warmup_end_tokens = None if warmup is None else int(warmup)
 
 
 def remove_converted(folder: Path, *, rank: int, barrier: Callable[[], None]) -> None:
