@@ -203,6 +203,8 @@ def run(
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
+    # Every rank creates it, before the model's groups: the exit checks' all-reduce (loop.py).
+    exit_group = dist.new_group(backend="gloo") if launch.world_size > 1 else None
     setup = build_training_setup(config, topology, gpt_config, user_ds)
     checkpoint = CheckpointContext(
         engine=setup.engine,
@@ -250,6 +252,7 @@ def run(
         rank=launch.rank,
         device=device(),
         eod_mask_id=vocab.eod_id if config.data.eod_mask_loss else None,
+        exit_group=exit_group,
     )
     try:
         return trainer.train()
