@@ -126,3 +126,46 @@ def test_atomic_directory(tmp_path):
         (folder / "c").write_text("3")
     assert sorted(p.name for p in out.iterdir()) == ["c"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_failed_write_is_one_line_naming_the_folder(tmp_path, monkeypatch):
+    """What reporting_write_failures makes of each kind of failure inside its block."""
+
+    def failure(error, *, free=None):
+        if free is not None:
+            monkeypatch.setattr(files, "free_bytes", lambda path: free)  # noqa: ARG005
+        with pytest.raises(BaseException) as raised:  # noqa: PT011 - what comes out is the test
+            with files.reporting_write_failures(
+                tmp_path / "out",
+                doing="writing",
+                advice="free some space",
+                writer_error=lambda e: isinstance(e, RuntimeError),
+            ):
+                raise error
+        return raised.value
+
+    out = tmp_path / "out"
+    # A real full disk: /dev/full fails every write with ENOSPC.
+    with pytest.raises(files.WriteFailed) as raised:
+        with files.reporting_write_failures(out, doing="writing", advice="free some space"):
+            with open("/dev/full", "wb") as full:
+                full.write(b"x" * 65536)
+    assert str(raised.value).startswith(f"writing {out}: No space left on device (")
+    assert str(raised.value).endswith(" free there); free some space")  # write() names no file
+    # A writer's own error quoting the OS error (safetensors), whatever the free space.
+    quoted = failure(RuntimeError("I/O error: No space left on device (os error 28)"), free=10**9)
+    assert (
+        str(quoted)
+        == f"writing {out}: No space left on device (953 MiB free there); free some space"
+    )
+    # One saying nothing (torch.save: "unexpected pos"): a full filesystem is the reason ...
+    assert str(failure(RuntimeError("unexpected pos 9 vs 7"), free=4096)) == (
+        f"writing {out}: No space left on device (4,096 bytes free there); free some space"
+    )
+    # ... or, with space left, its own words.
+    assert str(failure(RuntimeError("unexpected pos 9 vs 7"), free=2**31)).startswith(
+        f"writing {out}: the write failed (unexpected pos 9 vs 7) (2.0 GiB free there)"
+    )
+    # Anything else is not a failed write and comes out as it went in.
+    bug = KeyError("weight")
+    assert failure(bug) is bug

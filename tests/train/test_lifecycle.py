@@ -3,6 +3,7 @@
 cleanly; a run whose loss stays NaN stops without touching the last checkpoint; a checkpoint of
 another shape or a missing one gets one clear line."""
 
+import errno
 import json
 import os
 import signal
@@ -312,6 +313,76 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path)
     assert save(15, kill=False) == 0  # the next save clears the unfinished one
     assert latest(tmp_path) == "global_step15"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step15", "global_step5", "latest"]
+
+
+class _FakeEngine:
+    """DeepSpeed's save as far as the folder goes: one torch.save into the tag folder."""
+
+    def __init__(self, target: Path | None = None):
+        self.target = target  # where the model file's bytes really go (/dev/full: ENOSPC)
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):  # noqa: ARG002
+        folder = Path(save_dir) / tag
+        folder.mkdir(parents=True)
+        model = folder / "mp_rank_00_model_states.pt"
+        if self.target is not None:
+            model.symlink_to(self.target)
+        import torch
+
+        torch.save({"weight": torch.zeros(1 << 16)}, model)
+
+
+def _save(engine, save_dir: Path, iteration: int):
+    from mds_train.checkpointing import CheckpointContext, save_checkpoint
+    from mds_train.state import TrainingState
+
+    context = CheckpointContext(
+        engine=engine, rank=0, world_size=1, barrier=lambda: None, rng_tracker=None, meta={}
+    )
+    return save_checkpoint(context, TrainingState(iteration=iteration), save_dir)
+
+
+def test_a_save_that_fills_the_disk_ends_in_one_line(tmp_path, monkeypatch):
+    """torch.save's zip writer reports a full disk as RuntimeError("unexpected pos N vs M"):
+    62 lines of traceback, "no space" nowhere. Its bytes go to /dev/full here, which fails every
+    write with ENOSPC, and the filesystem reads as full."""
+    import mds_common.files
+    from mds_common.files import WriteFailed
+
+    _save(_FakeEngine(), tmp_path, 5)
+    monkeypatch.setattr(mds_common.files, "free_bytes", lambda path: 0)  # noqa: ARG005
+    with pytest.raises(WriteFailed) as failed:
+        _save(_FakeEngine(target=Path("/dev/full")), tmp_path, 10)
+    assert str(failed.value) == (
+        f"saving checkpoint global_step10 to {tmp_path}: No space left on device (0 bytes free "
+        "there); free some space there or give --save another folder; `latest` still names "
+        "global_step5"
+    )
+    assert "unexpected pos" in str(failed.value.__cause__)  # what torch itself said
+    assert latest(tmp_path) == "global_step5"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step5", "latest"]
+
+
+def test_an_oserror_while_saving_ends_in_one_line(tmp_path, monkeypatch):
+    """A write of mds-train's own (meta.json, `latest`) that raises: its reason and file."""
+    import mds_train.checkpointing
+    from mds_common.files import WriteFailed
+
+    _save(_FakeEngine(), tmp_path, 5)
+
+    def no_space(path, text):  # noqa: ARG001
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(mds_train.checkpointing, "write_text_atomically", no_space)
+    with pytest.raises(WriteFailed) as failed:
+        _save(_FakeEngine(), tmp_path, 10)
+    message = str(failed.value)
+    assert message.startswith(
+        f"saving checkpoint global_step10 to {tmp_path}: No space left on device ("
+    )
+    assert f"free there, writing {tmp_path / 'global_step10.partial' / 'meta.json'})" in message
+    assert message.endswith("; `latest` still names global_step5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step5", "latest"]
 
 
 def test_meta_json_and_tensorboard_describe_the_run(runs, shared_data, data_cache, tmp_path):

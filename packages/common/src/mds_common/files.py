@@ -6,12 +6,13 @@ atomic on POSIX filesystems. The host is part of the temporary's name because on
 filesystem a PID only identifies a process together with its host.
 """
 
+import errno
 import logging
 import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -23,6 +24,11 @@ _HOST = socket.gethostname().split(".")[0] or "localhost"
 # NAME.tmp-PID and NAME.tmp-PID-RANDOM8 (without a host) are recognised too.
 _TEMPORARY = re.compile(r"\.tmp-(?P<pid>\d+)(?:-(?P<host>.+?))?(?:-old)?$")
 _LEGACY_TAG = re.compile(r"[0-9a-f]{8}")
+# After a failed write, a filesystem with less than this left is taken to be full (the failed
+# writer's partial file still holds its space when this is measured).
+FULL_BELOW_BYTES = 1 << 20
+# An OS error code quoted in a writer's own message: Rust's `Os { code: 28, ...}`, `os error 28`.
+_QUOTED_ERRNO = re.compile(r"(?:\bcode: |os error )(\d+)")
 
 
 def temporary_path(path: str | os.PathLike) -> Path:
@@ -224,3 +230,74 @@ def fsync_directory(path: str | os.PathLike) -> None:
 def _fsync_path(path: Path) -> None:
     with open(path, "rb") as file:
         os.fsync(file.fileno())
+
+
+class WriteFailed(OSError):
+    """Writing an output failed; the message is the whole line to show (`run_app` prints it)."""
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer can still use on the filesystem of `path` (or of its nearest
+    existing parent); None when that cannot be read."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        try:
+            stats = os.statvfs(candidate)
+        except OSError:
+            continue
+        return stats.f_bavail * stats.f_frsize
+    return None
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes < 1 << 20:
+        return f"{num_bytes:,} bytes"
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes >> 20} MiB"
+
+
+def _write_failure_reason(error: BaseException, folder: Path, writer_error) -> str | None:
+    """Why writing into `folder` failed, in words; None when `error` is not a failed write."""
+    if isinstance(error, OSError) and not isinstance(error, WriteFailed):
+        return os.strerror(error.errno) if error.errno else (error.strerror or str(error))
+    if not writer_error(error):
+        return None
+    # Writers that report a failed write their own way: torch.save's zip writer says only
+    # "unexpected pos N vs M", safetensors quotes the OS error inside its own.
+    quoted = _QUOTED_ERRNO.search(str(error))
+    if quoted:
+        return os.strerror(int(quoted.group(1)))
+    free = free_bytes(folder)
+    if free is not None and free < FULL_BELOW_BYTES:
+        return os.strerror(errno.ENOSPC)
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return f"the write failed ({first_line})"
+
+
+@contextmanager
+def reporting_write_failures(
+    folder: str | os.PathLike,
+    *,
+    doing: str,
+    advice: str,
+    writer_error: Callable[[BaseException], bool] = lambda error: False,  # noqa: ARG005
+) -> Iterator[None]:
+    """A write inside the block that fails (a full disk, a quota, an I/O error) ends as one line,
+    `{doing} {folder}: {reason} ({free} free there); {advice}`, raised as `WriteFailed`. OSErrors
+    carry their reason; `writer_error` recognises the other exceptions of writers that report a
+    failed write in their own words (torch.save, safetensors), which read as "No space left on
+    device" when the filesystem has (almost) nothing left. Only writes belong in the block: a
+    failed read would be reported as a failed save. Clean up after it, not inside it: the space
+    is measured before the partial files go."""
+    folder = Path(folder)
+    try:
+        yield
+    except Exception as error:
+        reason = _write_failure_reason(error, folder, writer_error)
+        if reason is None:
+            raise
+        free = free_bytes(folder)
+        details = [] if free is None else [f"{_size(free)} free there"]
+        if isinstance(error, OSError) and error.filename:
+            details.append(f"writing {error.filename}")
+        where = f" ({', '.join(details)})" if details else ""
+        raise WriteFailed(f"{doing} {folder}: {reason}{where}; {advice}") from error
