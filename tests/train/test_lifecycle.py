@@ -273,6 +273,32 @@ def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_ca
     assert afile.read_text() == "mine\n" and not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_file_cut_short_gets_one_line(runs, shared_data, data_cache, tmp_path):
+    """A copy cut short (an interrupted transfer) failed in DeepSpeed's torch.load: 66 lines, no
+    file named. Now one line naming it, before the model is built, saying which earlier
+    checkpoint to load; doing that works."""
+    save = tmp_path / "ckpt"
+    saving = ["--save", str(save), "--save-interval", "1", "--exit-interval", "2"]
+    made = runs.train(flags(runs, shared_data, data_cache, tmp_path, *saving, iterations=4))
+    assert made.returncode == 0, made.stderr[-3000:]
+    model = save / "global_step2" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:-1000])
+    resume = flags(runs, shared_data, data_cache, tmp_path, "--load", str(save), iterations=4)
+    result = runs.train(resume)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"mds-train: error: {model}: not a readable torch checkpoint file (a zip archive without "
+        f"its directory: the file is cut short at {model.stat().st_size:,} bytes); the checkpoint "
+        f"is damaged or incomplete: write global_step1 into {save / 'latest'} to load the one "
+        "before"
+    )
+    (save / "latest").write_text("global_step1")
+    result = runs.train(resume)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {save / 'global_step1'} at iteration 1" in result.stderr
+
+
 KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys

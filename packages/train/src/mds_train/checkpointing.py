@@ -201,6 +201,40 @@ def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTC
     return gpt_config
 
 
+def check_readable(path: Path) -> None:
+    """Every torch file of the checkpoint is whole (mds-merge-mp's check: its zip directory is
+    there), so that a copy cut short fails here in one line naming the file, not in DeepSpeed's
+    load (66 lines, no file named). Reads only each file's directory."""
+    from mds_checkpoint.ptfile import check
+
+    for file in sorted(path.rglob("*.pt")):
+        try:
+            check(file)
+        except ValueError as error:
+            earlier = _earlier_checkpoints(path)
+            remedy = (
+                f"write {earlier[-1]} into {path.parent / LATEST} to load the one before"
+                if earlier
+                else "copy it again"
+            )
+            raise ValueError(
+                f"{error}; the checkpoint is damaged or incomplete: {remedy}"
+            ) from None
+
+
+def _earlier_checkpoints(path: Path) -> list[str]:
+    """The complete checkpoints beside `path` from earlier iterations, oldest first."""
+    prefix = tag_for(0)[:-1]
+    found = []
+    for folder in path.parent.glob(prefix + "*"):
+        number = folder.name[len(prefix) :]
+        if number.isdigit() and (folder / META).is_file() and folder.name != path.name:
+            found.append((int(number), folder.name))
+    current = path.name[len(prefix) :]
+    limit = int(current) if current.isdigit() else None
+    return [name for number, name in sorted(found) if limit is None or number < limit]
+
+
 def reshaped_optimizer(meta: dict[str, Any]) -> bool:
     """mds-merge-mp wrote the optimizer state topology-free (loadable at any DP)."""
     return (meta.get("optimizer") or {}).get("layout") == "universal"

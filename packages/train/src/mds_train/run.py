@@ -21,6 +21,7 @@ from .checkpointing import (
     CHECKPOINT_VERSION,
     CheckpointContext,
     check_compatible,
+    check_readable,
     find_checkpoint,
     load_checkpoint,
     with_checkpoint_padding,
@@ -203,6 +204,8 @@ def run(
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
+        if launch.rank == 0:  # the others stop quietly when it does
+            check_readable(found[0])
     # Every rank creates it, before the model's groups: the exit checks' all-reduce (loop.py).
     exit_group = dist.new_group(backend="gloo") if launch.world_size > 1 else None
     setup = build_training_setup(config, topology, gpt_config, user_ds)
