@@ -181,6 +181,28 @@ def test_sigterm_to_every_rank_saves_within_an_iteration(runs, shared_data, data
     assert after == {i: expected[i] for i in range(stopped + 1, 13)}
 
 
+@pytest.mark.multiprocess
+def test_an_error_on_rank_0_is_the_only_line(runs, shared_data, data_cache, tmp_path):
+    """Rank 0 alone checks the --load checkpoint's files and stops on one cut short, while rank 1
+    goes on to form the model's groups. Before, rank 0's line was followed by rank 1's traceback
+    (the store's DistNetworkError, after a C++ warning with its stack); rank 1 now exits 1
+    quietly, as it does when a collective says `Connection closed by peer`."""
+    save = tmp_path / "ckpt"
+    made = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "2")
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    model = save / "global_step2" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:-1000])
+    result = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path / "dp2", "--load", str(save)), nproc=2
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "[rank1]:" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"mds-train: error: {model}: not a readable")
+
+
 def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
     runs, shared_data, data_cache, tmp_path
 ):

@@ -87,7 +87,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
         with reporting_write_failures(
             config.save,
             doing="writing",
-            advice="free some space there or give --save another folder",
+            advice="give --save another folder",
             writer_error=_safetensors_error,
         ):
             (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")

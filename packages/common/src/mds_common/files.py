@@ -255,22 +255,21 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes >> 20} MiB"
 
 
-def _write_failure_reason(error: BaseException, folder: Path, writer_error) -> str | None:
-    """Why writing into `folder` failed, in words; None when `error` is not a failed write."""
+def _failed_write(error: BaseException, writer_error) -> tuple[int | None, str] | None:
+    """(the OS error code, when known; the reason in words) of a failed write, or None when
+    `error` is not one."""
     if isinstance(error, OSError) and not isinstance(error, WriteFailed):
-        return os.strerror(error.errno) if error.errno else (error.strerror or str(error))
+        if error.errno:
+            return error.errno, os.strerror(error.errno)
+        return None, error.strerror or str(error)
     if not writer_error(error):
         return None
     # Writers that report a failed write their own way: torch.save's zip writer says only
     # "unexpected pos N vs M", safetensors quotes the OS error inside its own.
     quoted = _QUOTED_ERRNO.search(str(error))
     if quoted:
-        return os.strerror(int(quoted.group(1)))
-    free = free_bytes(folder)
-    if free is not None and free < FULL_BELOW_BYTES:
-        return os.strerror(errno.ENOSPC)
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return f"the write failed ({first_line})"
+        return int(quoted.group(1)), os.strerror(int(quoted.group(1)))
+    return None, (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 @contextmanager
@@ -281,23 +280,34 @@ def reporting_write_failures(
     advice: str,
     writer_error: Callable[[BaseException], bool] = lambda error: False,  # noqa: ARG005
 ) -> Iterator[None]:
-    """A write inside the block that fails (a full disk, a quota, an I/O error) ends as one line,
-    `{doing} {folder}: {reason} ({free} free there); {advice}`, raised as `WriteFailed`. OSErrors
-    carry their reason; `writer_error` recognises the other exceptions of writers that report a
-    failed write in their own words (torch.save, safetensors), which read as "No space left on
-    device" when the filesystem has (almost) nothing left. Only writes belong in the block: a
-    failed read would be reported as a failed save. Clean up after it, not inside it: the space
-    is measured before the partial files go."""
+    """A write inside the block that fails (a full disk, a quota, a folder that cannot be made)
+    ends as one line, `{doing} {folder}: {reason} (...); {advice}`, raised as `WriteFailed`; on a
+    full disk the line says how much is free and to free some. OSErrors carry their reason;
+    `writer_error` recognises the other exceptions of writers that report a failed write in
+    their own words (torch.save, safetensors), which read as "No space left on device" when the
+    filesystem has (almost) nothing left. Only writes belong in the block: a failed read would be
+    reported as a failed save. Clean up after it, not inside it: the space is measured before
+    the partial files go."""
     folder = Path(folder)
     try:
         yield
     except Exception as error:
-        reason = _write_failure_reason(error, folder, writer_error)
-        if reason is None:
+        failed = _failed_write(error, writer_error)
+        if failed is None:
             raise
+        code, reason = failed
         free = free_bytes(folder)
-        details = [] if free is None else [f"{_size(free)} free there"]
-        if isinstance(error, OSError) and error.filename:
-            details.append(f"writing {error.filename}")
+        if code is None and free is not None and free < FULL_BELOW_BYTES:
+            code, reason = errno.ENOSPC, os.strerror(errno.ENOSPC)
+        elif code is None:
+            reason = f"the write failed ({reason})"
+        details = []
+        if free is not None and code in (None, errno.ENOSPC, errno.EDQUOT):
+            details.append(f"{_size(free)} free there")
+        filename = getattr(error, "filename", None)
+        if filename is not None and Path(filename) != folder:
+            details.append(f"writing {filename}")
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            advice = f"free some space there or {advice}"
         where = f" ({', '.join(details)})" if details else ""
         raise WriteFailed(f"{doing} {folder}: {reason}{where}; {advice}") from error

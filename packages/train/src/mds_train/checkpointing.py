@@ -143,7 +143,7 @@ def _reporting_save_failures(save_dir: Path, tag: str) -> Iterator[None]:
         with reporting_write_failures(
             save_dir,
             doing=f"saving checkpoint {tag} to",
-            advice=f"free some space there or give --save another folder; {kept}",
+            advice=f"give --save another folder; {kept}",
             writer_error=_torch_write_failed,
         ):
             yield

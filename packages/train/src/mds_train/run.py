@@ -28,7 +28,13 @@ from .checkpointing import (
 )
 from .config import Topology, TrainConfig
 from .data import Vocabulary, build_datasets, read_vocabulary
-from .distributed import device, init_distributed, launch_environment
+from .distributed import (
+    LaunchInfo,
+    another_process_left,
+    device,
+    init_distributed,
+    launch_environment,
+)
 from .ds_config import effective_zero_stage
 from .ds_file import load_user_config, resolve_user_config
 from .fallbacks import choose_backend, without_fp16
@@ -39,6 +45,8 @@ from .state import TrainingState
 from .upstream import convert_upstream, needs_conversion, remove_converted
 
 logger = logging.getLogger(__name__)
+
+EXIT_FAILED = 1  # mds_common.cli's code for a run that failed
 
 
 def run_description(
@@ -169,11 +177,30 @@ def run(
     )
     config, user_ds, fp16_note = without_fp16(config, user_ds, fp16_supported=_fp16_supported())
     init_distributed(backend)
+    notes = [note for note in (*warnings, backend_note, fp16_note) if note]
+    try:
+        return _run_joined(config, launch, topology, vocab, user_ds, notes)
+    except Exception as error:
+        if launch.world_size > 1 and another_process_left(error):
+            # The process that left said why (or the launcher says how it ended); this rank's
+            # broken connection, as a traceback from every other rank, would only bury that.
+            return EXIT_FAILED
+        raise
+
+
+def _run_joined(
+    config: TrainConfig,
+    launch: LaunchInfo,
+    topology: Topology,
+    vocab: Vocabulary,
+    user_ds: dict,
+    notes: list[str],
+) -> int:
+    """The run once every rank has joined the process group; `notes` are for rank 0 to log."""
     _configure_logging(launch.rank)
     if launch.rank == 0:  # the same on every rank: said once
-        for warning in [*warnings, backend_note, fp16_note]:
-            if warning:
-                logger.warning("%s", warning)
+        for note in notes:
+            logger.warning("%s", note)
     if config.logging.peak_tflops is None:
         peak = default_peak_tflops(config.params_dtype)
         config = dataclasses.replace(
@@ -258,13 +285,16 @@ def run(
         exit_group=exit_group,
     )
     try:
-        return trainer.train()
+        code = trainer.train()
     finally:
         metrics.close()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        dist.barrier()
-        dist.destroy_process_group()
+    # Only after a run that ended alike on every rank: after a failure the others are elsewhere
+    # (or gone), and a barrier would pair with whatever collective they are in.
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
 
 
 def _fp16_supported() -> bool:
