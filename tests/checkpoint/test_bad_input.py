@@ -160,3 +160,17 @@ def test_export_hf_onto_a_full_disk(capsys, tmp_path, tp2pp2_checkpoint, monkeyp
     )
     assert line.endswith("free there); free some space there or give --save another folder")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []
+
+
+def test_a_reshape_onto_a_full_disk(capsys, tmp_path, tp2pp2_checkpoint, monkeypatch):
+    """ptfile's writes go to /dev/full (ENOSPC on every write): before, `[Errno 28] No space
+    left on device`, no folder named."""
+    from mds_checkpoint.ptfile import write
+
+    monkeypatch.setattr(write, "open", lambda path, mode: open("/dev/full", mode), raising=False)
+    out = tmp_path / "out"
+    code, message = run(capsys, "--load", tp2pp2_checkpoint, "--save", out)
+    assert code == 1
+    assert message.startswith(f"writing {out}: No space left on device (")
+    assert message.endswith(" free there); free some space there or give --save another folder")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []

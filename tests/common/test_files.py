@@ -179,3 +179,12 @@ def test_a_failed_write_is_one_line_naming_the_folder(tmp_path, monkeypatch):
     # Anything else is not a failed write and comes out as it went in.
     bug = KeyError("weight")
     assert failure(bug) is bug
+    # A block that reads too reports only a full disk: a missing input is the reader's to name.
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "source.pt")
+    with pytest.raises(FileNotFoundError) as raised:
+        with files.reporting_write_failures(out, doing="w", advice="a", reads_too=True):
+            raise missing
+    assert raised.value is missing
+    with pytest.raises(files.WriteFailed, match="No space left on device"):
+        with files.reporting_write_failures(out, doing="w", advice="a", reads_too=True):
+            raise OSError(errno.ENOSPC, "No space left on device")

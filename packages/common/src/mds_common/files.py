@@ -279,14 +279,16 @@ def reporting_write_failures(
     doing: str,
     advice: str,
     writer_error: Callable[[BaseException], bool] = lambda error: False,  # noqa: ARG005
+    reads_too: bool = False,
 ) -> Iterator[None]:
     """A write inside the block that fails (a full disk, a quota, a folder that cannot be made)
     ends as one line, `{doing} {folder}: {reason} (...); {advice}`, raised as `WriteFailed`; on a
     full disk the line says how much is free and to free some. OSErrors carry their reason;
     `writer_error` recognises the other exceptions of writers that report a failed write in
     their own words (torch.save, safetensors), which read as "No space left on device" when the
-    filesystem has (almost) nothing left. Only writes belong in the block: a failed read would be
-    reported as a failed save. Clean up after it, not inside it: the space is measured before
+    filesystem has (almost) nothing left. A block that also reads (a reshape streaming its
+    source) says `reads_too`: then only a full disk or quota (ENOSPC, EDQUOT) is reported so, and
+    other errors pass as they are. Clean up after it, not inside it: the space is measured before
     the partial files go."""
     folder = Path(folder)
     try:
@@ -301,6 +303,8 @@ def reporting_write_failures(
             code, reason = errno.ENOSPC, os.strerror(errno.ENOSPC)
         elif code is None:
             reason = f"the write failed ({reason})"
+        if reads_too and code not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         details = []
         if free is not None and code in (None, errno.ENOSPC, errno.EDQUOT):
             details.append(f"{_size(free)} free there")
