@@ -1,6 +1,7 @@
 """Bad input: one line naming what is wrong, exit 1, and nothing left under the target name."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +135,42 @@ def test_import_hf_of_damaged_safetensors(capsys, tmp_path, tp2pp2_checkpoint):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"mds-merge-mp import-hf: error: {weights}: transformer.wte.weight's")
     assert line.endswith("do not fit its shape or file")
+
+
+def test_export_hf_onto_a_full_disk(capsys, tmp_path, tp2pp2_checkpoint, monkeypatch):
+    """safetensors reports a full disk as its own error, 37 lines of traceback before. Here it
+    writes part of the file and fails as it did on a full 1 MiB tmpfs (the file is written under
+    a name of its own and renamed, so /dev/full cannot stand in for the disk)."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def onto_full_disk(tensors, filename, metadata=None):  # noqa: ARG001
+        Path(filename).write_bytes(b"\0" * 4096)
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr(safetensors.torch, "save_file", onto_full_disk)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="1"):
+        main(["export-hf", "--load", str(tp2pp2_checkpoint), "--save", str(out)])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"mds-merge-mp export-hf: error: writing {out}: No space left on device ("
+    )
+    assert line.endswith("free there); free some space there or give --save another folder")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []
+
+
+def test_a_reshape_onto_a_full_disk(capsys, tmp_path, tp2pp2_checkpoint, monkeypatch):
+    """ptfile's writes go to /dev/full (ENOSPC on every write): before, `[Errno 28] No space
+    left on device`, no folder named."""
+    from mds_checkpoint.ptfile import write
+
+    monkeypatch.setattr(write, "open", lambda path, mode: open("/dev/full", mode), raising=False)
+    out = tmp_path / "out"
+    code, message = run(capsys, "--load", tp2pp2_checkpoint, "--save", out)
+    assert code == 1
+    assert message.startswith(f"writing {out}: No space left on device (")
+    assert message.endswith(" free there); free some space there or give --save another folder")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == []

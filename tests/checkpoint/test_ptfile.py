@@ -532,3 +532,22 @@ def test_pickles_a_namespace_and_an_enum_as_torch_save_does(tmp_path):
     finally:
         del sys.modules["megatron"], sys.modules["megatron.enums"]
     assert loaded["position_embedding_type"] is enums.PositionEmbeddingType.absolute
+
+
+def test_check_reads_only_the_directory_and_finds_a_file_cut_short(tmp_path):
+    """ptfile.check, which mds-train runs over a checkpoint before loading it, says what load
+    says; a zip cut short is named as such (torch.save files are zips from their first byte)."""
+    torch.save({"w": torch.ones(100)}, tmp_path / "good.pt")
+    good = (tmp_path / "good.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(good[:-100])
+    ptfile.check(tmp_path / "good.pt")
+    expected = (
+        f"{tmp_path / 'cut.pt'}: not a readable torch checkpoint file (a zip archive without its "
+        f"directory: the file is cut short at {len(good) - 100:,} bytes)"
+    )
+    for read in (ptfile.check, ptfile.load):
+        with pytest.raises(ValueError) as error:
+            read(tmp_path / "cut.pt")
+        assert str(error.value) == expected
+    with pytest.raises(ValueError, match="missing file"):
+        ptfile.check(tmp_path / "absent.pt")

@@ -1,6 +1,7 @@
 """mds_common.files: outputs appear complete or not at all, and the temporaries of killed runs are
 removed by the next writer, never those of a live process or of another host."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -126,3 +127,64 @@ def test_atomic_directory(tmp_path):
         (folder / "c").write_text("3")
     assert sorted(p.name for p in out.iterdir()) == ["c"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_a_failed_write_is_one_line_naming_the_folder(tmp_path, monkeypatch):
+    """What reporting_write_failures makes of each kind of failure inside its block."""
+    out = tmp_path / "out"
+
+    def failure(error, *, free=None):
+        if free is not None:
+            monkeypatch.setattr(files, "free_bytes", lambda path: free)  # noqa: ARG005
+        with pytest.raises(BaseException) as raised:  # noqa: PT011 - what comes out is the test
+            with files.reporting_write_failures(
+                out,
+                doing="writing",
+                advice="choose another folder",
+                writer_error=lambda e: isinstance(e, RuntimeError),
+            ):
+                raise error
+        return raised.value
+
+    # A real full disk: /dev/full fails every write with ENOSPC (write() names no file).
+    with pytest.raises(files.WriteFailed) as raised:
+        with files.reporting_write_failures(out, doing="writing", advice="choose another folder"):
+            with open("/dev/full", "wb") as full:
+                full.write(b"x" * 65536)
+    assert str(raised.value).startswith(f"writing {out}: No space left on device (")
+    assert str(raised.value).endswith(
+        " free there); free some space there or choose another folder"
+    )
+    # A writer's own error quoting the OS error (safetensors), whatever the free space.
+    quoted = failure(RuntimeError("I/O error: No space left on device (os error 28)"), free=10**9)
+    assert str(quoted) == (
+        f"writing {out}: No space left on device (953 MiB free there); free some space there or "
+        "choose another folder"
+    )
+    # One saying nothing (torch.save: "unexpected pos"): a full filesystem is the reason ...
+    assert str(failure(RuntimeError("unexpected pos 9 vs 7"), free=4096)) == (
+        f"writing {out}: No space left on device (4,096 bytes free there); free some space there "
+        "or choose another folder"
+    )
+    # ... or, with space left, its own words.
+    assert str(failure(RuntimeError("unexpected pos 9 vs 7"), free=2**31)) == (
+        f"writing {out}: the write failed (unexpected pos 9 vs 7) (2.0 GiB free there); choose "
+        "another folder"
+    )
+    # Other OS errors: the reason and the file, no word of space.
+    denied = PermissionError(errno.EACCES, "Permission denied", str(out / "a.pt"))
+    assert str(failure(denied)) == (
+        f"writing {out}: Permission denied (writing {out / 'a.pt'}); choose another folder"
+    )
+    # Anything else is not a failed write and comes out as it went in.
+    bug = KeyError("weight")
+    assert failure(bug) is bug
+    # A block that reads too reports only a full disk: a missing input is the reader's to name.
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "source.pt")
+    with pytest.raises(FileNotFoundError) as raised:
+        with files.reporting_write_failures(out, doing="w", advice="a", reads_too=True):
+            raise missing
+    assert raised.value is missing
+    with pytest.raises(files.WriteFailed, match="No space left on device"):
+        with files.reporting_write_failures(out, doing="w", advice="a", reads_too=True):
+            raise OSError(errno.ENOSPC, "No space left on device")

@@ -88,11 +88,38 @@ def train(flags: list[str], *, nproc: int = 1, timeout: float = 600) -> subproce
     )
 
 
-def start(flags: list[str], log: Path) -> subprocess.Popen:
+def start(flags: list[str], log: Path, *, nproc: int = 1) -> subprocess.Popen:
     handle = open(log, "w")  # noqa: SIM115 - closed with the process by the caller's wait
     return subprocess.Popen(
-        command(flags), env=_environment(), stdout=handle, stderr=subprocess.STDOUT, text=True
+        command(flags, nproc=nproc),
+        env=_environment(),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
+
+
+def rank_processes(launcher: subprocess.Popen, nproc: int, timeout: float = 60) -> list:
+    """The training processes the deepspeed launcher started (psutil.Process objects)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        ranks = [p for p in children if any("--local_rank" in a for a in _cmdline(p))]
+        if len(ranks) == nproc:
+            return ranks
+        time.sleep(0.05)
+    raise AssertionError(f"the launcher did not start {nproc} ranks in {timeout} s")
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone, or a zombie
+        return []
 
 
 def train_records(output_dir: Path) -> list[dict]:

@@ -123,6 +123,37 @@ def test_cross_flag_errors_name_the_flags():
         )
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("--micro-batch-size 0", "--micro-batch-size must be >= 1, got 0"),
+        ("--micro-batch-size -2", "--micro-batch-size must be >= 1, got -2"),
+        ("--global-batch-size 0", "--global-batch-size must be >= 1, got 0"),
+        ("--seq-length 0", "--seq-length must be >= 1, got 0"),
+        ("--num-attention-heads 0", "--num-attention-heads must be >= 1, got 0"),
+        ("--train-iters -1", "--train-iters must be >= 0, got -1"),
+        ("--eval-iters -1", "--eval-iters must be >= 0, got -1"),
+        ("--log-interval 0", "--log-interval must be >= 1, got 0"),
+        ("--max-nan-iterations 0", "--max-nan-iterations must be >= 1, got 0"),
+    ],
+)
+def test_non_positive_sizes_get_one_line_naming_the_flag(capsys, given, message):
+    """`--micro-batch-size 0` ended in a ZeroDivisionError, `-2` in DeepSpeed's assertion and
+    `--global-batch-size 0` silently trained at micro x DP."""
+    from mds_train.cli import main
+
+    argv = [
+        *DATA,
+        *"--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8".split(),
+        *"--micro-batch-size 2 --lr 1e-3 --train-iters 5".split(),
+        *given.split(),
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"mds-train: error: {message}\n"
+
+
 def test_unknown_flag_names_the_closest():
     with pytest.raises(ArgvError, match="did you mean --hidden-size"):
         parse([*DATA, "--hiden-size", "8"])

@@ -29,3 +29,25 @@ def test_launcher_variables_win_and_one_process_needs_none():
 
 def _no_scontrol(*args, **kwargs):
     raise OSError("scontrol not installed")
+
+
+def test_a_peer_that_left_is_told_from_other_errors():
+    """What run() treats as "another process of the job left" (this rank then exits quietly)."""
+    import torch.distributed as dist
+    from mds_train.distributed import another_process_left
+
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:30630. This is typically caused by a remote worker crashing."
+    )
+    store = dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed.")
+    assert another_process_left(gloo) and another_process_left(store)
+    try:
+        try:
+            raise gloo
+        except RuntimeError as error:
+            raise ValueError("wrapped by a library") from error
+    except ValueError as wrapped:
+        assert another_process_left(wrapped)
+    assert not another_process_left(ValueError("--micro-batch-size must be >= 1"))
+    assert not another_process_left(RuntimeError("CUDA out of memory"))

@@ -3,6 +3,7 @@
 cleanly; a run whose loss stays NaN stops without touching the last checkpoint; a checkpoint of
 another shape or a missing one gets one clear line."""
 
+import errno
 import json
 import os
 import signal
@@ -147,6 +148,61 @@ def test_rerunning_a_finished_job_evaluates_and_exits(runs, shared_data, data_ca
     assert ends[2:] == ends[:2] and all(loss > 1.0 for _, loss in ends)
 
 
+@pytest.mark.multiprocess
+def test_sigterm_to_every_rank_saves_within_an_iteration(runs, shared_data, data_cache, tmp_path):
+    """SLURM signals every task of the job. The ranks agree on it every iteration: before, every
+    10th, so a signal after iteration 2 saved and exited at iteration 10 (at 30 s an iteration,
+    past SLURM's usual 120 s warning). The resumed run continues as if never stopped."""
+    whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
+    reference = runs.train(flags(runs, shared_data, data_cache, whole, iterations=12), nproc=2)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    first = flags(runs, shared_data, data_cache, parts, "--save", str(save), iterations=12)
+    process = runs.start(first, tmp_path / "term.log", nproc=2)
+    ranks = runs.rank_processes(process, 2)
+    runs.wait_for_iteration(parts, 2, process)
+    for rank in ranks:
+        rank.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 0
+    stopped = max(runs.losses(parts))
+    # The signal lands during iteration 2 or 3: saved after 2, 3 or (came after a rank's check
+    # of 3) 4. The slack is for a loaded machine; the old interval gave 10.
+    assert 2 <= stopped <= 5
+    log = (tmp_path / "term.log").read_text()
+    assert f"received SIGTERM, checkpoint saved: exiting at iteration {stopped}" in log
+    assert latest(save) == f"global_step{stopped}"
+
+    resumed = runs.train([*first, "--load", str(save)], nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = runs.train_records(parts)
+    restart = next(i for i in range(1, len(records)) if records[i]["iteration"] == stopped + 1)
+    after = {r["iteration"]: r["lm_loss"] for r in records[restart:]}
+    expected = runs.losses(whole)
+    assert after == {i: expected[i] for i in range(stopped + 1, 13)}
+
+
+@pytest.mark.multiprocess
+def test_an_error_on_rank_0_is_the_only_line(runs, shared_data, data_cache, tmp_path):
+    """Rank 0 alone checks the --load checkpoint's files and stops on one cut short, while rank 1
+    goes on to form the model's groups. Before, rank 0's line was followed by rank 1's traceback
+    (the store's DistNetworkError, after a C++ warning with its stack); rank 1 now exits 1
+    quietly, as it does when a collective says `Connection closed by peer`."""
+    save = tmp_path / "ckpt"
+    made = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "2")
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    model = save / "global_step2" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:-1000])
+    result = runs.train(
+        flags(runs, shared_data, data_cache, tmp_path / "dp2", "--load", str(save)), nproc=2
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "[rank1]:" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"mds-train: error: {model}: not a readable")
+
+
 def test_a_diverging_run_stops_and_keeps_the_last_checkpoint(
     runs, shared_data, data_cache, tmp_path
 ):
@@ -239,6 +295,32 @@ def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_ca
     assert afile.read_text() == "mine\n" and not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_file_cut_short_gets_one_line(runs, shared_data, data_cache, tmp_path):
+    """A copy cut short (an interrupted transfer) failed in DeepSpeed's torch.load: 66 lines, no
+    file named. Now one line naming it, before the model is built, saying which earlier
+    checkpoint to load; doing that works."""
+    save = tmp_path / "ckpt"
+    saving = ["--save", str(save), "--save-interval", "1", "--exit-interval", "2"]
+    made = runs.train(flags(runs, shared_data, data_cache, tmp_path, *saving, iterations=4))
+    assert made.returncode == 0, made.stderr[-3000:]
+    model = save / "global_step2" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:-1000])
+    resume = flags(runs, shared_data, data_cache, tmp_path, "--load", str(save), iterations=4)
+    result = runs.train(resume)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"mds-train: error: {model}: not a readable torch checkpoint file (a zip archive without "
+        f"its directory: the file is cut short at {model.stat().st_size:,} bytes); the checkpoint "
+        f"is damaged or incomplete: write global_step1 into {save / 'latest'} to load the one "
+        "before"
+    )
+    (save / "latest").write_text("global_step1")
+    result = runs.train(resume)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {save / 'global_step1'} at iteration 1" in result.stderr
+
+
 KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys
@@ -279,6 +361,76 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path)
     assert save(15, kill=False) == 0  # the next save clears the unfinished one
     assert latest(tmp_path) == "global_step15"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step15", "global_step5", "latest"]
+
+
+class _FakeEngine:
+    """DeepSpeed's save as far as the folder goes: one torch.save into the tag folder."""
+
+    def __init__(self, target: Path | None = None):
+        self.target = target  # where the model file's bytes really go (/dev/full: ENOSPC)
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):  # noqa: ARG002
+        folder = Path(save_dir) / tag
+        folder.mkdir(parents=True)
+        model = folder / "mp_rank_00_model_states.pt"
+        if self.target is not None:
+            model.symlink_to(self.target)
+        import torch
+
+        torch.save({"weight": torch.zeros(1 << 16)}, model)
+
+
+def _save(engine, save_dir: Path, iteration: int):
+    from mds_train.checkpointing import CheckpointContext, save_checkpoint
+    from mds_train.state import TrainingState
+
+    context = CheckpointContext(
+        engine=engine, rank=0, world_size=1, barrier=lambda: None, rng_tracker=None, meta={}
+    )
+    return save_checkpoint(context, TrainingState(iteration=iteration), save_dir)
+
+
+def test_a_save_that_fills_the_disk_ends_in_one_line(tmp_path, monkeypatch):
+    """torch.save's zip writer reports a full disk as RuntimeError("unexpected pos N vs M"):
+    62 lines of traceback, "no space" nowhere. Its bytes go to /dev/full here, which fails every
+    write with ENOSPC, and the filesystem reads as full."""
+    import mds_common.files
+    from mds_common.files import WriteFailed
+
+    _save(_FakeEngine(), tmp_path, 5)
+    monkeypatch.setattr(mds_common.files, "free_bytes", lambda path: 0)  # noqa: ARG005
+    with pytest.raises(WriteFailed) as failed:
+        _save(_FakeEngine(target=Path("/dev/full")), tmp_path, 10)
+    assert str(failed.value) == (
+        f"saving checkpoint global_step10 to {tmp_path}: No space left on device (0 bytes free "
+        "there); free some space there or give --save another folder; `latest` still names "
+        "global_step5"
+    )
+    assert "unexpected pos" in str(failed.value.__cause__)  # what torch itself said
+    assert latest(tmp_path) == "global_step5"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step5", "latest"]
+
+
+def test_an_oserror_while_saving_ends_in_one_line(tmp_path, monkeypatch):
+    """A write of mds-train's own (meta.json, `latest`) that raises: its reason and file."""
+    import mds_train.checkpointing
+    from mds_common.files import WriteFailed
+
+    _save(_FakeEngine(), tmp_path, 5)
+
+    def no_space(path, text):  # noqa: ARG001
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(mds_train.checkpointing, "write_text_atomically", no_space)
+    with pytest.raises(WriteFailed) as failed:
+        _save(_FakeEngine(), tmp_path, 10)
+    message = str(failed.value)
+    assert message.startswith(
+        f"saving checkpoint global_step10 to {tmp_path}: No space left on device ("
+    )
+    assert f"free there, writing {tmp_path / 'global_step10.partial' / 'meta.json'})" in message
+    assert message.endswith("; `latest` still names global_step5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step5", "latest"]
 
 
 def test_meta_json_and_tensorboard_describe_the_run(runs, shared_data, data_cache, tmp_path):

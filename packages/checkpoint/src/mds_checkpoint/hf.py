@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_common.files import atomic_directory
+from mds_common.files import atomic_directory, reporting_write_failures
 from mds_model import (
     GPTConfig,
     from_hf_gpt2_parts,
@@ -83,9 +83,16 @@ def export_hf(config: ExportConfig) -> ExportResult:
     _check_hf_folder(config.save)
     difference = None
     with atomic_directory(config.save) as staging:
-        (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
-        save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
-        _copy_tokenizer(tokenizer, staging)
+        # Inside the atomic folder: a failed write is measured before its partial files go.
+        with reporting_write_failures(
+            config.save,
+            doing="writing",
+            advice="give --save another folder",
+            writer_error=_safetensors_error,
+        ):
+            (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+            save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
+            _copy_tokenizer(tokenizer, staging)
         if config.verify:
             from .verify import check_logits
 
@@ -103,6 +110,13 @@ def _export_tokenizer(config: ExportConfig, recorded: dict) -> dict:
         "vocab_file": config.vocab_file,
         "merge_file": config.merge_file,
     }
+
+
+def _safetensors_error(error: BaseException) -> bool:
+    """safetensors reports a failed write as its own error, the OS error quoted inside."""
+    from safetensors import SafetensorError
+
+    return isinstance(error, SafetensorError)
 
 
 def _copy_tokenizer(recorded: dict, folder: Path) -> None:

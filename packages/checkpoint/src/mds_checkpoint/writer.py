@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mds_common.files import atomic_directory
+from mds_common.files import atomic_directory, reporting_write_failures
 from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
@@ -230,9 +230,13 @@ def new_save_folder(
     save: Path, tag: str, *, config: GPTConfig, pipeline_parallel: int, layout: str = "mds"
 ) -> Iterator[tuple[Path, CheckpointWriter]]:
     """(staging folder, a writer of its `tag` folder): `save` appears complete or not at all
-    (`atomic_directory`), and an error ends the writer's open files before the folder goes."""
+    (`atomic_directory`), an error ends the writer's open files before the folder goes, and a
+    full disk is one line naming `save` (measured before the staging folder is removed)."""
     with (
         atomic_directory(save) as staging,
+        reporting_write_failures(
+            save, doing="writing", advice="give --save another folder", reads_too=True
+        ),
         CheckpointWriter(
             staging / tag, config=config, pipeline_parallel=pipeline_parallel, layout=layout
         ) as writer,

@@ -6,12 +6,13 @@ atomic on POSIX filesystems. The host is part of the temporary's name because on
 filesystem a PID only identifies a process together with its host.
 """
 
+import errno
 import logging
 import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -23,6 +24,11 @@ _HOST = socket.gethostname().split(".")[0] or "localhost"
 # NAME.tmp-PID and NAME.tmp-PID-RANDOM8 (without a host) are recognised too.
 _TEMPORARY = re.compile(r"\.tmp-(?P<pid>\d+)(?:-(?P<host>.+?))?(?:-old)?$")
 _LEGACY_TAG = re.compile(r"[0-9a-f]{8}")
+# After a failed write, a filesystem with less than this left is taken to be full (the failed
+# writer's partial file still holds its space when this is measured).
+FULL_BELOW_BYTES = 1 << 20
+# An OS error code quoted in a writer's own message: Rust's `Os { code: 28, ...}`, `os error 28`.
+_QUOTED_ERRNO = re.compile(r"(?:\bcode: |os error )(\d+)")
 
 
 def temporary_path(path: str | os.PathLike) -> Path:
@@ -224,3 +230,88 @@ def fsync_directory(path: str | os.PathLike) -> None:
 def _fsync_path(path: Path) -> None:
     with open(path, "rb") as file:
         os.fsync(file.fileno())
+
+
+class WriteFailed(OSError):
+    """Writing an output failed; the message is the whole line to show (`run_app` prints it)."""
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer can still use on the filesystem of `path` (or of its nearest
+    existing parent); None when that cannot be read."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        try:
+            stats = os.statvfs(candidate)
+        except OSError:
+            continue
+        return stats.f_bavail * stats.f_frsize
+    return None
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes < 1 << 20:
+        return f"{num_bytes:,} bytes"
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes >> 20} MiB"
+
+
+def _failed_write(error: BaseException, writer_error) -> tuple[int | None, str] | None:
+    """(the OS error code, when known; the reason in words) of a failed write, or None when
+    `error` is not one."""
+    if isinstance(error, OSError) and not isinstance(error, WriteFailed):
+        if error.errno:
+            return error.errno, os.strerror(error.errno)
+        return None, error.strerror or str(error)
+    if not writer_error(error):
+        return None
+    # Writers that report a failed write their own way: torch.save's zip writer says only
+    # "unexpected pos N vs M", safetensors quotes the OS error inside its own.
+    quoted = _QUOTED_ERRNO.search(str(error))
+    if quoted:
+        return int(quoted.group(1)), os.strerror(int(quoted.group(1)))
+    return None, (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+@contextmanager
+def reporting_write_failures(
+    folder: str | os.PathLike,
+    *,
+    doing: str,
+    advice: str,
+    writer_error: Callable[[BaseException], bool] = lambda error: False,  # noqa: ARG005
+    reads_too: bool = False,
+) -> Iterator[None]:
+    """A write inside the block that fails (a full disk, a quota, a folder that cannot be made)
+    ends as one line, `{doing} {folder}: {reason} (...); {advice}`, raised as `WriteFailed`; on a
+    full disk the line says how much is free and to free some. OSErrors carry their reason;
+    `writer_error` recognises the other exceptions of writers that report a failed write in
+    their own words (torch.save, safetensors), which read as "No space left on device" when the
+    filesystem has (almost) nothing left. A block that also reads (a reshape streaming its
+    source) says `reads_too`: then only a full disk or quota (ENOSPC, EDQUOT) is reported so, and
+    other errors pass as they are. Clean up after it, not inside it: the space is measured before
+    the partial files go."""
+    folder = Path(folder)
+    try:
+        yield
+    except Exception as error:
+        failed = _failed_write(error, writer_error)
+        if failed is None:
+            raise
+        code, reason = failed
+        free = free_bytes(folder)
+        if code is None and free is not None and free < FULL_BELOW_BYTES:
+            code, reason = errno.ENOSPC, os.strerror(errno.ENOSPC)
+        elif code is None:
+            reason = f"the write failed ({reason})"
+        if reads_too and code not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        details = []
+        if free is not None and code in (None, errno.ENOSPC, errno.EDQUOT):
+            details.append(f"{_size(free)} free there")
+        filename = getattr(error, "filename", None)
+        if filename is not None and Path(filename) != folder:
+            details.append(f"writing {filename}")
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            advice = f"free some space there or {advice}"
+        where = f" ({', '.join(details)})" if details else ""
+        raise WriteFailed(f"{doing} {folder}: {reason}{where}; {advice}") from error

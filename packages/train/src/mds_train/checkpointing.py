@@ -14,7 +14,8 @@ import dataclasses
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ from typing import Any
 import torch
 from mds_checkpoint import locate_checkpoint
 from mds_common.files import (
+    WriteFailed,
     fsync_directory,
     remove_stale_temporaries,
     replace_directory,
+    reporting_write_failures,
     write_text_atomically,
 )
 from mds_model import GPTConfig
@@ -78,31 +81,75 @@ class CheckpointContext:
 
 
 def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: Path) -> Path:
-    """Writes `{save_dir}/global_stepN` completely, then points `latest` at it."""
+    """Writes `{save_dir}/global_stepN` completely, then points `latest` at it. A write that
+    fails (a full disk) ends the save with one line (`WriteFailed`), its unfinished folder gone
+    and `latest` as it was."""
     tag = tag_for(state.iteration)
     partial = save_dir / (tag + PARTIAL_SUFFIX)
     if context.rank == 0:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        for stale in save_dir.glob("*" + PARTIAL_SUFFIX):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a run killed while saving
-        remove_stale_temporaries(save_dir / tag)  # an old copy a killed re-save moved aside
+        with _reporting_save_failures(save_dir, tag):
+            save_dir.mkdir(parents=True, exist_ok=True)
+            for stale in save_dir.glob("*" + PARTIAL_SUFFIX):
+                shutil.rmtree(stale, ignore_errors=True)  # left by a run killed while saving
+            remove_stale_temporaries(save_dir / tag)  # an old copy a killed re-save moved aside
     context.barrier()
     client_state = {CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION}}
-    context.engine.save_checkpoint(
-        str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
-    )
-    torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
+    with _reporting_save_failures(save_dir, tag):
+        context.engine.save_checkpoint(
+            str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
+        )
+        torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
     context.barrier()
     final = save_dir / tag
     if context.rank == 0:
         meta = {**context.meta, **state.to_dict(), "tag": tag}
-        write_text_atomically(partial / META, json.dumps(meta, indent=2) + "\n")
-        replace_directory(partial, final)  # saving the same iteration again replaces it whole
-        write_text_atomically(save_dir / LATEST, tag)
-        fsync_directory(save_dir)
+        with _reporting_save_failures(save_dir, tag):
+            write_text_atomically(partial / META, json.dumps(meta, indent=2) + "\n")
+            replace_directory(partial, final)  # saving the same iteration again replaces it whole
+            write_text_atomically(save_dir / LATEST, tag)
+            fsync_directory(save_dir)
     context.barrier()
     logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
     return final
+
+
+# How torch.save's zip writer reports a write that failed: a RuntimeError in its own words
+# ("unexpected pos 13327168 vs 13327060" on a full disk), never the OSError.
+_TORCH_WRITE_FAILURES = (
+    "inline_container",
+    "PytorchStreamWriter",
+    "unexpected pos",
+    "iostream error",
+    "cannot be opened",
+    "Parent directory",
+)
+
+
+def _torch_write_failed(error: BaseException) -> bool:
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in _TORCH_WRITE_FAILURES)
+
+
+@contextmanager
+def _reporting_save_failures(save_dir: Path, tag: str) -> Iterator[None]:
+    """A failed write ends the save with one line saying what `latest` still names; the
+    unfinished `.partial` folder goes (on a full disk, its space is what the user needs back)."""
+    latest = save_dir / LATEST
+    try:
+        previous = latest.read_text().strip() if latest.is_file() else None
+    except OSError:
+        previous = None
+    kept = f"`latest` still names {previous}" if previous else "no earlier checkpoint there"
+    try:
+        with reporting_write_failures(
+            save_dir,
+            doing=f"saving checkpoint {tag} to",
+            advice=f"give --save another folder; {kept}",
+            writer_error=_torch_write_failed,
+        ):
+            yield
+    except WriteFailed:
+        shutil.rmtree(save_dir / (tag + PARTIAL_SUFFIX), ignore_errors=True)
+        raise
 
 
 def find_checkpoint(
@@ -152,6 +199,40 @@ def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTC
         logger.info("vocabulary padded to the checkpoint's %d rows", rows)
         return dataclasses.replace(gpt_config, pad_vocab_size_to=rows)
     return gpt_config
+
+
+def check_readable(path: Path) -> None:
+    """Every torch file of the checkpoint is whole (mds-merge-mp's check: its zip directory is
+    there), so that a copy cut short fails here in one line naming the file, not in DeepSpeed's
+    load (66 lines, no file named). Reads only each file's directory."""
+    from mds_checkpoint.ptfile import check
+
+    for file in sorted(path.rglob("*.pt")):
+        try:
+            check(file)
+        except ValueError as error:
+            earlier = _earlier_checkpoints(path)
+            remedy = (
+                f"write {earlier[-1]} into {path.parent / LATEST} to load the one before"
+                if earlier
+                else "copy it again"
+            )
+            raise ValueError(
+                f"{error}; the checkpoint is damaged or incomplete: {remedy}"
+            ) from None
+
+
+def _earlier_checkpoints(path: Path) -> list[str]:
+    """The complete checkpoints beside `path` from earlier iterations, oldest first."""
+    prefix = tag_for(0)[:-1]
+    found = []
+    for folder in path.parent.glob(prefix + "*"):
+        number = folder.name[len(prefix) :]
+        if number.isdigit() and (folder / META).is_file() and folder.name != path.name:
+            found.append((int(number), folder.name))
+    current = path.name[len(prefix) :]
+    limit = int(current) if current.isdigit() else None
+    return [name for number, name in sorted(found) if limit is None or number < limit]
 
 
 def reshaped_optimizer(meta: dict[str, Any]) -> bool:

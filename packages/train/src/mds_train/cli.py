@@ -9,6 +9,7 @@ plain process.
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -126,4 +127,8 @@ def make_app() -> typer.Typer:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
+        # Read when torch is imported: on the other ranks, torch's C++ warnings (a broken store
+        # connection, with its C++ stack, when rank 0 stops the job) would bury rank 0's line.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     run_app(make_app(), prog="mds-train", distribution="mds-train", argv=argv)

@@ -24,6 +24,16 @@ from .schedule import (
 POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
 
 
+def _check_at_least(section, minimum: int, *names: str) -> None:
+    """Each named field that is set is at least `minimum`; the error names its flag. A size of
+    0 would otherwise surface deep in the run (a ZeroDivisionError, DeepSpeed's assertion) or,
+    for `--global-batch-size 0`, silently fall back to the default."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSection:
     num_layers: int = flag("--num-layers", required=True, help="Transformer layers.")
@@ -70,6 +80,20 @@ class ModelSection:
     no_fused_kernels: bool = flag(
         "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
     )
+
+    def __post_init__(self) -> None:
+        _check_at_least(
+            self,
+            1,
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "ffn_hidden_size",
+            "seq_length",
+            "max_position_embeddings",
+            "make_vocab_size_divisible_by",
+            "pad_vocab_size_to",
+        )
 
     def gpt_config(
         self,
@@ -153,6 +177,10 @@ class BatchSection:
     train_tokens: int | None = flag(
         "--train-tokens", help="Also stop once this many tokens are consumed (of all runs)."
     )
+
+    def __post_init__(self) -> None:
+        _check_at_least(self, 1, "micro_batch_size", "global_batch_size")
+        _check_at_least(self, 0, "train_iters", "train_samples")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +333,10 @@ class LoggingSection:
         "--peak-tflops", help="Per-GPU peak for MFU (default: known GPUs' dense bf16/fp16)."
     )
 
+    def __post_init__(self) -> None:
+        _check_at_least(self, 1, "log_interval", "eval_interval")
+        _check_at_least(self, 0, "eval_iters")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExitSection:
@@ -320,6 +352,9 @@ class ExitSection:
         default=10,
         help="Stop (without saving) after this many NaN-loss iterations in a row.",
     )
+
+    def __post_init__(self) -> None:
+        _check_at_least(self, 1, "max_nan_iterations")
 
 
 SECTIONS = {
@@ -469,9 +504,6 @@ class TrainConfig:
                 f"--pipeline-model-parallel-size ({topology.pipeline_parallel}) is larger than "
                 f"--num-layers ({self.model.num_layers})"
             )
-        for name in ("log_interval", "eval_interval"):
-            if getattr(self.logging, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
             raise ValueError("--save-interval needs --save")
         self.batch_schedule(topology)

@@ -103,6 +103,25 @@ def init_distributed(backend: str, *, timeout_minutes: int | None = None) -> Lau
     return info
 
 
+# How a collective or the rendezvous store says that another process of the job is gone: gloo's
+# "Connection closed by peer" / "reset by peer" (a write: "Broken pipe"), NCCL's "remote process
+# exited", and the store's DistNetworkError (it lives in rank 0's process).
+_PEER_GONE = ("closed by peer", "reset by peer", "Broken pipe", "remote process exited")
+
+
+def another_process_left(error: BaseException) -> bool:
+    """Whether `error` (or what it was raised from) is a collective failing because another
+    process of the job exited or was killed."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, torch.distributed.DistNetworkError):
+            return True
+        if isinstance(seen, RuntimeError) and any(words in str(seen) for words in _PEER_GONE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

@@ -4,7 +4,8 @@ Per iteration (Megatron's `train`): set the global batch for the consumed sample
 run its micro-batches through the engine, count samples and tokens, step the learning rate by the
 samples of an applied step, log every --log-interval, evaluate every --eval-interval, save every
 --save-interval, then check the exits (--exit-interval, --exit-duration-in-mins, the kill switch,
-SIGTERM/SIGUSR1) on every rank at once.
+SIGTERM/SIGUSR1) on every rank at once, every iteration (Megatron-LM's DistributedSignalHandler
+agrees on signals every iteration too).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from .state import TrainingState
 logger = logging.getLogger(__name__)
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-# Iterations between the checks that need the host to wait for the device (a diverging loss; the
-# ranks agreeing on signals, the kill switch and the time limit): a check every iteration would
-# stall the launch queue each time.
+# Iterations between the divergence checks, which need the host to wait for the device: a check
+# every iteration would stall the launch queue each time. (The exit checks are host-side values,
+# agreed every iteration over a CPU group: run.py's `exit_group`.)
 CHECK_INTERVAL = 10
 
 
@@ -71,6 +72,9 @@ class Trainer:
     rank: int
     device: torch.device
     eod_mask_id: int | None
+    # A gloo group over every rank (None for one process): the exit checks' all-reduce runs on
+    # host memory, so agreeing every iteration never waits for the device.
+    exit_group: object = None
     started: float = field(default_factory=time.time)
     _signal: int = 0
     _num_micro: int = 0
@@ -397,8 +401,9 @@ class Trainer:
     def _exit_reason(self) -> str | None:
         """Why to stop now, if so; every rank reaches the same answer. The exit interval is the
         same everywhere; signals, the kill switch and the time limit are local, so ranks agree on
-        them through one small all-reduce, every CHECK_INTERVAL iterations when there are several
-        (a single process checks every iteration, without waiting for the device)."""
+        them every iteration through one all-reduce of three integers on `exit_group`. A signal
+        that arrives during iteration N is acted on after N, or after N + 1 when it came after
+        this rank's check of N."""
         options, iteration = self.config.exit, self.state.iteration
         minutes = (time.time() - self.started) / 60.0
         local = [
@@ -409,13 +414,10 @@ class Trainer:
                 and minutes > options.exit_duration_in_mins
             ),
         ]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            if iteration % CHECK_INTERVAL:
-                local = [0, 0, 0]
-            else:
-                flags = torch.tensor(local, dtype=torch.float32, device=self.device)
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-                local = [int(v) for v in flags.tolist()]
+        if self.exit_group is not None:
+            flags = torch.tensor(local, dtype=torch.int64)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.exit_group)
+            local = flags.tolist()
         received, kill_switch, over_time = local
         if received:
             return f"received {signal.Signals(received).name}, checkpoint saved"

@@ -21,13 +21,20 @@ from .checkpointing import (
     CHECKPOINT_VERSION,
     CheckpointContext,
     check_compatible,
+    check_readable,
     find_checkpoint,
     load_checkpoint,
     with_checkpoint_padding,
 )
 from .config import Topology, TrainConfig
 from .data import Vocabulary, build_datasets, read_vocabulary
-from .distributed import device, init_distributed, launch_environment
+from .distributed import (
+    LaunchInfo,
+    another_process_left,
+    device,
+    init_distributed,
+    launch_environment,
+)
 from .ds_config import effective_zero_stage
 from .ds_file import load_user_config, resolve_user_config
 from .fallbacks import choose_backend, without_fp16
@@ -39,6 +46,8 @@ from .state import TrainingState
 from .upstream import convert_upstream, needs_conversion, remove_converted, scheduler_progress
 
 logger = logging.getLogger(__name__)
+
+EXIT_FAILED = 1  # mds_common.cli's code for a run that failed
 
 
 def run_description(
@@ -174,11 +183,30 @@ def run(
     )
     config, user_ds, fp16_note = without_fp16(config, user_ds, fp16_supported=_fp16_supported())
     init_distributed(backend, timeout_minutes=config.parallel.distributed_timeout_minutes)
+    notes = [note for note in (*warnings, backend_note, fp16_note) if note]
+    try:
+        return _run_joined(config, launch, topology, vocab, user_ds, notes)
+    except Exception as error:
+        if launch.world_size > 1 and another_process_left(error):
+            # The process that left said why (or the launcher says how it ended); this rank's
+            # broken connection, as a traceback from every other rank, would only bury that.
+            return EXIT_FAILED
+        raise
+
+
+def _run_joined(
+    config: TrainConfig,
+    launch: LaunchInfo,
+    topology: Topology,
+    vocab: Vocabulary,
+    user_ds: dict,
+    notes: list[str],
+) -> int:
+    """The run once every rank has joined the process group; `notes` are for rank 0 to log."""
     _configure_logging(launch.rank)
     if launch.rank == 0:  # the same on every rank: said once
-        for warning in [*warnings, backend_note, fp16_note]:
-            if warning:
-                logger.warning("%s", warning)
+        for note in notes:
+            logger.warning("%s", note)
     if config.logging.peak_tflops is None:
         peak = default_peak_tflops(config.params_dtype)
         config = dataclasses.replace(
@@ -209,10 +237,14 @@ def run(
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
+        if launch.rank == 0:  # the others stop quietly when it does
+            check_readable(found[0])
     recorded = found[1].get("lr_schedule") if found is not None else None
     lr_schedule, description["lr_schedule"] = resolve_schedule(
         config, topology, recorded, source=str(found[0]) if found else ""
     )
+    # Every rank creates it, before the model's groups: the exit checks' all-reduce (loop.py).
+    exit_group = dist.new_group(backend="gloo") if launch.world_size > 1 else None
     setup = build_training_setup(config, topology, gpt_config, user_ds)
     checkpoint = CheckpointContext(
         engine=setup.engine,
@@ -262,15 +294,19 @@ def run(
         rank=launch.rank,
         device=device(),
         eod_mask_id=vocab.eod_id if config.data.eod_mask_loss else None,
+        exit_group=exit_group,
     )
     try:
-        return trainer.train()
+        code = trainer.train()
     finally:
         metrics.close()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        dist.barrier()
-        dist.destroy_process_group()
+    # Only after a run that ended alike on every rank: after a failure the others are elsewhere
+    # (or gone), and a barrier would pair with whatever collective they are in.
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
 
 
 def _fp16_supported() -> bool:

@@ -8,7 +8,7 @@ described in `format.py`.
 """
 
 from .format import Missing
-from .read import load
+from .read import check, load
 from .write import GlobalName, SavedTensor, StreamingSave, save
 
-__all__ = ["GlobalName", "Missing", "SavedTensor", "StreamingSave", "load", "save"]
+__all__ = ["GlobalName", "Missing", "SavedTensor", "StreamingSave", "check", "load", "save"]

@@ -181,11 +181,8 @@ def load(path: Path) -> Any:
     path = Path(path)
     try:
         with open(path, "rb") as file:
-            if zipfile.is_zipfile(file):
+            if _is_archive(file):
                 return _load_archive(file)
-            file.seek(0)
-            if file.read(1) != pickle.PROTO:
-                raise ValueError("neither a zip archive nor a pickle")
     except FileNotFoundError:
         raise ValueError(f"{path}: missing file") from None
     except _UNREADABLE as error:
@@ -193,25 +190,63 @@ def load(path: Path) -> Any:
     return _load_legacy(path)
 
 
+def check(path: Path) -> None:
+    """Raises `load`'s one-line ValueError when `path` is not a whole torch.save file, reading
+    only the zip directory and its records' names (a file cut short has no directory): cheap
+    enough for every file of a checkpoint before a trainer loads it."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            if _is_archive(file):
+                with zipfile.ZipFile(file) as archive:
+                    _archive_records(archive)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing file") from None
+    except _UNREADABLE as error:
+        raise _unreadable(path, error) from None
+
+
+def _is_archive(file: io.BufferedReader) -> bool:
+    """A zip archive (torch >= 1.6) or a legacy pickle; anything else is unreadable."""
+    if zipfile.is_zipfile(file):
+        return True
+    file.seek(0)
+    start = file.read(4)
+    if start == struct.pack("<I", LOCAL_HEADER_SIGNATURE):
+        size = file.seek(0, io.SEEK_END)
+        raise ValueError(
+            f"a zip archive without its directory: the file is cut short at {size:,} bytes"
+        )
+    if start[:1] != pickle.PROTO:
+        raise ValueError("neither a zip archive nor a pickle")
+    return False
+
+
 def _unreadable(path: Path, error: BaseException) -> ValueError:
     message = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return ValueError(f"{path}: not a readable torch checkpoint file ({message})")
 
 
+def _archive_records(archive: zipfile.ZipFile) -> tuple[str, dict[str, zipfile.ZipInfo]]:
+    """The archive's folder and its records by name, checked to be torch.save's."""
+    infos = archive.infolist()
+    if not infos or "/" not in infos[0].filename:
+        raise ValueError("the archive has no folder of records")
+    folder = infos[0].filename.partition("/")[0] + "/"
+    records = {
+        info.filename[len(folder) :]: info for info in infos if info.filename.startswith(folder)
+    }
+    if "data.pkl" not in records:
+        raise ValueError(f"the archive has no {folder}data.pkl")
+    for name, info in records.items():
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"record {name} is compressed (torch.save stores records)")
+    return folder, records
+
+
 def _load_archive(file: io.BufferedReader) -> Any:
     with zipfile.ZipFile(file) as archive:
-        infos = archive.infolist()
-        if not infos or "/" not in infos[0].filename:
-            raise ValueError("the archive has no folder of records")
-        folder = infos[0].filename.partition("/")[0] + "/"
-        records = {
-            info.filename[len(folder) :]: info for info in infos if info.filename.startswith(folder)
-        }
-        if "data.pkl" not in records:
-            raise ValueError(f"the archive has no {folder}data.pkl")
-        for name, info in records.items():
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"record {name} is compressed (torch.save stores records)")
+        folder, records = _archive_records(archive)
         byteorder = archive.read(folder + "byteorder") if "byteorder" in records else b"little"
         if byteorder != b"little":
             raise ValueError(f"its byte order is {byteorder[:16]!r}; only little-endian is read")
