@@ -447,3 +447,28 @@ def test_target_layout_bad_values_are_one_line(golden, tmp_path, capsys):
         assert exit_info.value.code == 1 and len(err) == 1, err
         assert err[0].startswith(f"mds-merge-mp: error: {message}"), err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", ["mds", "deepspeedai"])
+def test_universal_checkpoint_info_patterns_match_the_files_own_names(golden, tmp_path, layout):
+    """DeepSpeed's ds_to_universal (deepspeed/checkpoint/ds_to_universal.py) classifies each
+    parameter by `re.match` of these patterns against the names in the files; a pattern of
+    another naming would silently treat a replicated or row-parallel parameter as column-split.
+    Every name of the TP=2 plain-engine output is classified as mds_checkpoint.names splits it."""
+    from mds_checkpoint.engine_names import megatron_to_plain
+    from mds_checkpoint.names import split_of
+
+    folder = reshape(golden, tmp_path / layout, tp=2, pp=1, layout=layout) / "global_step10"
+    state = torch_load(folder / "mp_rank_00_model_states.pt")
+    info = state["universal_checkpoint_info"]
+    names = list(_flatten(state["module"]))
+    assert len(names) == 28
+
+    def matches(kind: str, name: str) -> bool:
+        return any(re.match(pattern, name) for pattern in info.get(kind, []))
+
+    for name in names:
+        split = split_of(megatron_to_plain(name) if layout != "mds" else name)
+        assert matches("vocabulary_parameter_patterns", name) == split.vocab, name
+        assert matches("tp_replicated_parameter_patterns", name) == (split.dim is None), name
+        assert matches("parameter_with_row_parallelism_patterns", name) == (split.dim == 1), name

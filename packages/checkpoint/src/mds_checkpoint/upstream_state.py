@@ -133,30 +133,49 @@ def megatron_args(
     return argparse.Namespace(**args)
 
 
+# The names of the parameters a universal_checkpoint_info's patterns match, per engine module:
+# DeepSpeed's `ds_to_universal` matches them against the names in the ZeRO partitions, so a
+# pattern of another naming would silently treat a replicated parameter as split.
+_PATTERN_NAMES = {
+    # (word embeddings, position embeddings, layer prefix, final norm prefix)
+    "megatron": (
+        "language_model.embedding.word_embeddings.weight",
+        "language_model.embedding.position_embeddings.weight",
+        "language_model.encoder.layers.",
+        "language_model.encoder.final_layernorm.",
+    ),
+    "mds": (
+        "embedding.word_embeddings.weight",
+        "embedding.position_embeddings.weight",
+        "layers.",
+        "final_layernorm.",
+    ),
+    "pipe": (
+        "tied_modules.embed.word_embeddings.weight",
+        "tied_modules.embed.position_embeddings.weight",
+        "",
+        r"\d+.",
+    ),
+}
+
+
 def universal_checkpoint_info(
-    config: GPTConfig, *, original_vocab_size: int, using_model_pipe: bool
+    config: GPTConfig, *, original_vocab_size: int, names: str
 ) -> dict[str, Any]:
     """deepspeedai's `_universal_checkpoint_info`: the vocabulary sizes and its parameter-pattern
     lists, as `UniversalCheckpointInfo` builds them for a GPT (layer norms, biased linears, tied
-    embeddings, no SwiGLU)."""
+    embeddings, no SwiGLU), over the parameter names of `names` (a key of _PATTERN_NAMES)."""
     learned = config.position_embedding_type == "learned"
+    words, positions, layers, final = _PATTERN_NAMES[names]
     info: dict[str, Any] = {
         "universal_checkpoint_version": UNIVERSAL_CHECKPOINT_VERSION,
         "original_vocab_size": original_vocab_size,
         "padded_vocab_size": config.padded_vocab_size,
+        "vocabulary_parameter_patterns": [words],
     }
-    vocab = (
-        ["tied_modules.embed.word_embeddings.weight"]
-        if using_model_pipe
-        else ["language_model.embedding.word_embeddings.weight"]
-    )
-    info["vocabulary_parameter_patterns"] = vocab
-    if using_model_pipe:
-        positions = ["tied_modules.embed.position_embeddings.weight"] if learned else []
-        info["pipeline_replicated_parameter_patterns"] = vocab + positions
+    if names == "pipe":
+        info["pipeline_replicated_parameter_patterns"] = [words] + ([positions] if learned else [])
     if config.tensor_model_parallel_size > 1:
-        layers = "" if using_model_pipe else "language_model.encoder.layers."
-        final = r"\d+." if using_model_pipe else "language_model.encoder.final_layernorm."
         replicated = [
             layers + r"\d+.input_layernorm.weight",
             layers + r"\d+.post_attention_layernorm.weight",
@@ -164,11 +183,7 @@ def universal_checkpoint_info(
             final + "bias",
         ]
         if learned:
-            replicated.append(
-                "tied_modules.embed.position_embeddings.weight"
-                if using_model_pipe
-                else "language_model.embedding.position_embeddings.weight"
-            )
+            replicated.append(positions)
         replicated += [
             layers + r"\d+.self_attention.dense.bias",
             layers + r"\d+.mlp.dense_4h_to_h.bias",
@@ -212,6 +227,8 @@ def upstream_keys(
             "original_vocab_size": original,
         },
         "universal_checkpoint_info": universal_checkpoint_info(
-            config, original_vocab_size=original, using_model_pipe=pipe
+            config,
+            original_vocab_size=original,
+            names="pipe" if pipe else ("mds" if layout == "mds" else "megatron"),
         ),
     }
