@@ -93,7 +93,10 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
                 shutil.rmtree(stale, ignore_errors=True)  # left by a run killed while saving
             remove_stale_temporaries(save_dir / tag)  # an old copy a killed re-save moved aside
     context.barrier()
-    client_state = {CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION}}
+    client_state = {
+        CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION},
+        **upstream_client_state(context.meta, state),
+    }
     with _reporting_save_failures(save_dir, tag):
         context.engine.save_checkpoint(
             str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
@@ -111,6 +114,24 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     context.barrier()
     logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
     return final
+
+
+def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[str, Any]:
+    """What Megatron-DeepSpeed's own save_checkpoint puts beside the model, so that its readers
+    (upstream, DeepSpeed's ds_to_universal, Megatron's converters) read mds-train's files as
+    they are: `checkpoint_version` 3.0 above all (read as 0 when missing, which reorders the
+    query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
+    vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`."""
+    from mds_checkpoint.describe import config_from_meta
+    from mds_checkpoint.upstream_state import upstream_keys
+
+    return upstream_keys(
+        config_from_meta(meta["model"], where="this run"),
+        pipeline_parallel=meta["parallel"]["pipeline_parallel"],
+        progress=state.to_dict(),
+        tokenizer=meta.get("tokenizer") or {},
+        layout="mds",
+    )
 
 
 # How torch.save's zip writer reports a write that failed: a RuntimeError in its own words

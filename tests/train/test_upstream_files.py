@@ -1,0 +1,74 @@
+"""mds-train's checkpoint files as upstream's tools read them.
+
+- Megatron-DeepSpeed's readers take a missing `checkpoint_version` for 0 and then reorder the
+  query/key/value rows (megatron/checkpointing.py `fix_query_key_value_ordering`; Hugging Face's
+  `convert_megatron_gpt2_checkpoint.py` alike), so mds-train writes 3.0 (rows per head, as
+  Megatron's version >= 2), with `args`, `iteration` and `tokens` as upstream's
+  `save_checkpoint` does.
+- DeepSpeed's own `ds_to_universal` (deepspeed/checkpoint/ds_to_universal.py) needs
+  `universal_checkpoint_info` and classifies parameters by its patterns; run on an mds-train
+  ZeRO-1 checkpoint, it gives the fp32 masters and Adam moments mds-merge-mp reads, bit for bit
+  (DeepSpeed's universal files hold the unpadded vocabulary rows).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mds_checkpoint import ptfile
+from mds_checkpoint.cli import main as merge_mp
+
+
+@pytest.fixture(scope="module")
+def zero1_checkpoint(runs, shared_data, data_cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("zero1")
+    flags = [
+        *runs.MODEL,
+        *runs.OPTIMIZER,
+        *runs.data_flags(shared_data, data_cache),
+        *"--train-iters 2 --lr-decay-iters 20 --eval-iters 0 --zero-stage 1 --save".split(),
+        str(out / "checkpoints"),
+    ]
+    result = runs.train(flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / "checkpoints" / "global_step2"
+
+
+def test_rank_files_carry_upstream_s_keys(zero1_checkpoint):
+    state = ptfile.load(zero1_checkpoint / "mp_rank_00_model_states.pt")
+    assert state["checkpoint_version"] == 3.0
+    assert (state["iteration"], state["tokens"]) == (2, 2 * 8 * 64)
+    args = state["args"]
+    assert (args.num_layers, args.hidden_size, args.num_attention_heads) == (2, 64, 4)
+    assert (args.padded_vocab_size, args.tensor_model_parallel_size) == (5120, 1)
+    info = state["universal_checkpoint_info"]
+    assert (info["original_vocab_size"], info["padded_vocab_size"]) == (5000, 5120)
+    assert info["vocabulary_parameter_patterns"] == ["embedding.word_embeddings.weight"]
+
+
+def test_deepspeed_s_ds_to_universal_reads_mds_train_s_checkpoint(zero1_checkpoint, tmp_path):
+    universal = tmp_path / "universal"
+    result = subprocess.run(
+        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+         "--input_folder", str(zero1_checkpoint), "--output_folder", str(universal)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours = tmp_path / "mds"
+    with pytest.raises(SystemExit) as exit_:
+        merge_mp(["--load", str(zero1_checkpoint), "--save", str(ours), "--with-optimizer"])
+    assert exit_.value.code == 0
+    names = sorted(p.name for p in (universal / "zero").iterdir() if p.is_dir())
+    assert len(names) == 28
+    for name in names:
+        for key in ("fp32", "exp_avg", "exp_avg_sq"):
+            theirs = torch.load(universal / "zero" / name / f"{key}.pt", weights_only=False)
+            mine = torch.load(ours / "global_step2/zero" / name / f"{key}.pt", weights_only=False)
+            rows = theirs["param"].shape[0]  # DeepSpeed's: the unpadded vocabulary
+            assert torch.equal(theirs["param"], mine["param"][:rows]), (name, key)
+        step = torch.load(universal / "zero" / name / "step.pt", weights_only=False)
+        assert int(step) == 2, name
