@@ -133,7 +133,6 @@ IGNORED = IgnoredFlags(
         ignored("--checkpoint-in-cpu", why=_ACTIVATIONS, nargs=0),
         ignored("--synchronize-each-layer", why=_ACTIVATIONS, nargs=0),
         ignored("--no-masked-softmax-fusion", why=_FUSION, nargs=0),
-        ignored("--no-bias-gelu-fusion", why=_FUSION, nargs=0),
         ignored("--no-bias-dropout-fusion", why=_FUSION, nargs=0),
         ignored(
             "--tensorboard-log-interval", why="TensorBoard scalars are written every --log-interval"
