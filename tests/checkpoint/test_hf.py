@@ -1,6 +1,7 @@
 """Hugging Face: export-hf gives a GPT2LMHeadModel that transformers loads without missing or
 unexpected keys and whose logits equal ours; import-hf then export-hf is bit-identical; GPT-2
-weights made by transformers itself import at TP=2 x PP=2; rotary checkpoints are refused."""
+weights made by transformers itself import at TP=2 x PP=2 with either GeLU and export back;
+rotary checkpoints and activations other than a GeLU are refused."""
 
 import json
 import shutil
@@ -75,13 +76,32 @@ def test_import_then_export_is_bit_identical(merge_mp, exported, tmp_path):
         assert (again / name).read_bytes() == (exported / name).read_bytes()
 
 
-def test_gpt2_weights_from_transformers_import_at_tp2_pp2(merge_mp, tmp_path):
+def _gpt2(activation_function: str) -> transformers.GPT2LMHeadModel:
+    """A transformers GPT-2 whose weights are large enough (std 0.1, not its 0.02 init) that the
+    MLP's inputs reach where the two GeLUs differ."""
     config = transformers.GPT2Config(
         vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, activation_function=activation_function,
     )  # fmt: skip
     torch.manual_seed(0)
-    reference = transformers.GPT2LMHeadModel(config).eval()
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.1)
+    return model
+
+
+# transformers' names -> the GeLU mds reads them as (gelu_fast and gelu_pytorch_tanh compute the
+# tanh formula of gelu_new; gelu is torch's exact F.gelu), and what export-hf writes back.
+_HF_NAMES = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu_pytorch_tanh": "gelu_new"}
+
+
+@pytest.mark.parametrize(
+    "activation_function", ["gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh"]
+)
+def test_gpt2_weights_from_transformers_import_at_tp2_pp2(merge_mp, tmp_path, activation_function):
+    reference = _gpt2(activation_function)
     reference.save_pretrained(tmp_path / "hf")
     out = tmp_path / "imported"
     result = merge_mp(
@@ -91,10 +111,37 @@ def test_gpt2_weights_from_transformers_import_at_tp2_pp2(merge_mp, tmp_path):
     assert result.returncode == 0, result.stderr
     model = load_consolidated(out)
     assert model.config.vocab_size == 1000 and model.config.padded_vocab_size == 1024
+    assert model.config.activation == ("gelu" if activation_function == "gelu" else "gelu_tanh")
     tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference(tokens).logits
     torch.testing.assert_close(logits_of(model, tokens), expected, rtol=1e-5, atol=1e-5)
+    # The tolerance sees the GeLU: the other one's logits are far outside it.
+    other = _gpt2("gelu_new" if activation_function == "gelu" else "gelu")
+    other.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        assert (other(tokens).logits - expected).abs().max() > 1e-3
+    # ...and export-hf writes it back as transformers' name of the same function.
+    result = merge_mp("export-hf", "--load", out, "--save", tmp_path / "back")
+    assert result.returncode == 0, result.stderr
+    back = _load_hf(tmp_path / "back")
+    assert back.config.activation_function == _HF_NAMES.get(activation_function, "gelu")
+    with torch.no_grad():
+        torch.testing.assert_close(back(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_activation_other_than_a_gelu_is_refused_in_one_line(merge_mp, tmp_path):
+    _gpt2("gelu").save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf/config.json").read_text())
+    (tmp_path / "hf/config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    result = merge_mp("import-hf", "--load", tmp_path / "hf", "--save", tmp_path / "out")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (
+        f"mds-merge-mp import-hf: error: {tmp_path / 'hf/config.json'}: activation_function "
+        "'relu': mds GPTs compute a GeLU, one of gelu_new, gelu_pytorch_tanh, gelu_fast, "
+        "gelu_accurate, gelu, gelu_python\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_rotary_is_refused_in_one_line(merge_mp, tp2pp2_checkpoint, tmp_path):

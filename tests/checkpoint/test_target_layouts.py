@@ -221,7 +221,10 @@ def test_hf_converter_turns_megatron_layout_into_export_hfs_gpt2(
     state = torch_load(out / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt")
     assert state["checkpoint_version"] == 3.0
     config, converted = hf_convert(state)
-    assert config.activation_function == "gelu_new"  # mds's tanh GeLU, as export-hf says
+    # The golden's exact GeLU (upstream ran --no-bias-gelu-fusion): args carry neither
+    # bias_gelu_fusion nor openai_gelu, so the converter picks "gelu", as export-hf says.
+    assert config.activation_function == "gelu"
+    assert json.loads((exported / "config.json").read_text())["activation_function"] == "gelu"
     reference = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
     with torch.no_grad():
         expected = reference(tokens).logits[0]

@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from mds_model import GPT, GPTConfig, KVCache, ParallelGroups, masked_mean
+import torch.nn.functional as F
+from mds_model import GPT, GPTConfig, KVCache, ParallelGroups, StaticKVCache, masked_mean
 from mds_model.rng import MODEL_PARALLEL_RNG, RNGStatesTracker, model_parallel_seed
 
 VOCAB, SEQ = 100, 16
@@ -65,6 +66,44 @@ def test_kv_cache_generation_matches_full_forward(position):
     assert cache.num_positions == SEQ
     assert cache.layers[0].keys.shape == cache.layers[1].values.shape == (2, 4, SEQ, 8)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def _large_weights(model: GPT) -> GPT:
+    """Weights of std 0.3, so the MLP's inputs reach |z| ~ 1-3 where the two GeLUs differ."""
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize(("activation", "approximate"), [("gelu", "none"), ("gelu_tanh", "tanh")])
+def test_the_mlp_computes_the_configured_gelu_in_every_path(activation, approximate):
+    """The MLP against torch's F.gelu on its own weights; full forward, the KV cache and the
+    static cache (decoding's bias+GeLU path) give one model's logits, another GeLU's are apart."""
+    model = _large_weights(GPT(tiny(activation=activation), init_seed=5)).eval()
+    mlp = model.layers[0].mlp
+    x = torch.randn(SEQ, 2, 32, generator=torch.Generator().manual_seed(3))
+    up, down = mlp.dense_h_to_4h, mlp.dense_4h_to_h
+    by_hand = F.linear(F.gelu(F.linear(x, up.weight, up.bias), approximate=approximate),
+                       down.weight, down.bias)  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), by_hand, rtol=1e-5, atol=1e-5)
+        seq = tokens(4)
+        full = model.logits(seq)
+        cache = KVCache(model.config.num_layers)
+        pieces = [model.decode(seq[:, :5], cache=cache)]
+        pieces += [model.decode(seq[:, t : t + 1], cache=cache) for t in range(5, SEQ)]
+        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+        static = StaticKVCache(model.config, batch_size=2, max_length=SEQ)
+        positions = torch.arange(SEQ).expand(2, SEQ)
+        got = model.decode_static(seq, positions=positions, cache=static)
+        torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
+        other = "gelu_tanh" if activation == "gelu" else "gelu"
+        twin = GPT(tiny(activation=other), init_seed=0).eval()
+        twin.load_state_dict(model.state_dict())
+        assert (twin.logits(seq) - full).abs().max() > 1e-3
 
 
 def test_sdpa_and_explicit_softmax_backends_agree():
@@ -237,8 +276,12 @@ def test_token_ids_past_the_vocabulary_are_an_error():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"position_embedding_type": "alibi", "embed_layernorm": True}],
-    ids=["learned", "alibi_softmax_kernel"],
+    [
+        {},
+        {"position_embedding_type": "alibi", "embed_layernorm": True},
+        {"activation": "gelu"},
+    ],
+    ids=["learned", "alibi_softmax_kernel", "exact_gelu"],
 )
 def test_default_fused_kernels_equal_the_pure_torch_path(overrides):
     # The default configuration (Triton kernels, dropout 0.1) through the CPU interpreter against

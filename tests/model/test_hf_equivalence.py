@@ -65,18 +65,24 @@ def export(model: GPT, folder) -> transformers.GPT2LMHeadModel:
     return hf.eval()
 
 
+@pytest.mark.parametrize(("activation", "hf_name"), [("gelu_tanh", "gelu_new"), ("gelu", "gelu")])
 @pytest.mark.parametrize("use_fused_kernels", [False, True])
-def test_exported_weights_give_hugging_face_gpt2_the_same_logits(tmp_path, use_fused_kernels):
-    model = trained_looking(GPT(tiny(use_fused_kernels=use_fused_kernels), init_seed=3)).eval()
+def test_exported_weights_give_hugging_face_gpt2_the_same_logits(
+    tmp_path, use_fused_kernels, activation, hf_name
+):
+    config = tiny(use_fused_kernels=use_fused_kernels, activation=activation)
+    model = trained_looking(GPT(config, init_seed=3)).eval()
     hf = export(model, tmp_path)
     assert hf.config.n_inner == 48 and hf.config.vocab_size == VOCAB
+    assert hf.config.activation_function == hf_name  # gelu_new: tanh; gelu: torch's exact
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()  # tied
     seq = tokens(1)
     with torch.no_grad():
         ours = model.logits(seq)  # (B, S, 128): the padded vocabulary
         theirs = hf(seq).logits
     assert theirs.shape == (2, SEQ, VOCAB)
-    torch.testing.assert_close(ours[..., :VOCAB], theirs, rtol=1e-5, atol=1e-4)
+    # ~2e-6 apart (logits up to ~6); the two GeLUs' logits are 4e-4 apart on these weights.
+    torch.testing.assert_close(ours[..., :VOCAB], theirs, rtol=1e-5, atol=2e-5)
     # Their loss (mean next-token cross-entropy) equals ours on the same shifted labels, over the
     # unpadded vocabulary.
     labels = seq.clone()
@@ -86,6 +92,12 @@ def test_exported_weights_give_hugging_face_gpt2_the_same_logits(tmp_path, use_f
             ours[:, :-1, :VOCAB].flatten(0, 1), seq[:, 1:].flatten()
         )
     torch.testing.assert_close(our_losses, hf_loss, rtol=1e-5, atol=1e-5)
+    # The tolerance sees the GeLU: the other one's logits are far outside it.
+    hf.config.activation_function = "gelu" if hf_name == "gelu_new" else "gelu_new"
+    other = transformers.GPT2LMHeadModel(hf.config).eval()
+    other.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        assert (other(seq).logits - theirs).abs().max() > 2e-4
 
 
 def test_hugging_face_weights_load_back_into_ours(tmp_path):

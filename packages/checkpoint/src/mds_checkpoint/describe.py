@@ -5,7 +5,8 @@ Megatron-DeepSpeed (BS) pickles `position_embedding_type` as its own enum (rotar
 alibi 3); Megatron-LM (MS) as a string (`learned_absolute`, `rope`). The tokenizer's vocabulary
 size comes from `original_vocab_size` in `checkpoint_info` (BS) or `universal_checkpoint_info`
 (deepspeedai; `source.vocabulary_info` picks) when present; without either the padded size stands
-for it, which keeps every row.
+for it, which keeps every row. The MLP's GeLU follows upstream's ParallelMLP
+(`activation_from_args`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def _position_type(value: Any) -> str:
     raise ValueError(f"unknown position_embedding_type {value!r}")
 
 
+def activation_from_args(args: Any, *, where: str) -> str:
+    """GPTConfig.activation as upstream's ParallelMLP picks it from these args
+    (megatron/model/transformer.py): openai_gelu -> tanh; else onnx_safe -> erf_gelu (exact);
+    else bias_gelu_fusion -> the fused tanh bias_gelu; else F.gelu (exact). Absent fields take
+    arguments.py's defaults (openai_gelu False, onnx_safe None, bias_gelu_fusion True).
+    SwiGLU, squared ReLU and bigscience's GLU activations are MLPs mds does not compute."""
+    for name in ("swiglu", "squared_relu", "glu_activation"):
+        if getattr(args, name, None):
+            raise ValueError(
+                f"{where}: Megatron's args set {name}={getattr(args, name)!r}, an MLP mds GPTs do "
+                "not compute (they compute a GeLU)"
+            )
+    if getattr(args, "openai_gelu", False):
+        return "gelu_tanh"
+    if getattr(args, "onnx_safe", None):
+        return "gelu"
+    fused = getattr(args, "bias_gelu_fusion", None)
+    return "gelu" if fused is not None and not fused else "gelu_tanh"
+
+
 def _dtype_name(args: Any) -> str:
     if getattr(args, "bf16", False):
         return "bfloat16"
@@ -104,6 +125,7 @@ def config_from_megatron_args(
         init_method_std=float(arg("init_method_std", 0.02)),
         position_embedding_type=_position_type(getattr(args, "position_embedding_type", None)),
         embed_layernorm=bool(arg("embed_layernorm", False)),
+        activation=activation_from_args(args, where=where),
         params_dtype=_dtype_name(args),
     )
     try:

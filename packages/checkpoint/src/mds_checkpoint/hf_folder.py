@@ -24,7 +24,13 @@ CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
-_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # one function, three names
+# transformers' activation_function names of the two GeLUs an mds GPT computes (GPTConfig's
+# activation). The tanh ones are one formula (gelu_fast and gelu_accurate with their constants
+# written differently: within 1e-12 of gelu_new in float64); gelu_python is gelu written with erf.
+HF_ACTIVATIONS = {
+    **dict.fromkeys(("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate"), "gelu_tanh"),
+    **dict.fromkeys(("gelu", "gelu_python"), "gelu"),
+}
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -67,9 +73,12 @@ def stored_dtype(hf: dict[str, Any]) -> str | None:
 def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> GPTConfig:
     """The GPTConfig of a GPT-2 `config.json`; a ValueError (without the file's name) for what
     mds GPTs do not implement or a missing key."""
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in _TANH_GELUS:
-        raise ValueError(f"activation_function {activation!r}: ours is GPT-2's tanh GeLU")
+    activation = hf.get("activation_function", "gelu_new")  # GPT2Config's default
+    if activation not in HF_ACTIVATIONS:
+        raise ValueError(
+            f"activation_function {activation!r}: mds GPTs compute a GeLU, one of "
+            f"{', '.join(HF_ACTIVATIONS)}"
+        )
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if hf.get(flag):
             raise ValueError(f"{flag} is set, which mds GPTs do not implement")
@@ -89,6 +98,7 @@ def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> 
             hidden_dropout=hf.get("resid_pdrop", 0.1),
             attention_dropout=hf.get("attn_pdrop", 0.1),
             init_method_std=hf.get("initializer_range", 0.02),
+            activation=HF_ACTIVATIONS[activation],
             params_dtype=stored_dtype(hf) or "float32",
             tensor_model_parallel_size=tp,
             **overrides,

@@ -6,8 +6,7 @@ namespace), `checkpoint_version` 3.0, `iteration` and `tokens` beside the model;
 (`_universal_checkpoint_info` and megatron/model/gpt_model.py `UniversalCheckpointInfo`). Readers
 take a missing `checkpoint_version` for 0 and reorder query/key/value rows that mds already holds
 per head (`[np, 3, hn]`, version >= 2), so it is always written. `args` carries upstream's names
-for the model, topology, tokenizer and progress, with the activation mds computes (tanh GeLU:
-`openai_gelu`, which Hugging Face's converter reads as `gelu_new`).
+for the model, topology, tokenizer and progress, with the GeLU the model computes (`gelu_args`).
 """
 
 from __future__ import annotations
@@ -55,6 +54,18 @@ def tokenizer_eod_id(tokenizer: dict) -> int | None:
         except (ValueError, KeyError, TypeError):
             return None
     return GPT2_EOD_ID
+
+
+def gelu_args(config: GPTConfig) -> dict[str, Any]:
+    """Upstream's flags for the model's GeLU, read back by describe.activation_from_args and by
+    Hugging Face's convert_megatron_gpt2_checkpoint.py (gelu_fast if bias_gelu_fusion, else
+    gelu_new if openai_gelu, else gelu). Tanh: openai_gelu (upstream's openai_gelu, HF's
+    gelu_new); exact: neither, so upstream's ParallelMLP runs F.gelu and HF picks gelu. Upstream's
+    load_args_from_checkpoint does not read them: a run continuing these files passes the flags
+    (--no-bias-gelu-fusion for the exact GeLU)."""
+    return dict(
+        openai_gelu=config.activation == "gelu_tanh", bias_gelu_fusion=False, onnx_safe=None
+    )
 
 
 def megatron_args(
@@ -112,10 +123,7 @@ def megatron_args(
             else _POSITION_NAMES[position]
         ),
         embed_layernorm=config.embed_layernorm,
-        # mds's MLP computes the tanh GeLU: upstream's ParallelMLP with openai_gelu, HF's gelu_new
-        openai_gelu=True,
-        bias_gelu_fusion=False,
-        onnx_safe=None,
+        **gelu_args(config),
         swiglu=False,
         squared_relu=False,
         add_bias_linear=True,

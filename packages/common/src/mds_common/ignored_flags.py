@@ -268,6 +268,7 @@ TRAINING_FLAGS = IgnoredFlags(
                 "--codecarbon-dir",
                 "--output-dir",
                 "--peak-tflops",
+                "--onnx-safe",
             )
         ),
         _training(("--deepspeed_config", "--deepspeed-config")),
@@ -291,6 +292,7 @@ TRAINING_FLAGS = IgnoredFlags(
                 "--no-fused-kernels",
                 "--no-masked-softmax-fusion",
                 "--no-bias-gelu-fusion",
+                "--openai-gelu",
                 "--no-bias-dropout-fusion",
                 "--use-flash-attn",
                 "--grad-reduce-in-bf16",

@@ -21,6 +21,9 @@ POSITION_EMBEDDING_TYPES = ("learned", "rotary", "alibi")
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "softmax")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 PARAMS_DTYPES = ("float32", "bfloat16", "float16")
+# The MLP's GeLU -> F.gelu's `approximate`. gelu_tanh: Megatron's fused bias_gelu and openai_gelu
+# (upstream's default); gelu: the exact erf GeLU of its unfused F.gelu (--no-bias-gelu-fusion).
+ACTIVATIONS = {"gelu_tanh": "tanh", "gelu": "none"}
 
 
 def padded_vocab_size(
@@ -52,6 +55,7 @@ class GPTConfig:
     position_embedding_type: str = "learned"
     rotary_base: float = 10000.0
     embed_layernorm: bool = False
+    activation: str = "gelu_tanh"  # a key of ACTIVATIONS; older meta.json files have none: tanh
     use_fused_kernels: bool = True
     attention_backend: str = "auto"
     activation_checkpointing: str = "none"
@@ -128,6 +132,7 @@ class GPTConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
+        _check_choice("activation", self.activation, tuple(ACTIVATIONS))
         if self.sequence_parallel and self.seq_length % tp:
             raise ValueError(
                 f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
@@ -150,6 +155,11 @@ class GPTConfig:
         (Cached decoding also does for a query block shorter than its keys; that is per call.)
         """
         return self.position_embedding_type == "alibi" or self.attention_backend == "softmax"
+
+    @property
+    def gelu_approximate(self) -> str:
+        """The MLP's GeLU as F.gelu's and the kernels' `approximate`: "tanh" or "none"."""
+        return ACTIVATIONS[self.activation]
 
     @property
     def ffn_size(self) -> int:

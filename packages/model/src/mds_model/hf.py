@@ -1,8 +1,8 @@
 """Our GPT's weights <-> Hugging Face `transformers`' GPT2LMHeadModel, without importing it.
 
 Only the learned-position GPT-2 architecture has a Hugging Face twin: pre-LayerNorm blocks,
-tanh-GeLU ("gelu_new"), tied LM head. The differences are layout only: HF's `Conv1D` stores
-weights as (in, out) where our linears store (out, in); HF's fused QKV columns are
+a GeLU (tanh: "gelu_new"; exact: "gelu"), tied LM head. The differences are layout only: HF's
+`Conv1D` stores weights as (in, out) where our linears store (out, in); HF's fused QKV columns are
 [all q | all k | all v] where ours (Megatron checkpoint version >= 2) groups the rows per head as
 [heads, 3, head_dim]; and our word embeddings carry Megatron's padding rows past the vocabulary.
 """
@@ -29,6 +29,9 @@ _LAYER_NAMES = {
     "mlp.dense_4h_to_h.bias": ("mlp.c_proj.bias", False),
 }
 _QKV = "self_attention.query_key_value"
+# GPTConfig.activation -> transformers' activation_function: "gelu_new" is Megatron's tanh formula
+# (what Hugging Face's Megatron converter writes for openai_gelu), "gelu" torch's exact F.gelu.
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 
 
 def _check_gpt2_shaped(config: GPTConfig) -> None:
@@ -57,7 +60,7 @@ def hf_gpt2_config(config: GPTConfig, *, eos_token_id: int | None = None) -> dic
         "n_layer": config.num_layers,
         "n_head": config.num_attention_heads,
         "n_inner": config.ffn_size,
-        "activation_function": "gelu_new",  # tanh approximation, as Megatron's bias_gelu
+        "activation_function": HF_ACTIVATIONS[config.activation],
         "layer_norm_epsilon": config.layernorm_epsilon,
         "embd_pdrop": config.hidden_dropout,
         "resid_pdrop": config.hidden_dropout,

@@ -304,14 +304,19 @@ def decode_linear(
     *,
     use_kernel: bool,
     gelu: bool = False,
+    approximate: str = "tanh",
 ) -> torch.Tensor:
     """A decoding step's projection: `kernels.skinny_linear` for one row (`_one_row_kernel`),
-    else the layer's forward; with gelu, bias + Megatron's GeLU follow (the layer skips its bias).
-    Inference only."""
+    else the layer's forward; with gelu, bias + the GeLU follow (the layer skips its bias),
+    approximate "tanh" or "none" as `kernels.bias_gelu`'s. Inference only."""
     if use_kernel and _one_row_kernel(layer, x):
-        return kernels.skinny_linear(x, layer.weight, layer.bias, gelu=gelu, use_kernel=True)
+        return kernels.skinny_linear(
+            x, layer.weight, layer.bias, gelu=gelu, approximate=approximate, use_kernel=True
+        )
     y = layer(x)
-    return kernels.bias_gelu(y, layer.bias, use_kernel=use_kernel) if gelu else y
+    if not gelu:
+        return y
+    return kernels.bias_gelu(y, layer.bias, approximate=approximate, use_kernel=use_kernel)
 
 
 def decode_add_norm_linear(
@@ -322,6 +327,7 @@ def decode_add_norm_linear(
     *,
     use_kernel: bool,
     gelu: bool = False,
+    approximate: str = "tanh",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(decode_linear(layer, norm(x + residual)), x + residual): for one row the add, the norm
     and the product are one kernel (`kernels.skinny_add_norm_linear`), else `norm.add_norm` and
@@ -342,7 +348,9 @@ def decode_add_norm_linear(
             layer.bias,
             eps=norm.eps,
             gelu=gelu,
+            approximate=approximate,
             use_kernel=True,
         )
     normed, summed = norm.add_norm(x, residual)
-    return decode_linear(layer, normed, use_kernel=use_kernel, gelu=gelu), summed
+    out = decode_linear(layer, normed, use_kernel=use_kernel, gelu=gelu, approximate=approximate)
+    return out, summed

@@ -32,6 +32,7 @@ class ParallelMLP(nn.Module):
     def __init__(self, config: GPTConfig, *, groups: ParallelGroups) -> None:
         super().__init__()
         self.use_kernel = config.use_fused_kernels
+        self.gelu_approximate = config.gelu_approximate
         self.dense_h_to_4h = ColumnParallelLinear(
             config.hidden_size,
             config.ffn_size,
@@ -52,7 +53,12 @@ class ParallelMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.dense_h_to_4h(x)  # (S, B, ffn/TP), bias left out for the fused bias+GeLU
-        y = kernels.bias_gelu(y, self.dense_h_to_4h.bias, use_kernel=self.use_kernel)
+        y = kernels.bias_gelu(
+            y,
+            self.dense_h_to_4h.bias,
+            approximate=self.gelu_approximate,
+            use_kernel=self.use_kernel,
+        )
         return self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
 
 
@@ -188,6 +194,7 @@ class ParallelTransformerLayer(nn.Module):
             mlp.dense_h_to_4h,
             use_kernel=mlp.use_kernel,
             gelu=True,
+            approximate=mlp.gelu_approximate,
         )
         return decode_linear(mlp.dense_4h_to_h, hidden, use_kernel=mlp.use_kernel), summed
 

@@ -52,7 +52,15 @@ SHAPE_FIELDS = (
     "max_positions",
     "position_embedding_type",
     "embed_layernorm",
+    "activation",
 )
+# What a meta.json written before a field existed means by its absence (mds computed tanh GeLU).
+FIELD_DEFAULTS = {"activation": "gelu_tanh"}
+# The flags that give a run each activation (ModelSection.activation), for the mismatch's error.
+_ACTIVATION_FLAGS = {
+    "gelu": "add --no-bias-gelu-fusion",
+    "gelu_tanh": "drop --no-bias-gelu-fusion and --onnx-safe, or add --openai-gelu",
+}
 # Fields that follow from the TP size (the vocabulary is padded to a multiple of
 # --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
 TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
@@ -308,11 +316,14 @@ def _check_fields(
     meta: dict[str, Any], run_meta: dict[str, Any], names: tuple[str, ...], path: Path
 ) -> None:
     for name in names:
-        theirs, ours = meta["model"].get(name), run_meta["model"].get(name)
+        default = FIELD_DEFAULTS.get(name)
+        theirs, ours = meta["model"].get(name, default), run_meta["model"].get(name, default)
         if theirs != ours:
+            fix = "train with the checkpoint's model flags"
+            if name == "activation" and theirs in _ACTIVATION_FLAGS:
+                fix = f"{_ACTIVATION_FLAGS[theirs]} (the flags of the run that wrote it)"
             raise ValueError(
-                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; "
-                "train with the checkpoint's model flags"
+                f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; {fix}"
             )
 
 

@@ -80,6 +80,31 @@ class ModelSection:
     no_fused_kernels: bool = flag(
         "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
     )
+    # The MLP's GeLU, chosen by upstream's flags as its ParallelMLP chooses (`activation`).
+    openai_gelu: bool = flag(
+        "--openai-gelu", default=False, help="GeLU as OpenAI's tanh approximation."
+    )
+    onnx_safe: str | None = flag(
+        "--onnx-safe",
+        help="Exact (erf) GeLU unless --openai-gelu; any non-empty value is true, as upstream's.",
+    )
+    no_bias_gelu_fusion: bool = flag(
+        "--no-bias-gelu-fusion",
+        default=False,
+        help="Exact (erf) GeLU, upstream's unfused F.gelu; default: its fused tanh bias_gelu.",
+    )
+
+    @property
+    def activation(self) -> str:
+        """GPTConfig.activation as upstream's ParallelMLP picks it (megatron/model/transformer.py):
+        openai_gelu (tanh), else onnx_safe's erf_gelu (exact), else the fused bias_gelu (tanh)
+        unless --no-bias-gelu-fusion leaves F.gelu (exact). onnx_safe is argparse `type=bool`:
+        `bool(value)`, so `--onnx-safe False` turns it on there too."""
+        if self.openai_gelu:
+            return "gelu_tanh"
+        if self.onnx_safe:
+            return "gelu"
+        return "gelu" if self.no_bias_gelu_fusion else "gelu_tanh"
 
     def __post_init__(self) -> None:
         _check_at_least(
@@ -128,6 +153,7 @@ class ModelSection:
                 else self.position_embedding_type
             ),
             embed_layernorm=self.embed_layernorm,
+            activation=self.activation,
             use_fused_kernels=kernels_available and not self.no_fused_kernels,
             attention_backend="flash" if self.use_flash_attn else "auto",
             activation_checkpointing=checkpointing,

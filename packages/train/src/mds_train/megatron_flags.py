@@ -53,7 +53,6 @@ IGNORED = IgnoredFlags(
             why="mds_model recomputes every layer (--recompute-granularity full)",
         ),
         ignored("--no-masked-softmax-fusion", why=_FUSION, nargs=0),
-        ignored("--no-bias-gelu-fusion", why=_FUSION, nargs=0),
         ignored("--no-bias-dropout-fusion", why=_FUSION, nargs=0),
         ignored("--no-gradient-accumulation-fusion", why=_KERNEL, nargs=0),
         ignored("--no-async-tensor-model-parallel-allreduce", why=_KERNEL, nargs=0),

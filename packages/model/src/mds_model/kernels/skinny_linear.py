@@ -3,7 +3,7 @@
 cuBLAS runs a one-row product as a general matrix product at a fraction of the memory bandwidth
 (on an H200, about 7 us for a 1024 x 3072 bf16 weight that takes 1.5 us to read); this kernel
 streams the weight rows once per input row, each program owning BLOCK_N outputs over the whole
-K, with bias and Megatron's tanh GeLU (as `bias_gelu`) in the epilogue. Forward only (inference);
+K, with bias and a GeLU (`bias_gelu`'s: tanh or exact) in the epilogue. Forward only (inference);
 the pure-torch reference beside it is the CPU path and the tests' oracle.
 """
 
@@ -13,18 +13,18 @@ import torch
 import torch.nn.functional as F
 
 from ._common import check_kernel_device
-from .bias_gelu import bias_gelu_reference
+from .bias_gelu import bias_gelu_reference, check_approximate
 from .layer_norm import add_layer_norm_reference
 
 
-def skinny_linear_reference(x, weight, bias=None, *, gelu: bool = False):
-    """F.linear, then (with gelu) Megatron's bias + tanh GeLU in fp32; out in x's dtype."""
+def skinny_linear_reference(x, weight, bias=None, *, gelu: bool = False, approximate="tanh"):
+    """F.linear, then (with gelu) `bias_gelu_reference`'s bias + GeLU in fp32; out in x's dtype."""
     if not gelu:
         return F.linear(x, weight, bias)
     y = F.linear(x, weight)
     if bias is None:
         bias = torch.zeros(y.shape[-1], dtype=y.dtype, device=y.device)
-    return bias_gelu_reference(y, bias)
+    return bias_gelu_reference(y, bias, approximate=approximate)
 
 
 try:
@@ -34,6 +34,7 @@ except ImportError:  # CPU-only installs run the reference
     triton = None
 
 if triton is not None:
+    from .bias_gelu import gelu as _gelu
 
     @triton.jit
     def _skinny_linear_fwd(
@@ -48,6 +49,7 @@ if triton is not None:
         stride_y,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
+        EXACT_GELU: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
@@ -67,9 +69,8 @@ if triton is not None:
         y = tl.sum(acc, axis=1)
         if HAS_BIAS:
             y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
-        if GELU:  # Megatron's tanh GeLU as z * sigmoid(2u), overflow-free (see bias_gelu.py)
-            u = 0.7978845608028654 * y * (1.0 + 0.044715 * y * y)
-            y = y / (1.0 + tl.exp(-2.0 * u))
+        if GELU:
+            y = _gelu(y, EXACT_GELU)
         tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
@@ -95,6 +96,7 @@ if triton is not None:
         eps,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
+        EXACT_GELU: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
@@ -124,8 +126,7 @@ if triton is not None:
         if HAS_BIAS:
             y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
         if GELU:
-            u = 0.7978845608028654 * y * (1.0 + 0.044715 * y * y)
-            y = y / (1.0 + tl.exp(-2.0 * u))
+            y = _gelu(y, EXACT_GELU)
         tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
@@ -149,13 +150,17 @@ def _blocks(num_in: int) -> tuple[int, int, int]:
     return _INTERPRETER_CONFIG if interpreted else block_config(num_in)
 
 
-def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool):
-    """x (..., K) @ weight (N, K)^T [+ bias (N)] [-> tanh GeLU] -> (..., N) in x's dtype.
+def skinny_linear(
+    x, weight, bias=None, *, gelu: bool = False, approximate: str = "tanh", use_kernel: bool
+):
+    """x (..., K) @ weight (N, K)^T [+ bias (N)] [-> GeLU] -> (..., N) in x's dtype; the GeLU's
+    approximate is "tanh" or "none" (exact), as `bias_gelu`'s.
 
     The kernel suits few rows (decoding); it reads the weight once per row. No autograd.
     """
+    check_approximate(approximate)
     if not use_kernel:
-        return skinny_linear_reference(x, weight, bias, gelu=gelu)
+        return skinny_linear_reference(x, weight, bias, gelu=gelu, approximate=approximate)
     check_kernel_device(x, weight, name="skinny_linear")
     num_out, num_in = weight.shape
     if x.shape[-1] != num_in or weight.stride(1) != 1:
@@ -180,6 +185,7 @@ def skinny_linear(x, weight, bias=None, *, gelu: bool = False, use_kernel: bool)
         y.stride(0),
         HAS_BIAS=bias is not None,
         GELU=gelu,
+        EXACT_GELU=approximate == "none",
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,
@@ -201,16 +207,21 @@ def skinny_add_norm_linear(
     *,
     eps: float,
     gelu: bool = False,
+    approximate: str = "tanh",
     use_kernel: bool,
 ):
     """`skinny_linear(LayerNorm(x + residual))` and the sum: (y, summed), as `add_layer_norm`
     followed by `skinny_linear`, in one kernel (a decoding step's LayerNorm is a kernel of its own
     for a row of a few KB). x, residual (..., K) in one dtype, K <= MAX_FUSED_NORM_WIDTH."""
+    check_approximate(approximate)
     if not use_kernel:
         normed, summed = add_layer_norm_reference(
             x, norm_weight, norm_bias, eps=eps, residual=residual
         )
-        return skinny_linear_reference(normed, weight, bias, gelu=gelu), summed
+        reference = skinny_linear_reference(
+            normed, weight, bias, gelu=gelu, approximate=approximate
+        )
+        return reference, summed
     check_kernel_device(x, residual, weight, name="skinny_add_norm_linear")
     num_out, num_in = weight.shape
     if (
@@ -249,6 +260,7 @@ def skinny_add_norm_linear(
         eps,
         HAS_BIAS=bias is not None,
         GELU=gelu,
+        EXACT_GELU=approximate == "none",
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,
