@@ -67,6 +67,7 @@ def main() -> int:
             if not torch.allclose(grad.double(), shard_grad_expected, rtol=tol, atol=tol * 0.1):
                 err = (grad.double() - shard_grad_expected).abs().max().item()
                 failures.append(f"{case}: grad max abs error {err}")
+    dist.barrier()  # both ranks done before either closes its connections
     dist.destroy_process_group()
     if failures:
         print("\n".join(failures), file=sys.stderr)
