@@ -382,3 +382,27 @@ def test_a_schedule_that_differs_from_the_checkpoint_s_is_one_line(
         "--use-checkpoint-opt_param-scheduler" in line and "--override-opt_param-scheduler" in line
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "name, value, what",
+    [
+        ("use_rotary_position_embeddings", True, "rotary position embeddings"),
+        ("untie_embeddings_and_output_weights", True, "untied"),
+        ("add_bias_linear", False, "without biases"),
+        ("num_experts", [2], "mixture of experts"),
+    ],
+)
+def test_upstream_features_mds_does_not_read_are_refused(
+    golden, golden_states, tmp_path, name, value, what
+):
+    """A model upstream's args describe as something mds does not build is refused in one line,
+    not read as the plain GPT it is not."""
+    folder = tmp_path / "ckpt" / "global_step10"
+    folder.mkdir(parents=True)
+    for tp, state in enumerate(golden_states):
+        args = argparse.Namespace(**{**vars(state["args"]), name: value})
+        torch.save({**state, "args": args}, folder / f"mp_rank_{tp:02d}_model_states.pt")
+    with pytest.raises(ValueError, match=what) as error:
+        load_consolidated(folder)
+    assert "\n" not in str(error.value) and name in str(error.value)

@@ -88,6 +88,35 @@ def _dtype_name(args: Any) -> str:
     return "float32"
 
 
+# Model features deepspeedai/Megatron-DeepSpeed records in its args that mds does not read yet:
+# (argument, the value that means the feature is on, what it is). A checkpoint with one on is
+# refused rather than read as a model it is not.
+_UNREAD_FEATURES = (
+    ("use_rotary_position_embeddings", True, "rotary position embeddings"),
+    ("untie_embeddings_and_output_weights", True, "an output layer untied from the embeddings"),
+    ("add_bias_linear", False, "linear layers without biases"),
+)
+
+
+def _refuse_unread_features(args: Any, where: str) -> None:
+    for name, on, what in _UNREAD_FEATURES:
+        if getattr(args, name, not on) == on:
+            raise ValueError(
+                f"{where}: Megatron's args say {name}={on} ({what}), which mds does not read; "
+                "this checkpoint cannot be converted"
+            )
+    experts = getattr(args, "num_experts", None)
+    if (
+        isinstance(experts, list | tuple)
+        and any(int(e) > 1 for e in experts)
+        or (isinstance(experts, int) and experts > 1)
+    ):
+        raise ValueError(
+            f"{where}: Megatron's args say num_experts={experts} (mixture of experts), which mds "
+            "does not read; this checkpoint cannot be converted"
+        )
+
+
 def config_from_megatron_args(
     args: Any, *, checkpoint_info: dict | None, tensor_parallel: int, where: str
 ) -> GPTConfig:
@@ -102,6 +131,7 @@ def config_from_megatron_args(
         raise ValueError(
             f"{where}: Megatron's args lack {', '.join(missing)}; not a GPT checkpoint"
         )
+    _refuse_unread_features(args, where)
     padded = arg("padded_vocab_size")
     info = checkpoint_info or {}
     vocab = info.get("original_vocab_size") or padded
