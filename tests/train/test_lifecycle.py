@@ -325,6 +325,7 @@ KILLED_DURING_SAVE = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
+    import json
     from mds_train.checkpointing import CheckpointContext, save_checkpoint
     from mds_train.state import TrainingState
 
@@ -338,7 +339,7 @@ KILLED_DURING_SAVE = textwrap.dedent(
 
     context = CheckpointContext(
         engine=Engine(), rank=0, world_size=1, barrier=lambda: None, rng_tracker=None,
-        meta={"format": "mds-train checkpoint"},
+        meta=json.loads(sys.argv[3]),
     )
     save_checkpoint(context, TrainingState(iteration=int(sys.argv[2])), Path(sys.argv[1]))
     """
@@ -349,6 +350,7 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path)
     def save(iteration: int, kill: bool) -> int:
         env = {**os.environ, "KILL": "1" if kill else "0"}
         command = [sys.executable, "-c", KILLED_DURING_SAVE, str(tmp_path), str(iteration)]
+        command.append(json.dumps(_run_meta()))
         return subprocess.run(command, env=env).returncode
 
     assert save(5, kill=False) == 0
@@ -380,13 +382,30 @@ class _FakeEngine:
         torch.save({"weight": torch.zeros(1 << 16)}, model)
 
 
+def _run_meta() -> dict:
+    """A run's description as save_checkpoint reads it (the model, its topology, the tokenizer)."""
+    from mds_checkpoint.source import model_fields
+    from mds_model import GPTConfig
+
+    config = GPTConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=5000, seq_length=64
+    )
+    return {
+        "format": "mds-train checkpoint",
+        "model": model_fields(config),
+        "parallel": {"pipeline_parallel": 1},
+        "tokenizer": {},
+    }
+
+
 def _save(engine, save_dir: Path, iteration: int):
     from mds_train.checkpointing import CheckpointContext, save_checkpoint
     from mds_train.state import TrainingState
 
     context = CheckpointContext(
-        engine=engine, rank=0, world_size=1, barrier=lambda: None, rng_tracker=None, meta={}
-    )
+        engine=engine, rank=0, world_size=1, barrier=lambda: None, rng_tracker=None,
+        meta=_run_meta(),
+    )  # fmt: skip
     return save_checkpoint(context, TrainingState(iteration=iteration), save_dir)
 
 
