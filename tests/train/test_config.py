@@ -390,3 +390,26 @@ def test_the_training_flags_other_tools_ignore_are_mds_trains():
             assert param.multiple, flag.names[0]
         else:
             assert not param.is_flag and max(param.nargs, 1) == flag.nargs, flag.names[0]
+
+
+@pytest.mark.parametrize(
+    "length, warmup, message",
+    [
+        (
+            "--train-samples 64",
+            "--lr-warmup-iters 3",
+            "with --train-samples give --lr-warmup-samples",
+        ),
+        ("--train-iters 8", "--lr-warmup-samples 8", "with --train-iters give --lr-warmup-iters"),
+    ],
+)
+def test_a_warmup_in_the_other_unit_is_refused(length, warmup, message):
+    """Megatron's validate_args asserts a warmup in the run's own unit; mds read only that unit
+    and silently ran the other one without a warmup."""
+    flags = list(BIGSCIENCE_TINY)
+    for name in ("--train-samples", "--lr-warmup-samples", "--rampup-batch-size"):
+        at = flags.index(name)
+        del flags[at : at + (4 if name == "--rampup-batch-size" else 2)]
+    config = build_config(parse([*flags, *length.split(), *warmup.split()]))
+    with pytest.raises(ValueError, match=message):
+        config.validate(Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1))

@@ -494,6 +494,11 @@ class TrainConfig:
             raise ValueError("with --train-iters give --lr-decay-iters, not --lr-decay-samples")
         if batch.train_samples is not None and opt.lr_decay_iters is not None:
             raise ValueError("with --train-samples give --lr-decay-samples, not --lr-decay-iters")
+        # Megatron's validate_args asserts these too: the other unit's warmup would be ignored.
+        if batch.train_iters is not None and opt.lr_warmup_samples:
+            raise ValueError("with --train-iters give --lr-warmup-iters, not --lr-warmup-samples")
+        if batch.train_samples is not None and opt.lr_warmup_iters:
+            raise ValueError("with --train-samples give --lr-warmup-samples, not --lr-warmup-iters")
         if opt.lr_warmup_fraction is not None and (opt.lr_warmup_iters or opt.lr_warmup_samples):
             raise ValueError("give --lr-warmup-fraction or --lr-warmup-iters/samples, not both")
         if batch.train_tokens is not None and batch.train_tokens < 1:
