@@ -406,3 +406,29 @@ def test_upstream_features_mds_does_not_read_are_refused(
     with pytest.raises(ValueError, match=what) as error:
         load_consolidated(folder)
     assert "\n" not in str(error.value) and name in str(error.value)
+
+
+def test_plain_megatron_s_recorded_schedule_is_checked_too(
+    runs, golden, golden_states, shared_data, data_cache, tmp_path
+):
+    """Plain Megatron keeps the schedule under `opt_param_scheduler` in model_optim_rng.pt
+    (megatron/checkpointing.py save_checkpoint); a run whose flags differ from it is refused as
+    for DeepSpeed's files."""
+    modules = [state["module"] for state in golden_states]
+    base = _megatron_folder(
+        tmp_path, golden_states, modules, checkpoint_version=3.0,
+        opt_param_scheduler=golden_states[0]["lr_scheduler"],
+    )  # fmt: skip
+    flags = upstream_command_line(golden, shared_data, data_cache)
+    flags[flags.index("--tensor-model-parallel-size") + 1] = "1"
+    flags[flags.index("--lr") + 1] = "2e-2"
+    flags += ["--train-iters", "11", "--load", str(base), "--save", str(tmp_path / "save")]
+    result = runs.train(flags)  # its optimizer state is not read: one line says what to add
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "error" in line]
+    assert "optimizer state (`optimizer` in model_optim_rng.pt) is not read yet" in line
+    assert "--no-load-optim" in line
+    result = runs.train([*flags, "--no-load-optim"])
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "error" in line]
+    assert "max_lr 0.01, the flags give 0.02" in line, result.stderr[-2000:]

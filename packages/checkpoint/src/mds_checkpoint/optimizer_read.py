@@ -49,6 +49,12 @@ class OptimizerState:
         self.hyperparameters: list[dict[str, Any]] = []
         self.loss_scaler: dict[str, Any] | None = None  # an fp16 run's dynamic scaler
         folder = source.folder
+        if source.layout == "megatron":
+            raise ValueError(
+                f"{folder}: plain Megatron's optimizer state (`optimizer` in model_optim_rng.pt) "
+                "is not read yet; reshape without --with-optimizer (mds-train: add "
+                "--no-load-optim, or --finetune)"
+            )
         self._universal = None
         zero_files = [p for p in folder.iterdir() if _ZERO_FILE.fullmatch(p.name)]
         if (folder / universal.FOLDER / universal.GLOBAL_STATE).is_file():  # reshaped before

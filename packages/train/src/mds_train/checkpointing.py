@@ -217,12 +217,18 @@ def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTC
     """The run's model padded to the checkpoint's vocabulary rows where no --pad-vocab-size-to
     was given: mds-merge-mp keeps a checkpoint's rows (Megatron trains its padding rows) when it
     reshapes to another TP that divides them (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
-    rows = meta["model"].get("pad_vocab_size_to")
+    model = meta["model"]
+    rows = model.get("pad_vocab_size_to")
+    if rows is None and model.get("vocab_size") == model.get("padded_vocab_size"):
+        # Plain Megatron records no unpadded size: its rows stood in for it, and this run's
+        # tokenizer says how many of them are real tokens.
+        rows = model.get("padded_vocab_size")
     tp = gpt_config.tensor_model_parallel_size
     if (
         rows
         and gpt_config.pad_vocab_size_to is None
         and rows != gpt_config.padded_vocab_size
+        and rows >= gpt_config.vocab_size
         and rows % tp == 0
     ):
         logger.info("vocabulary padded to the checkpoint's %d rows", rows)

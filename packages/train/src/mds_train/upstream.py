@@ -80,11 +80,15 @@ def convert_upstream(
 
 
 def _record_scheduler(source: Path, meta_path: Path) -> None:
-    """The source's `lr_scheduler` (the same in every mp_rank file) into the converted meta.json."""
+    """The source's `lr_scheduler` (Megatron's `opt_param_scheduler`; the same in every rank
+    file) into the converted meta.json."""
     from mds_checkpoint import ptfile  # reads Megatron's pickles without megatron installed
     from mds_common.files import write_text_atomically
 
-    files = sorted(source.glob("mp_rank_*_model_states.pt"))
+    # DeepSpeed's rank files, else plain Megatron's (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt).
+    files = sorted(source.glob("mp_rank_*_model_states.pt")) or sorted(
+        source.glob("mp_rank_*/model_optim_rng.pt")
+    )
     if not files:
         return
     state = ptfile.load(files[0])
