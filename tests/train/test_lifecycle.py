@@ -225,7 +225,8 @@ def test_batch_size_ramp_up(runs, shared_data, data_cache, tmp_path):
     consumed (start + int(consumed / 24) x 4, Megatron's rule), then 8; the engine's gradient
     accumulation follows, and --train-iters comes out as Megatron's update_train_iters."""
     base = flags(runs, shared_data, data_cache, tmp_path)
-    base = base[: base.index("--train-iters")] + base[base.index("--train-iters") + 2 :]
+    for name in ("--train-iters", "--lr-warmup-iters"):  # lengths and warmup in samples instead
+        base = base[: base.index(name)] + base[base.index(name) + 2 :]
     result = runs.train(
         base + "--train-samples 64 --rampup-batch-size 4 4 24 --lr-warmup-samples 8".split()
     )
