@@ -127,6 +127,11 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
         "tokenizer": None,
         **progress,
     }
+    # The scheduler's state_dict (DeepSpeed's `lr_scheduler`, Megatron's `opt_param_scheduler`)
+    # under meta.json's `lr_schedule`, where mds-train records its own and checks a resume.
+    schedule = state.get("lr_scheduler") or state.get("opt_param_scheduler")
+    if isinstance(schedule, dict):
+        meta["lr_schedule"] = {key: _plain(value) for key, value in schedule.items()}
     if getattr(args, "tokenizer_type", None):
         meta[MEGATRON_TOKENIZER] = {
             "type": args.tokenizer_type,
@@ -134,6 +139,11 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
             "vocab_size": config.vocab_size,
         }
     return meta
+
+
+def _plain(value: Any) -> Any:
+    """A pickled number (a numpy scalar as ptfile reads it) as JSON's."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:

@@ -5,9 +5,10 @@ mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed s
 tokens). Upstream's own resume at the same topology is what it must equal.
 
 The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read: the save folder
-is one by necessity) and is removed once loaded. Its meta.json gets the source's scheduler state
-(`lr_schedule`: upstream's `lr_scheduler` dict, progress included), which scheduler_record.py
-checks against the flags and `scheduler_progress` turns into the run's schedule counters.
+is one by necessity) and is removed once loaded. Its meta.json carries the source's scheduler
+state as the reshape reads it (`lr_schedule`: upstream's `lr_scheduler` or Megatron's
+`opt_param_scheduler` dict, progress included), which scheduler_record.py checks against the
+flags and `scheduler_progress` turns into the run's schedule counters.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ def convert_upstream(
             pipeline_parallel=pipeline_parallel,
             with_optimizer=with_optimizer,
         )
-        result = reshape(config)
-        _record_scheduler(source, base / (base / "latest").read_text().strip() / "meta.json")
+        result = reshape(config)  # its meta.json carries the source's lr_schedule
         logger.info(
             "%s is not in mds-train's layout: converted it to TP=%d PP=%d%s in %.1f s",
             source,
@@ -77,31 +77,6 @@ def convert_upstream(
     barrier()
     folder = base / (base / "latest").read_text().strip()
     return folder, json.loads((folder / "meta.json").read_text())
-
-
-def _record_scheduler(source: Path, meta_path: Path) -> None:
-    """The source's `lr_scheduler` (Megatron's `opt_param_scheduler`; the same in every rank
-    file) into the converted meta.json."""
-    from mds_checkpoint import ptfile  # reads Megatron's pickles without megatron installed
-    from mds_common.files import write_text_atomically
-
-    # DeepSpeed's rank files, else plain Megatron's (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt).
-    files = sorted(source.glob("mp_rank_*_model_states.pt")) or sorted(
-        source.glob("mp_rank_*/model_optim_rng.pt")
-    )
-    if not files:
-        return
-    state = ptfile.load(files[0])
-    record = state.get("lr_scheduler") or state.get("opt_param_scheduler")
-    if not isinstance(record, dict):
-        return
-    meta = json.loads(meta_path.read_text())
-    meta["lr_schedule"] = {key: _plain(value) for key, value in record.items()}
-    write_text_atomically(meta_path, json.dumps(meta, indent=2) + "\n")
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
 
 
 def scheduler_progress(state: Any, record: dict[str, Any] | None) -> None:
