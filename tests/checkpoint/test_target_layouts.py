@@ -1,11 +1,11 @@
 """`mds-merge-mp --target-layout`: what mds writes, read the way upstream's code reads it.
 
-No upstream code runs here (CI has none); its rules are written out in this file, each cited:
-- Hugging Face's converter, transformers `src/transformers/models/megatron_gpt2/
-  convert_megatron_gpt2_checkpoint.py` (`main`, `convert_megatron_checkpoint`,
-  `fix_query_key_value_ordering`): a missing `checkpoint_version` is 0.0; its version >= 2.0 rule
-  regroups per-head `[np, 3, hn]` rows to `[3, np, hn]`, version 0 leaves them;
-- deepspeedai/Megatron-DeepSpeed `megatron/checkpointing.py` (`check_checkpoint_args`,
+- Hugging Face's own converter, transformers' `convert_megatron_gpt2_checkpoint.py`, vendored
+  unmodified in third_party/ (origin and licence in its README; transformers' wheels no longer
+  ship it) and run through its `main()`: a missing `checkpoint_version` is 0.0; its version >= 2.0
+  rule regroups per-head `[np, 3, hn]` rows to `[3, np, hn]`, version 0 leaves them;
+- no Megatron code runs here (CI has none); its rules are written out in this file, each cited:
+  deepspeedai/Megatron-DeepSpeed `megatron/checkpointing.py` (`check_checkpoint_args`,
   `load_args_from_checkpoint`, `fix_query_key_value_ordering`, `read_metadata`,
   `get_checkpoint_name`) and `megatron/model/gpt_model.py` (`UniversalCheckpointInfo`),
   compared against the golden checkpoint upstream wrote (../shared/data/megatron-deepspeed-golden);
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import importlib.util
 import json
 import re
 import shutil
@@ -97,90 +98,48 @@ def torch_load(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# (a) Hugging Face's convert_megatron_gpt2_checkpoint.py, its rules in this test's own code
+# (a) Hugging Face's convert_megatron_gpt2_checkpoint.py, vendored unmodified in third_party/
 
 
-def hf_fix_qkv(param: torch.Tensor, version: float, heads: int, head_dim: int) -> torch.Tensor:
-    """The converter's `fix_query_key_value_ordering` (3 splits): to `[3, np, hn]` rows."""
-    shape = param.shape
-    if version == 1.0:  # stored [np, hn, 3]
-        param = param.view(heads, head_dim, 3, *shape[1:]).permute(
-            2, 0, 1, *range(3, param.dim() + 2)
-        )
-    elif version >= 2.0:  # stored [np, 3, hn]
-        param = param.view(heads, 3, head_dim, *shape[1:]).transpose(0, 1)
-    return param.contiguous().view(*shape)  # version 0: taken as [3, np, hn] already
+@pytest.fixture(scope="module")
+def hf_script() -> types.ModuleType:
+    """The script as a module (pytest runs with --import-mode=importlib; tests/ is no package)."""
+    path = Path(__file__).with_name("third_party") / "convert_megatron_gpt2_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("convert_megatron_gpt2_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def hf_convert(state: dict) -> tuple[transformers.GPT2Config, dict[str, torch.Tensor]]:
-    """`main` + `convert_megatron_checkpoint`: the config from `args` (activation: gelu_fast with
-    bias_gelu_fusion, else gelu_new with openai_gelu, else gelu; vocab_size = padded_vocab_size),
-    `checkpoint_version` 0.0 when absent, `model` -> `language_model` -> `embedding` and
-    `transformer` (else `encoder`); QKV fixed then transposed (Megatron (3D, D) -> Conv1D
-    (D, 3D)), the other dense weights transposed, layer norms and biases as they are."""
-    args = state["args"]
-    if args.bias_gelu_fusion:
-        activation = "gelu_fast"
-    elif args.openai_gelu:
-        activation = "gelu_new"
-    else:
-        activation = "gelu"
-    config = transformers.GPT2Config(
-        vocab_size=args.padded_vocab_size,
-        n_positions=args.max_position_embeddings,
-        n_embd=args.hidden_size,
-        n_layer=args.num_layers,
-        n_head=args.num_attention_heads,
-        n_inner=args.ffn_hidden_size,
-        activation_function=activation,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5,  # the converter's fixed value
-        bos_token_id=50256,
-        eos_token_id=50256,
+def run_hf_script(script, checkpoint: Path, shared_data: Path, monkeypatch) -> Path:
+    """The script's `main()` on one `model_optim_rng.pt`, as `python convert_megatron_gpt2_
+    checkpoint.py FILE` runs it: it writes config.json, the tokenizer and pytorch_model.bin into
+    FILE's folder, which is returned. Two things of today's environment are supplied around it:
+    - its `AutoTokenizer.from_pretrained("openai-community/gpt2")` downloads from the hub, which
+      tests cannot reach: the script's `AutoTokenizer` name is given GPT-2's own vocab/merges;
+    - it calls `torch.load` without `weights_only` (the default was False in the torch of its
+      day, True since 2.6): the checkpoint's `args` (an argparse.Namespace) is allowed in."""
+
+    def gpt2_tokenizer(name: str) -> transformers.GPT2Tokenizer:
+        assert name == "openai-community/gpt2", name  # args.tokenizer_type GPT2BPETokenizer
+        vocab, merges = shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt"
+        return transformers.GPT2Tokenizer(str(vocab), str(merges))
+
+    monkeypatch.setattr(
+        script, "AutoTokenizer", types.SimpleNamespace(from_pretrained=gpt2_tokenizer)
     )
-    version = state.get("checkpoint_version", 0.0)
-    heads, head_dim = config.n_head, config.n_embd // config.n_head
-    language = state["model"]["language_model"]
-    embeddings = language["embedding"]
-    out = {
-        "transformer.wte.weight": embeddings["word_embeddings"]["weight"][: config.vocab_size],
-        "transformer.wpe.weight": embeddings["position_embeddings"]["weight"],
-    }
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    encoder = language["transformer"] if "transformer" in language else language["encoder"]
-    renames = {
-        "self_attention.dense": "attn.c_proj",
-        "mlp.dense_h_to_4h": "mlp.c_fc",
-        "mlp.dense_4h_to_h": "mlp.c_proj",
-    }
-    for key, value in encoder.items():
-        match = re.fullmatch(r"layers\.(\d+)\.([a-z0-9_.]+)\.([a-z0-9_]+)", key)
-        if match is None:
-            continue
-        index, op, kind = match.groups()
-        prefix = f"transformer.h.{index}."
-        if op.endswith("layernorm"):
-            out[prefix + ("ln_1." if op.startswith("input") else "ln_2.") + kind] = value
-        elif op == "self_attention.query_key_value":
-            fixed = hf_fix_qkv(value, version, heads, head_dim)
-            out[prefix + "attn.c_attn." + kind] = (
-                fixed.t().contiguous() if kind == "weight" else fixed
-            )
-        else:
-            out[prefix + renames[op] + "." + kind] = value.t() if kind == "weight" else value
-    out["transformer.ln_f.weight"] = encoder["final_layernorm.weight"]
-    out["transformer.ln_f.bias"] = encoder["final_layernorm.bias"]
-    return config, out
+    monkeypatch.setattr(sys, "argv", ["convert_megatron_gpt2_checkpoint.py", str(checkpoint)])
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        script.main()
+    return checkpoint.parent
 
 
-def gpt2_logits(config, state: dict, tokens: torch.Tensor) -> torch.Tensor:
-    model = transformers.GPT2LMHeadModel(config).eval()
-    result = model.load_state_dict(state, strict=False)
-    assert result.missing_keys == [] and result.unexpected_keys == []
+def hf_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"], info  # the script also writes GPT-2's old mask buffers
+    model.eval()
     with torch.no_grad():
-        return model(tokens).logits[0, :, :REAL_VOCAB]
+        return model(tokens).logits[0, :, :REAL_VOCAB]  # its vocabulary is the padded one
 
 
 @pytest.fixture(scope="module")
@@ -211,29 +170,35 @@ def test_export_hf_states_vocabulary_tokens_and_ships_the_tokenizer(exported, sh
 
 
 def test_hf_converter_turns_megatron_layout_into_export_hfs_gpt2(
-    golden, exported, tokens, tmp_path
+    golden, exported, tokens, hf_script, shared_data, monkeypatch, tmp_path
 ):
-    """`--target-layout megatron` at TP=1 through the converter's rules gives the GPT-2 that
-    export-hf writes (logits within 1e-5); without `checkpoint_version` the converter's version-0
-    rule leaves the per-head QKV rows as they are and the model is silently another one."""
+    """`--target-layout megatron` at TP=1 through Hugging Face's script gives the GPT-2 that
+    export-hf writes (logits within 1e-5); without `checkpoint_version` its version-0 rule leaves
+    the per-head QKV rows as they are and the model is silently another one. The script's `main`,
+    `convert_megatron_checkpoint` and `fix_query_key_value_ordering` run unmodified: its config
+    from `args` (the activation too), its renaming and QKV reordering, its saved files."""
     out = reshape(golden, tmp_path / "megatron", tp=1, pp=1, layout="megatron")
     assert (out / "latest_checkpointed_iteration.txt").read_text() == "10"
-    state = torch_load(out / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt")
+    checkpoint = out / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt"
+    state = torch_load(checkpoint)
     assert state["checkpoint_version"] == 3.0
-    config, converted = hf_convert(state)
+    del state["checkpoint_version"]  # what mds wrote before: the silent bug of issue #23
+    unversioned = tmp_path / "unversioned" / "model_optim_rng.pt"
+    unversioned.parent.mkdir()
+    torch.save(state, unversioned)
+
+    converted = run_hf_script(hf_script, checkpoint, shared_data, monkeypatch)
     # The golden's exact GeLU (upstream ran --no-bias-gelu-fusion): args carry neither
-    # bias_gelu_fusion nor openai_gelu, so the converter picks "gelu", as export-hf says.
-    assert config.activation_function == "gelu"
-    assert json.loads((exported / "config.json").read_text())["activation_function"] == "gelu"
+    # bias_gelu_fusion nor openai_gelu, so the script picks "gelu", as export-hf says.
+    for folder in (converted, exported):
+        assert json.loads((folder / "config.json").read_text())["activation_function"] == "gelu"
     reference = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
     with torch.no_grad():
         expected = reference(tokens).logits[0]
-    logits = gpt2_logits(config, converted, tokens)
+    logits = hf_logits(converted, tokens)
     np.testing.assert_allclose(logits.numpy(), expected.numpy(), rtol=0, atol=1e-5)
 
-    del state["checkpoint_version"]  # what mds wrote before: the silent bug of issue #23
-    config, converted = hf_convert(state)
-    wrong = gpt2_logits(config, converted, tokens)
+    wrong = hf_logits(run_hf_script(hf_script, unversioned, shared_data, monkeypatch), tokens)
     assert (wrong - expected).abs().max() > 1e-2
 
 
