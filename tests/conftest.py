@@ -50,7 +50,7 @@ def data_cache(tmp_path_factory) -> Path:
 # Session fixtures that launch several processes: a test that uses one is in the multiprocess tier.
 MULTIPROCESS_FIXTURES = {
     "tp2_run", "resumed_pp2", "resumed_dp2", "resumed_zero3", "tp2pp2_checkpoint", "zero3_run",
-    "zero3_checkpoint", "tp2_pp2_checkpoint", "pp2_run",
+    "zero3_checkpoint", "tp2_pp2_checkpoint", "pp2_run", "pipeline_zero1_checkpoint",
 }  # fmt: skip
 
 

@@ -77,7 +77,7 @@ def _tamper(path, key, value):
 
 
 def test_shapes_that_disagree_across_ranks(capsys, tmp_path, copy):
-    path = copy / "global_step2" / "layer_04-model_01-model_states.pt"
+    path = copy / "global_step2" / "layer_03-model_01-model_states.pt"  # layer 1
     _tamper(path, "mlp.dense_h_to_4h.weight", torch.zeros(100, 64, dtype=torch.bfloat16))
     message = _fails(capsys, tmp_path, "--load", copy)
     assert "layers.1.mlp.dense_h_to_4h.weight has shape (100, 64) on TP rank 1 but (128, 64)" in (
@@ -86,7 +86,7 @@ def test_shapes_that_disagree_across_ranks(capsys, tmp_path, copy):
 
 
 def test_replicated_copies_that_differ(capsys, tmp_path, copy):
-    path = copy / "global_step2" / "layer_06-model_01-model_states.pt"
+    path = copy / "global_step2" / "layer_05-model_01-model_states.pt"  # layer 3
     _tamper(path, "input_layernorm.weight", torch.full((64,), 2.0, dtype=torch.bfloat16))
     message = _fails(capsys, tmp_path, "--load", copy)
     assert "layers.3.input_layernorm.weight is replicated but TP rank 1's copy differs" in message

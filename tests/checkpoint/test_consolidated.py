@@ -3,6 +3,7 @@
 import pytest
 import torch
 from mds_checkpoint import load_consolidated
+from mds_checkpoint.engine_names import megatron_to_plain
 from mds_model import GPT
 
 
@@ -17,8 +18,9 @@ def test_tp2pp2_consolidates_to_the_joined_shards(tp2pp2_checkpoint):
     gpt = GPT(model.config)
     gpt.load_state_dict(model.state_dict)  # strict: every name, every shape
     folder = tp2pp2_checkpoint / "global_step2"
-    # Written out by hand: layer 2 is pipeline index 5; QKV rows on dim 0, dense on dim 1.
-    shards = [_layer_file(folder, 5, tp) for tp in range(2)]
+    # Written out by hand: layer 2 is pipeline index 4 (deepspeedai's numbering); QKV rows on
+    # dim 0, dense on dim 1.
+    shards = [_layer_file(folder, 4, tp) for tp in range(2)]
     qkv = torch.cat([s["self_attention.query_key_value.weight"] for s in shards])
     dense = torch.cat([s["mlp.dense_4h_to_h.weight"] for s in shards], dim=1)
     assert torch.equal(model.state_dict["layers.2.self_attention.query_key_value.weight"], qkv)
@@ -58,6 +60,8 @@ def test_zero3_partitions_consolidate_as_deepspeed_s_zero_to_fp32(zero3_checkpoi
         model.meta["parallel"]["zero_stage"] == 3 and model.meta["parallel"]["data_parallel"] == 2
     )
     reference = get_fp32_state_dict_from_zero_checkpoint(str(zero3_checkpoint))
+    # DeepSpeed names them as mds-train's engine module does: Megatron's nesting.
+    reference = {megatron_to_plain(name): tensor for name, tensor in reference.items()}
     assert sorted(reference) == sorted(model.state_dict)
     for name, tensor in reference.items():
         assert torch.equal(model.state_dict[name], tensor), name

@@ -56,12 +56,13 @@ def test_round_trip_over_every_layout_is_bit_identical(tp2pp2_checkpoint, tmp_pa
         if pp == 1:
             assert layer_files == []
             shard = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)
-            assert shard["module"]["layers.0.self_attention.query_key_value.weight"].shape == (
+            module = shard["module"]["language_model"]["encoder"]  # Megatron's nesting
+            assert module["layers.0.self_attention.query_key_value.weight"].shape == (
                 192 // tp,
                 64,
             )
             assert shard["mds_train"]["state"]["iteration"] == 2
-        else:  # 01 embedding, 03..06 layers, 08 final norm, for each TP rank
+        else:  # 01 embedding, 02..05 layers, 06 final norm, for each TP rank
             assert len(layer_files) == 6 * tp
         model = load_consolidated(out)
         assert_same_weights(start, model)
@@ -123,7 +124,8 @@ def test_a_weights_reshape_never_imports_torch(tp2pp2_checkpoint, tmp_path):
     assert result.stdout.splitlines()[-1] == "[]"
     assert_same_weights(load_consolidated(tp2pp2_checkpoint), load_consolidated(out))
     state = torch.load(out / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)
-    assert state["module"]["layers.0.mlp.dense_h_to_4h.weight"].shape == (256, 64)
+    encoder = state["module"]["language_model"]["encoder"]
+    assert encoder["layers.0.mlp.dense_h_to_4h.weight"].shape == (256, 64)
 
 
 def _megatron_args(config, *, tp, pp):

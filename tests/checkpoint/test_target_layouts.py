@@ -436,7 +436,7 @@ def test_universal_checkpoint_info_patterns_match_the_files_own_names(golden, tm
         return any(re.match(pattern, name) for pattern in info.get(kind, []))
 
     for name in names:
-        split = split_of(megatron_to_plain(name) if layout != "mds" else name)
+        split = split_of(megatron_to_plain(name))
         assert matches("vocabulary_parameter_patterns", name) == split.vocab, name
         assert matches("tp_replicated_parameter_patterns", name) == (split.dim is None), name
         assert matches("parameter_with_row_parallelism_patterns", name) == (split.dim == 1), name

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from mds_checkpoint.engine_names import megatron_flat
 
 
 def worker(rank: int, folder: str, tokens_path: str, out: str, store: str) -> None:
@@ -25,7 +26,8 @@ def worker(rank: int, folder: str, tokens_path: str, out: str, store: str) -> No
     )
     model = GPT(config, groups=groups, init_seed=None)
     module = torch.load(Path(folder) / f"mp_rank_{rank:02d}_model_states.pt", weights_only=False)
-    model.load_state_dict({k: v.float() for k, v in module["module"].items()})
+    weights = megatron_flat(module["module"])  # mds-merge-mp nests the names as upstream does
+    model.load_state_dict({k: v.float() for k, v in weights.items()})
     model.eval()
     with torch.no_grad():
         logits = model.gather_logits(model.logits(torch.load(tokens_path)))

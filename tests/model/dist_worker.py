@@ -153,14 +153,15 @@ def run_tp_dropout(groups: ParallelGroups, *, sequence_parallel: bool) -> dict:
 
 
 def pipe_param_name(name: str, num_layers: int) -> str:
-    """PipelineModule parameter name -> plain GPT parameter name."""
+    """PipelineModule parameter name -> plain GPT parameter name (deepspeedai/Megatron-DeepSpeed's
+    GPTModelPipe numbering: the layers at 2..N+1, the final norm at N+2)."""
     if name.startswith("tied_modules.embed."):
         return "embedding." + name[len("tied_modules.embed.") :]
     index, rest = name.split(".", 1)
     index = int(index)
-    if 3 <= index < 3 + num_layers:
-        return f"layers.{index - 3}.{rest}"
-    assert index == num_layers + 4, name
+    if 2 <= index < 2 + num_layers:
+        return f"layers.{index - 2}.{rest}"
+    assert index == num_layers + 2, name
     return f"final_layernorm.{rest}"
 
 

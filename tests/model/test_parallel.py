@@ -83,26 +83,27 @@ def test_pp2_pipeline_engine_equals_plain_model(pp2_run):
         assert not bad, f"stage {r['stage']}: gradients differ {bad}"
     # Stage 0 owns embedding + 2 layers; stage 1 the 2 other layers, final norm and the tied head.
     assert any(name.startswith("tied_modules.embed.word") for name in stage1["grads"])
-    assert "8.weight" in stage1["grads"] and "3.input_layernorm.weight" in stage0["grads"]
+    assert "6.weight" in stage1["grads"] and "2.input_layernorm.weight" in stage0["grads"]
 
 
 def test_pipe_checkpoint_files_have_megatron_deepspeed_names(pp2_run):
     _, out = pp2_run
     folder = out / "ckpt" / "global_step1"
     names = sorted(p.name for p in folder.iterdir())
-    # N = 4 layers: embedding at 1, layers at 3..6, final norm at N+4 = 8; head (tied) has no file.
+    # N = 4 layers in deepspeedai/Megatron-DeepSpeed's GPTModelPipe numbering: embedding at 1,
+    # layers at 2..5, final norm at N+2 = 6; the head (tied) has no file.
     assert names == [
         "layer_01-model_00-model_states.pt",
+        "layer_02-model_00-model_states.pt",
         "layer_03-model_00-model_states.pt",
         "layer_04-model_00-model_states.pt",
         "layer_05-model_00-model_states.pt",
         "layer_06-model_00-model_states.pt",
-        "layer_08-model_00-model_states.pt",
         "mp_rank_00_model_states.pt",
         "mp_rank_01_model_states.pt",
     ]
     assert (out / "ckpt" / "latest").read_text() == "global_step1"
-    layer = torch.load(folder / "layer_03-model_00-model_states.pt", weights_only=True)
+    layer = torch.load(folder / "layer_02-model_00-model_states.pt", weights_only=True)
     assert sorted(layer) == sorted(
         f"{module}.{kind}"
         for module in (
@@ -119,7 +120,7 @@ def test_pipe_checkpoint_files_have_megatron_deepspeed_names(pp2_run):
     embedding = torch.load(folder / "layer_01-model_00-model_states.pt", weights_only=True)
     assert sorted(embedding) == ["position_embeddings.weight", "word_embeddings.weight"]
     assert embedding["word_embeddings.weight"].shape == (256, 32)
-    final = torch.load(folder / "layer_08-model_00-model_states.pt", weights_only=True)
+    final = torch.load(folder / "layer_06-model_00-model_states.pt", weights_only=True)
     assert sorted(final) == ["bias", "weight"]
 
 
@@ -133,7 +134,7 @@ def test_tp2_pp2_equals_plain_model_and_splits_files(tmp_path):
         assert not bad, f"stage {r['stage']} tp {r['tp_rank']}: gradients differ {bad}"
     folder = tmp_path / "ckpt" / "global_step1"
     qkv = [
-        torch.load(folder / f"layer_05-model_{tp:02d}-model_states.pt", weights_only=True)[
+        torch.load(folder / f"layer_04-model_{tp:02d}-model_states.pt", weights_only=True)[
             "self_attention.query_key_value.weight"
         ]
         for tp in (0, 1)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mds_checkpoint.engine_names import megatron_flat
 
 BASELINE = Path(__file__).with_name("baseline_losses.json")
 ITERATIONS, MICRO, GLOBAL, SEQ = 20, 2, 8, 64
@@ -265,7 +266,9 @@ def plain_pytorch_ramp(shared_data: Path, cache: Path) -> tuple[list[dict], dict
 
 
 def saved_weights(folder: Path) -> dict[str, torch.Tensor]:
-    return torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    """The plain GPT's weights from the rank file's `module` (Megatron's nesting)."""
+    module = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    return megatron_flat(module)
 
 
 def saved_progress(folder: Path) -> dict:

@@ -1,11 +1,12 @@
 """Parameter names as DeepSpeed's engines know them, and the order their optimizers hold them.
 
-The plain engine names parameters as the module it wraps does: mds-train's GPT by its own names,
-Megatron-DeepSpeed's `GPTModel` by Megatron's nested ones (`language_model.encoder.layers.I.X`).
+The plain engine names parameters as the module it wraps does: Megatron-DeepSpeed's `GPTModel`
+and mds-train's (`mds_train.model_setup.TrainingGPT`) by Megatron's nested names
+(`language_model.encoder.layers.I.X`); mds-train before it by the plain GPT's own (`layers.I.X`).
 The pipeline engine's `PipelineModule` names a stage's tied embedding `tied_modules.embed.X` and
-every other layer `{spec index}.X`, numbered as each fork's `GPTModelPipe` lists its specs; its
-stages are cut with DeepSpeed's `partition_balanced` over the transformer layers
-("type:transformer").
+every other layer `{spec index}.X`, numbered as each fork's `GPTModelPipe` lists its specs
+(`mds_model.pipe_numbering`; mds-train's is deepspeedai's); its stages are cut with DeepSpeed's
+`partition_balanced` over the transformer layers ("type:transformer").
 mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (decayed), then the
 1-D biases and norms, each in module order.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mds_model import GPTConfig
+from mds_model.pipe_numbering import EMBEDDING_INDEX, OWN_NUMBERING, pipe_layer_indices
 
 from .names import (
     FINAL_NORM,
@@ -31,19 +33,6 @@ MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
     "language_model.encoder.": "",
     "language_model.transformer.": "",  # checkpoint_version 0's spelling
 }
-FIRST_LAYER_INDEX = 3  # bigscience's GPTModelPipe: 0 cast, 1 embedding, 2 transpose, 3.. layers
-# Each fork's GPTModelPipe: spec 0 a cast, 1 the embedding, then the transformer layers one after
-# another and the final norm, each block `gap` after the one before (bigscience puts a transpose
-# lambda between them; deepspeedai/Megatron-DeepSpeed, megatron/model/gpt_model.py, does not).
-PIPE_GAPS = {"bigscience": 2, "deepspeedai": 1}
-EMBEDDING_INDEX = 1
-
-
-def pipe_layer_indices(num_layers: int, numbering: str) -> tuple[int, int]:
-    """(spec index of the first transformer layer, of the final norm) in a fork's numbering."""
-    gap = PIPE_GAPS[numbering]
-    first = EMBEDDING_INDEX + gap
-    return first, first + num_layers - 1 + gap
 
 
 def pipeline_file_key(name: str, num_layers: int, numbering: str) -> tuple[int, str]:
@@ -85,6 +74,25 @@ def megatron_nested(flat: dict[str, Any], *, layer_offset: int = 0) -> dict[str,
     return {"language_model": language}
 
 
+def megatron_flat(nested: dict[str, Any]) -> dict[str, Any]:
+    """`megatron_nested`'s inverse for a whole model written at version 3.0 (rows per head, as
+    mds-train's own files): the plain GPT's state dict."""
+    language = nested["language_model"]
+    flat = {}
+    for sub, values in language.get("embedding", {}).items():
+        for key, value in values.items():
+            flat[f"embedding.{sub}.{key}"] = value
+    flat.update(language.get("encoder", {}))
+    return flat
+
+
+def plain_to_megatron(name: str) -> str:
+    """A plain GPT name -> Megatron's nested parameter name (as `GPTModel.named_parameters`)."""
+    if name.startswith("embedding."):
+        return "language_model." + name
+    return "language_model.encoder." + name
+
+
 def megatron_to_plain(name: str) -> str:
     """A Megatron nested parameter name -> the plain GPT name (layers in today's spelling)."""
     for prefix, plain in MEGATRON_PREFIXES.items():
@@ -104,7 +112,7 @@ def _embedding(config: GPTConfig) -> tuple[str, ...]:
     )
 
 
-def pipeline_to_plain(name: str, num_layers: int, numbering: str = "bigscience") -> str:
+def pipeline_to_plain(name: str, num_layers: int, numbering: str = OWN_NUMBERING) -> str:
     """A PipelineModule parameter name -> the plain GPT name."""
     if name.startswith(TIED_PREFIX):
         return "embedding." + name[len(TIED_PREFIX) :]
@@ -122,12 +130,13 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
     """The transformer layers each pipeline stage holds ("type:transformer" partitioning)."""
     from deepspeed.runtime.utils import partition_balanced
 
-    weights = [0] * FIRST_LAYER_INDEX + [1] * num_layers + [0] * 4
+    first_layer, _ = pipe_layer_indices(num_layers)
+    weights = [0] * first_layer + [1] * num_layers + [0] * 3  # norm, head, logits slot
     parts = partition_balanced(weights=weights, num_parts=num_stages)
     stages = []
     for stage in range(num_stages):
-        first = max(parts[stage] - FIRST_LAYER_INDEX, 0)
-        last = min(max(parts[stage + 1] - FIRST_LAYER_INDEX, 0), num_layers)
+        first = max(parts[stage] - first_layer, 0)
+        last = min(max(parts[stage + 1] - first_layer, 0), num_layers)
         stages.append(range(first, last))
     return stages
 
@@ -162,6 +171,26 @@ def optimizer_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -
     return [n for n in names if is_matrix(n)] + [n for n in names if not is_matrix(n)]
 
 
+def plain_engine_to_plain(name: str) -> str:
+    """A parameter name as the plain engine names it -> the plain GPT name: Megatron's nesting
+    (upstream's GPTModel, mds-train's TrainingGPT) or, in mds-train's files before it, the plain
+    GPT's own."""
+    return megatron_to_plain(name) if name.startswith("language_model.") else name
+
+
 def plain_parameter_name(engine_name: str, *, num_layers: int, pipeline: bool) -> str:
-    """The plain GPT name of a parameter as an engine's module names it (pipeline or plain)."""
-    return pipeline_to_plain(engine_name, num_layers) if pipeline else engine_name
+    """The plain GPT name of a parameter as mds-train's engine names it (pipeline or plain)."""
+    if pipeline:
+        return pipeline_to_plain(engine_name, num_layers)
+    return plain_engine_to_plain(engine_name)
+
+
+def engine_parameter_name(name: str, *, num_layers: int, pipeline: bool) -> str:
+    """The name mds-train's engine gives a plain GPT parameter (the inverse of
+    `plain_parameter_name`): what DeepSpeed's ZeRO files and universal checkpoints key on."""
+    if not pipeline:
+        return plain_to_megatron(name)
+    if name.startswith("embedding."):
+        return TIED_PREFIX + name[len("embedding.") :]
+    index, key = pipeline_file_key(name, num_layers, OWN_NUMBERING)
+    return f"{index}.{key}"

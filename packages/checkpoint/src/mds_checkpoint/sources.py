@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mds_model.pipe_numbering import pipe_numbering
 
 from . import ptfile
-from .engine_names import EMBEDDING_INDEX, PIPE_GAPS, pipe_layer_indices
 from .locate import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
 from .names import FINAL_NORM, canonical_layer_key, layer_name
 
@@ -66,7 +66,7 @@ class LayerFiles:
         _missing_ranks(folder, [self.file(i, t) for i in indices for t in range(self.tp_size)])
         self.embedding_index, self.final_index = indices[0], indices[-1]
         self.layer_indices = indices[1:-1]
-        self.numbering = _pipe_numbering(indices)
+        self.numbering = pipe_numbering(indices)
         if self.numbering is None:
             raise ValueError(
                 f"{folder}: layer files {indices} follow neither GPTModelPipe's numbering "
@@ -112,16 +112,6 @@ class LayerFiles:
         if index is None:
             index = self.layer_indices[int(part.split(".")[1])]
         return f"{self.folder}/{self.file(index, 0)}"
-
-
-def _pipe_numbering(indices: list[int]) -> str | None:
-    """Which fork's GPTModelPipe numbered these layer files (embedding, layers, final norm)."""
-    num_layers = len(indices) - 2
-    for numbering in PIPE_GAPS:
-        first, final = pipe_layer_indices(num_layers, numbering)
-        if indices == [EMBEDDING_INDEX, *range(first, first + num_layers), final]:
-            return numbering
-    return None
 
 
 def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:

@@ -152,12 +152,6 @@ _PATTERN_NAMES = {
         "language_model.encoder.layers.",
         "language_model.encoder.final_layernorm.",
     ),
-    "mds": (
-        "embedding.word_embeddings.weight",
-        "embedding.position_embeddings.weight",
-        "layers.",
-        "final_layernorm.",
-    ),
     "pipe": (
         "tied_modules.embed.word_embeddings.weight",
         "tied_modules.embed.position_embeddings.weight",
@@ -237,6 +231,6 @@ def upstream_keys(
         "universal_checkpoint_info": universal_checkpoint_info(
             config,
             original_vocab_size=original,
-            names="pipe" if pipe else ("mds" if layout == "mds" else "megatron"),
+            names="pipe" if pipe else "megatron",
         ),
     }

@@ -1,11 +1,11 @@
 """Writing a checkpoint at a target (TP, PP) in one of four layouts, one model part at a time.
 
-- "mds" (mds-train's own): PP > 1, DeepSpeed's pipeline files `layer_XX-model_YY-model_states.pt`
-  per GPTModelPipe index (bigscience's numbering) and TP rank, and one `mp_rank_MM_model_states.pt`
-  per (stage, TP rank) with `module` None (MM = stage * TP + tp); PP = 1, the plain engine's
-  `mp_rank_YY_model_states.pt` with the GPT's flat state dict under `module`.
-- "deepspeedai" (deepspeedai/Megatron-DeepSpeed): the same files, layer files in its numbering and
-  `module` in Megatron's nested names (`engine_names.megatron_nested`).
+- "deepspeedai" (deepspeedai/Megatron-DeepSpeed): PP > 1, DeepSpeed's pipeline files
+  `layer_XX-model_YY-model_states.pt` per GPTModelPipe index (its numbering) and TP rank, and one
+  `mp_rank_MM_model_states.pt` per (stage, TP rank) with `module` None (MM = stage * TP + tp);
+  PP = 1, the plain engine's `mp_rank_YY_model_states.pt` with Megatron's nested state dict under
+  `module` (`engine_names.megatron_nested`).
+- "mds" (mds-train's own): deepspeedai's files, with mds-train's progress record beside.
 - "bigscience" (bigscience-workshop/Megatron-DeepSpeed, which always runs GPTModelPipe): layer
   files in its numbering at any PP.
 - "megatron" (plain Megatron): `mp_rank_TT[_PPP]/model_optim_rng.pt` with the nested `model`,
@@ -40,7 +40,7 @@ from .writeback import WriteBack
 
 CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
 CLIENT_VERSION = 1
-_NUMBERING = {"mds": "bigscience", "deepspeedai": "deepspeedai", "bigscience": "bigscience"}
+_NUMBERING = {"mds": "deepspeedai", "deepspeedai": "deepspeedai", "bigscience": "bigscience"}
 HEAD_COPY = "word_embeddings_for_head"  # Megatron's last-stage copy of the tied embedding
 
 
@@ -186,10 +186,8 @@ class CheckpointWriter:
         return keys
 
     def _module(self, tp: int, stage: int) -> dict[str, Any]:
-        """A streamed file's model: the flat GPT names ("mds"), else Megatron's nesting."""
+        """A streamed file's model: Megatron's nesting of the plain GPT names."""
         flat = self._modules[(tp, stage)]
-        if self.layout == "mds":
-            return flat
         head = flat.pop(HEAD_COPY, None)
         offset = stage * (self.config.num_layers // self.pp) if self.layout == "megatron" else 0
         nested = megatron_nested(flat, layer_offset=offset)

@@ -16,6 +16,7 @@ from mds_model import GPTConfig
 
 from . import ptfile
 from .arrays import convert
+from .engine_names import plain_engine_to_plain
 from .sources import Shards, _split_by_part
 
 
@@ -57,7 +58,10 @@ class Zero3Partitions:
         shapes = ptfile.load(model_file).get("param_shapes")
         if not shapes:
             raise ValueError(f"{model_file}: no param_shapes for the ZeRO-3 partitions")
-        self.shapes = {k: tuple(v) for group in shapes for k, v in group.items()}
+        # By plain GPT name (param_shapes names them as the engine's module did).
+        self.shapes = {
+            plain_engine_to_plain(k): tuple(v) for group in shapes for k, v in group.items()
+        }
         self._offsets: dict[str, tuple[int, int]] = {}
         offset = 0
         for name, shape in self.shapes.items():

@@ -1,14 +1,21 @@
 """The GPT as a DeepSpeed `PipelineModule` with the spec list of Megatron-DeepSpeed's GPTModelPipe.
 
-Indices match BS/MS GPTModelPipe so checkpoints are named alike (`layer_01-model_00-model_states.pt`
-for the embedding, `layer_03..layer_{N+2}` for the transformer layers, `layer_{N+4}` for the final
-LayerNorm): 0 input cast, 1 embedding (tied 'embed'), 2 transpose to (S, B, H), 3..N+2 layers,
-N+3 transpose back, N+4 final LayerNorm, N+5 LM head tied to the embedding (no file), N+6 the slot
-of Megatron's fp32 logits cast (here a pass-through: the vocab-parallel CE reads half logits).
+Indices match deepspeedai/Megatron-DeepSpeed's GPTModelPipe (megatron/model/gpt_model.py), so its
+`pretrain_gpt.py` reads the layer files as its own (`layer_01-model_00-model_states.pt` for the
+embedding, `layer_02..layer_{N+1}` for the transformer layers, `layer_{N+2}` for the final
+LayerNorm): 0 input cast, 1 embedding (tied 'embed'; its output is sequence-first, (S, B, H)),
+2..N+1 layers, N+2 final LayerNorm (back to batch-first), N+3 LM head tied to the embedding (no
+file), N+4 the slot of Megatron's fp32 logits cast (here a pass-through: the vocab-parallel CE
+reads half logits). bigscience's fork puts transpose lambdas at 2 and N+3 instead, numbering the
+layers 3..N+2 and the norm N+4 (what mds-train wrote before; `GPTPipe.ckpt_layer_path_list`
+still reads those files).
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import re
 from collections.abc import Callable
 
 import torch
@@ -27,6 +34,7 @@ from .gpt import (
 )
 from .layers import LayerNorm
 from .parallel import ParallelGroups
+from .pipe_numbering import OWN_NUMBERING, pipe_numbering, renumber
 from .rng import RNGStatesTracker
 from .transformer import ParallelTransformerLayer
 
@@ -36,8 +44,12 @@ EMBED_TIE_KEY = "embed"
 class EmbeddingPipe(Embedding):
     """Stage-0 embedding; its `word_embeddings.weight` is tied to the last stage's LM head."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, S, H)
-        return super().forward(tokens)
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, S) -> (S, B, H)
+        return to_sequence_first(
+            super().forward(tokens),
+            groups=self.word_embeddings.groups,
+            sequence_parallel=self.config.sequence_parallel_active,
+        )
 
 
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):
@@ -45,7 +57,19 @@ class ParallelTransformerLayerPipe(ParallelTransformerLayer):
 
 
 class FinalLayerNormPipe(LayerNorm):
-    """The final LayerNorm; its file holds plain `weight` and `bias`, as Megatron-DeepSpeed's."""
+    """The final LayerNorm, (S, B, H) -> (B, S, H); its file holds plain `weight` and `bias`, as
+    Megatron-DeepSpeed's."""
+
+    def __init__(
+        self, hidden_size: int, *, groups: ParallelGroups, sequence_parallel: bool, **kwargs
+    ) -> None:
+        super().__init__(hidden_size, **kwargs)
+        self.groups, self.sequence_parallel = groups, sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sp = self.sequence_parallel
+        batch_first = to_batch_first(x, groups=self.groups, sequence_parallel=sp)
+        return super().forward(batch_first)
 
 
 def _lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
@@ -70,21 +94,9 @@ class _CastInputs:
         return inputs
 
 
-class _Transpose:
-    """Slots 2 and N+3: (B, S, H) <-> (S, B, H); sequence parallelism scatters / gathers S."""
-
-    def __init__(self, *, to_sequence_first: bool, groups: ParallelGroups, sequence_parallel: bool):
-        self.to_sequence_first, self.groups = to_sequence_first, groups
-        self.sequence_parallel = sequence_parallel
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        move = to_sequence_first if self.to_sequence_first else to_batch_first
-        return move(x, groups=self.groups, sequence_parallel=self.sequence_parallel)
-
-
 def _logits_pass_through(logits: torch.Tensor) -> torch.Tensor:
     # Megatron casts logits to fp32 here; the CE kernel reads them in their own dtype instead,
-    # so no fp32 copy of (tokens, vocab) is made. The slot stays to keep Megatron's indices.
+    # so no fp32 copy of (tokens, vocab) is made.
     return logits
 
 
@@ -107,7 +119,7 @@ def gpt_layer_specs(
     rng_tracker: RNGStatesTracker | None,
     init_seed: int | None = 1234,
 ) -> list:
-    """The N+7 entries of GPTModelPipe, in Megatron-DeepSpeed's order."""
+    """The N+5 entries of GPTModelPipe, in deepspeedai/Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
     sp = config.sequence_parallel_active
     specs: list[LayerSpec | Callable] = [
@@ -119,7 +131,6 @@ def gpt_layer_specs(
             **embed_kwargs,
             tied_weight_attr="word_embeddings.weight",
         ),
-        _Transpose(to_sequence_first=True, groups=groups, sequence_parallel=sp),
     ]
     for i in range(config.num_layers):
         specs.append(
@@ -133,10 +144,11 @@ def gpt_layer_specs(
             )
         )
     specs += [
-        _Transpose(to_sequence_first=False, groups=groups, sequence_parallel=sp),
         LayerSpec(
             FinalLayerNormPipe,
             config.hidden_size,
+            groups=groups,
+            sequence_parallel=sp,
             eps=config.layernorm_epsilon,
             use_kernel=config.use_fused_kernels,
             dtype=config.torch_dtype,
@@ -153,6 +165,36 @@ def gpt_layer_specs(
         _logits_pass_through,
     ]
     return specs
+
+
+_LAYER_FILE = re.compile(r"layer_(\d+)-.*model_states\.pt$")
+
+
+class GPTPipe(PipelineModule):
+    """DeepSpeed's PipelineModule over `gpt_layer_specs`. It saves layer files in its own
+    (deepspeedai's) numbering and loads folders in either fork's: a folder numbered as bigscience's
+    fork numbers (mds-train's own files before it took deepspeedai's numbering) is read with each
+    spec index mapped to that numbering."""
+
+    def __init__(self, *, num_layers: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+
+    def ckpt_layer_path_list(self, ckpt_dir: str, local_layer_idx: int) -> list[str]:
+        index = local_layer_idx + self._local_start
+        numbering = _folder_numbering(ckpt_dir)
+        if numbering is not None and numbering != OWN_NUMBERING:
+            index = renumber(index, self.num_layers, source=OWN_NUMBERING, target=numbering)
+        return sorted(glob.glob(os.path.join(ckpt_dir, f"layer_{index:02d}-*model_states.pt")))
+
+
+def _folder_numbering(ckpt_dir: str) -> str | None:
+    indices = set()
+    for name in os.listdir(ckpt_dir):
+        match = _LAYER_FILE.match(name)
+        if match:
+            indices.add(int(match.group(1)))
+    return pipe_numbering(sorted(indices))
 
 
 def pipeline_deepspeed_config(config: GPTConfig) -> dict:
@@ -186,7 +228,8 @@ def build_gpt_pipe(
     topology = PipeModelDataParallelTopology(
         num_pp=groups.pp_size, num_mp=groups.tp_size, num_dp=groups.dp_size
     )
-    return PipelineModule(
+    return GPTPipe(
+        num_layers=config.num_layers,
         layers=gpt_layer_specs(config, groups=groups, rng_tracker=rng_tracker, init_seed=init_seed),
         loss_fn=PipeLoss(groups=groups, use_kernel=config.use_fused_kernels),
         topology=topology,

@@ -55,6 +55,25 @@ class RNGStatesTracker:
     def set_states(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
         self._states = {name: dict(state) for name, state in states.items()}
 
+    def megatron_states(self) -> dict[str, torch.Tensor]:
+        """The states as Megatron's tracker holds them (`get_cuda_rng_tracker().get_states()`):
+        one generator state per name, the CUDA one once CUDA is initialised, else the CPU one
+        (what Megatron-DeepSpeed's tracker holds on DeepSpeed's CPU accelerator)."""
+        states = {}
+        for name in self._states:
+            self._cuda_state_for(name)
+            states[name] = self._states[name]["cuda" if _cuda_ready() else "cpu"]
+        return states
+
+    def set_megatron_states(self, states: dict[str, torch.Tensor]) -> None:
+        """`megatron_states`' inverse: each state replaces this device's generator of its name
+        (on CUDA the CPU one, which Megatron does not track, stays as it is)."""
+        device = "cuda" if _cuda_ready() else "cpu"
+        for name, state in states.items():
+            if name not in self._states:
+                raise ValueError(f"RNG state {name!r} was never added")
+            self._states[name] = {**self._states[name], device: state}
+
     @contextlib.contextmanager
     def fork(self, name: str = MODEL_PARALLEL_RNG) -> Iterator[None]:
         """Runs the block on the named state; the default state is untouched by it."""

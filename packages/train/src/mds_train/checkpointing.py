@@ -33,7 +33,8 @@ from mds_common.files import (
 from mds_model import GPTConfig
 
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
-from .state import TrainingState, capture_rng_states, restore_rng_states
+from .scheduler_record import scheduler_state_dict
+from .state import TrainingState, capture_rng_states, restore_rng_states, upstream_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,10 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     client_state = {
         CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION},
         **upstream_client_state(context.meta, state),
+        "rng_state": upstream_rng_state(context.rng_tracker),
     }
+    if "lr_schedule" in context.meta:  # replaces DeepSpeed's own `lr_scheduler` (None)
+        client_state["lr_scheduler"] = scheduler_state_dict(context.meta["lr_schedule"], state)
     with _reporting_save_failures(save_dir, tag):
         context.engine.save_checkpoint(
             str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
@@ -129,7 +133,8 @@ def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[st
     (upstream, DeepSpeed's ds_to_universal, Megatron's converters) read mds-train's files as
     they are: `checkpoint_version` 3.0 above all (read as 0 when missing, which reorders the
     query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
-    vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`."""
+    vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`
+    (save_checkpoint adds the RNG states and the scheduler's)."""
     from mds_checkpoint.describe import config_from_meta
     from mds_checkpoint.upstream_state import upstream_keys
 

@@ -37,12 +37,45 @@ from .master_weights import MasterWeightAdamW
 logger = logging.getLogger(__name__)
 
 
-class TrainingGPT(GPT):
-    """The GPT whose forward is the masked mean loss: DeepSpeed's engine calls forward, and ZeRO-3
-    gathers parameters in forward hooks."""
+class TrainingGPT(torch.nn.Module):
+    """The GPT that the plain engine (PP = 1) trains, as upstream's `GPTModel` presents itself:
+
+    - forward is the masked mean loss (DeepSpeed's engine calls forward; ZeRO-3 gathers
+      parameters in the submodules' forward hooks);
+    - the GPT's modules are registered under Megatron's nesting (`language_model.embedding`,
+      `language_model.encoder.layers.I`, `language_model.encoder.final_layernorm`), so DeepSpeed's
+      files (`param_shapes`, ZeRO partitions, universal checkpoints) name parameters as
+      Megatron-DeepSpeed's do;
+    - `state_dict` is the nested dict upstream's `state_dict_for_save_checkpoint` writes (what its
+      `GPTModel.load_state_dict` reads); `load_state_dict` reads that and mds-train's earlier
+      flat names (`layers.I.X`).
+    """
+
+    def __init__(self, config: GPTConfig, **kwargs: Any) -> None:
+        super().__init__()
+        gpt = GPT(config, **kwargs)
+        self.language_model = torch.nn.Module()
+        self.language_model.embedding = gpt.embedding
+        self.language_model.encoder = torch.nn.Module()
+        self.language_model.encoder.layers = gpt.layers
+        self.language_model.encoder.final_layernorm = gpt.final_layernorm
+        # It computes with the modules registered above; registering it as well would name each
+        # parameter twice.
+        object.__setattr__(self, "gpt", gpt)
 
     def forward(self, tokens, labels, loss_mask):  # noqa: D102 - (B, S) x3 -> scalar
-        return masked_mean(super().forward(tokens, labels), loss_mask)
+        return masked_mean(self.gpt(tokens, labels), loss_mask)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # noqa: D102
+        from mds_checkpoint.engine_names import megatron_nested
+
+        return megatron_nested(self.gpt.state_dict(*args, **kwargs))
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign=False):  # noqa: D102
+        from mds_checkpoint.engine_names import megatron_flat
+
+        flat = megatron_flat(state_dict) if "language_model" in state_dict else state_dict
+        return self.gpt.load_state_dict(flat, strict=strict, assign=assign)
 
 
 class DeepSpeedMPU:
@@ -176,7 +209,9 @@ def build_training_setup(
         )
     if not is_pipeline and ds_config["zero_optimization"]["stage"] == 3:
         # The LM head reads the word embeddings outside their module's forward.
-        deepspeed.zero.register_external_parameter(module, module.embedding.word_embeddings.weight)
+        deepspeed.zero.register_external_parameter(
+            module, module.gpt.embedding.word_embeddings.weight
+        )
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         optimizer=optimizer,

@@ -169,6 +169,7 @@ def restore_zero3(
     AdamW state holds the moments. The weights-only case takes this TP rank's mp_rank `module`.
     """
     from mds_checkpoint import UniversalState, plain_parameter_name
+    from mds_checkpoint.engine_names import megatron_flat
 
     ds_optimizer = engine.optimizer
     if getattr(ds_optimizer, "swap_optimizer", False) or any(
@@ -177,6 +178,8 @@ def restore_zero3(
         raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
     mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
     checkpoint = torch.load(mp_file, map_location="cpu", weights_only=False, mmap=True)
+    module = checkpoint["module"]
+    weights = megatron_flat(module) if "language_model" in module else module  # earlier: flat
     state = UniversalState(path) if with_optimizer else None
     names = {
         param: plain_parameter_name(name, num_layers=num_layers, pipeline=False)
@@ -186,7 +189,7 @@ def restore_zero3(
     def values_of(param) -> dict[str, torch.Tensor]:
         name, shape = names[param], tuple(param.ds_shape)
         if state is None:
-            values = {"fp32": checkpoint["module"][name]}
+            values = {"fp32": weights[name]}
         else:
             rows = shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
             values = state.shard(

@@ -41,9 +41,9 @@ from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
-from .scheduler_record import resolve_schedule
+from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
-from .upstream import convert_upstream, needs_conversion, remove_converted, scheduler_progress
+from .upstream import convert_upstream, needs_conversion, remove_converted
 
 logger = logging.getLogger(__name__)
 

@@ -5,9 +5,10 @@ vocabulary, and which schedule a resumed run takes (upstream's `load_state_dict`
 - `--use-checkpoint-opt_param-scheduler`: the checkpoint's (its weight decay must be the flags');
 - neither: the two must agree, else one line naming the value, both sides and the two flags.
 
-Upstream's own checkpoints keep the record in each mp_rank file's `lr_scheduler`; mds-train writes
-it into meta.json (`lr_schedule`). Progress (`num_steps`, `num_tokens`) always comes from the
-checkpoint.
+Upstream's own checkpoints keep the record with its progress in each mp_rank file's
+`lr_scheduler`; mds-train writes the record into meta.json (`lr_schedule`) and upstream's
+`lr_scheduler` beside DeepSpeed's keys (`scheduler_state_dict`), so that upstream resumes its runs.
+Progress (`num_steps`, `num_tokens`) always comes from the checkpoint (`scheduler_progress`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from .config import Topology, TrainConfig
 from .schedule import LearningRateSchedule, TokenLearningRateSchedule
+from .state import TrainingState
 
 # Upstream's names for what _check_and_set compares, with the flags that set each.
 FIELDS = {
@@ -54,6 +56,41 @@ def schedule_record(config: TrainConfig, topology: Topology) -> dict[str, Any]:
         "wd_incr_steps": wd_incr_steps,
         "wd_incr_style": "constant",
     }
+
+
+def scheduler_state_dict(record: dict[str, Any], state: TrainingState) -> dict[str, Any]:
+    """Upstream's `OptimizerParamScheduler.state_dict()` at `state`, in its order: what its
+    DeepSpeed engine saves as `lr_scheduler` and loads into its scheduler on resume."""
+    warmup_tokens = record["lr_warmup_tokens"]
+    if state.lr_warmup_end_tokens is not None:  # upstream records it when a warmup ends
+        warmup_tokens = state.lr_warmup_end_tokens
+    return {
+        "max_lr": record["max_lr"],
+        "lr_warmup_steps": record["lr_warmup_steps"],
+        "lr_warmup_tokens": warmup_tokens,
+        "num_steps": state.lr_samples,
+        "num_tokens": state.lr_tokens,
+        "lr_decay_style": record["lr_decay_style"],
+        "lr_decay_steps": record["lr_decay_steps"],
+        "lr_decay_tokens": record["lr_decay_tokens"],
+        "min_lr": record["min_lr"],
+        "start_wd": record["start_wd"],
+        "end_wd": record["end_wd"],
+        "wd_incr_style": record["wd_incr_style"],
+        "wd_incr_steps": record["wd_incr_steps"],
+    }
+
+
+def scheduler_progress(state: TrainingState, record: dict[str, Any] | None) -> None:
+    """`scheduler_state_dict`'s progress, where an upstream checkpoint recorded it, as the run's:
+    num_steps (samples of applied steps; the conversion's consumed samples count skipped ones
+    too), num_tokens, and a warmup length in tokens that a token decay recorded."""
+    if not record or "num_steps" not in record and "num_iters" not in record:
+        return
+    state.lr_samples = int(record.get("num_steps", record.get("num_iters")))
+    state.lr_tokens = int(record.get("num_tokens") or 0)
+    warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
+    state.lr_warmup_end_tokens = None if warmup is None else int(warmup)
 
 
 def _normalised(record: dict[str, Any]) -> dict[str, Any]:

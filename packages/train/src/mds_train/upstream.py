@@ -8,7 +8,7 @@ The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read:
 is one by necessity) and is removed once loaded. Its meta.json carries the source's scheduler
 state as the reshape reads it (`lr_schedule`: upstream's `lr_scheduler` or Megatron's
 `opt_param_scheduler` dict, progress included), which scheduler_record.py checks against the
-flags and `scheduler_progress` turns into the run's schedule counters.
+flags and `scheduler_record.scheduler_progress` turns into the run's schedule counters.
 """
 
 from __future__ import annotations
@@ -77,18 +77,6 @@ def convert_upstream(
     barrier()
     folder = base / (base / "latest").read_text().strip()
     return folder, json.loads((folder / "meta.json").read_text())
-
-
-def scheduler_progress(state: Any, record: dict[str, Any] | None) -> None:
-    """Upstream's scheduler counters, where its checkpoint recorded them, as the run's: num_steps
-    (samples of applied steps; the conversion's consumed samples count skipped ones too),
-    num_tokens, and a warmup length in tokens that a token decay recorded."""
-    if not record or "num_steps" not in record and "num_iters" not in record:
-        return
-    state.lr_samples = int(record.get("num_steps", record.get("num_iters")))
-    state.lr_tokens = int(record.get("num_tokens") or 0)
-    warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
-    state.lr_warmup_end_tokens = None if warmup is None else int(warmup)
 
 
 def remove_converted(folder: Path, *, rank: int, barrier: Callable[[], None]) -> None:
