@@ -9,6 +9,7 @@ import math
 
 import pytest
 from mds_train.schedule import LearningRateSchedule, TokenLearningRateSchedule
+from mds_train.scheduler_record import scheduler_state_dict
 from mds_train.state import TrainingState
 
 
@@ -86,6 +87,8 @@ CASES = {
     ),  # fmt: skip
     # A token warmup before a decay in samples.
     "tokens-then-samples": dict(warmup_samples=0, warmup_tokens=2000, decay_tokens=None),
+    # Samples only (the golden's schedule): upstream records no warmup in tokens.
+    "samples": dict(warmup_samples=3 * GLOBAL_BATCH, warmup_tokens=None, decay_tokens=None),
 }
 
 
@@ -105,6 +108,14 @@ def test_token_schedule_is_upstream_s_step_by_step(case, style):
         warmup_tokens=lengths["warmup_tokens"],
         decay_tokens=lengths["decay_tokens"],
     )
+    if lengths["warmup_tokens"] is None and lengths["decay_tokens"] is None:
+        ours = samples
+    # What mds-train's checkpoints record as upstream's `lr_scheduler` (scheduler_record.py).
+    record = {"max_lr": 5e-3, "min_lr": 5e-4, "lr_warmup_steps": lengths["warmup_samples"],
+              "lr_warmup_tokens": lengths["warmup_tokens"], "lr_decay_steps": 20 * GLOBAL_BATCH,
+              "lr_decay_tokens": lengths["decay_tokens"], "lr_decay_style": style,
+              "start_wd": 0.1, "end_wd": 0.1, "wd_incr_style": "constant",
+              "wd_incr_steps": 24 * GLOBAL_BATCH}  # fmt: skip
     upstream = UpstreamScheduler(5e-3, 5e-4, lengths["warmup_samples"], 20 * GLOBAL_BATCH, style,
                                  lengths["warmup_tokens"], lengths["decay_tokens"])  # fmt: skip
     state = TrainingState()
@@ -123,6 +134,9 @@ def test_token_schedule_is_upstream_s_step_by_step(case, style):
         # ... and upstream's, stepped inside DeepSpeed's engine.step before train() counts.
         upstream.step(GLOBAL_BATCH, tokens_before)
         assert ours.lr_at(state) == pytest.approx(upstream.lr, rel=1e-15, abs=0), iteration
+        saved = scheduler_state_dict(record, state)  # upstream's state_dict at this point
+        for key in ("num_steps", "num_tokens", "lr_warmup_tokens"):
+            assert saved[key] == getattr(upstream, key), (iteration, key)
 
 
 def test_a_token_decay_without_any_warmup_is_refused():

@@ -46,13 +46,15 @@ class LearningRateSchedule:
             return self.max_lr * num_samples / self.warmup_samples
         if self.decay_style == "constant":
             return self.max_lr
+        # deepspeedai/Megatron-DeepSpeed's get_lr ends every decay, inverse-square-root's too,
+        # at min_lr past its length (Megatron-LM tests the style first and never ends it).
+        if num_samples > self.decay_samples:
+            return self.min_lr
         if self.decay_style == "inverse-square-root":
             warmup = max(self.warmup_samples, 1)
             return max(
                 self.min_lr, self.max_lr * math.sqrt(warmup) / math.sqrt(max(num_samples, 1))
             )
-        if num_samples > self.decay_samples:
-            return self.min_lr
         ratio = (num_samples - self.warmup_samples) / (self.decay_samples - self.warmup_samples)
         if self.decay_style == "linear":
             coefficient = 1.0 - ratio
