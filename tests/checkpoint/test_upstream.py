@@ -310,27 +310,35 @@ def test_mds_train_continues_upstream_s_run_exactly(
     runs, golden, shared_data, data_cache, tmp_path, tensor_parallel
 ):
     """Upstream resumed its own checkpoint to iteration 11 (logs/tp2_resume11.log): lm loss
-    9.183857, learning rate 5.500E-03, validation 9.243189. mds-train --load of that checkpoint
-    with upstream's command line logs the same (rel 1e-6: the log prints 7 digits), at upstream's
-    TP=2 and at TP=1, where the padded vocabulary keeps upstream's 50432 trained rows (TP=1 alone
-    would pad to 50304, and the loss would move by the dropped rows' share, -2.4e-3)."""
+    9.183857, learning rate 5.500E-03; to iteration 12 (upstream's code at 6acc370a, run by hand
+    as the golden's README says, `--train-iters 12`): lm loss 9.022314 at learning rate
+    4.719E-03, which follows from the Adam moments of its ZeRO-1 partitions, and validation
+    9.114842 at its end.
+    mds-train --load of that checkpoint with upstream's command line logs the same (rel 1e-6: the
+    log prints 7 digits). At upstream's TP=2 DeepSpeed loads upstream's files as they are (ZeRO
+    partitions and RNG states included); at TP=1 they are converted first, and the padded
+    vocabulary keeps upstream's 50432 trained rows (TP=1 alone would pad to 50304, and the loss
+    would move by the dropped rows' share, -2.4e-3)."""
     flags = upstream_command_line(golden, shared_data, data_cache)
     flags[flags.index("--tensor-model-parallel-size") + 1] = str(tensor_parallel)
     save = tmp_path / "save"
-    flags += ["--train-iters", "11", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
+    flags += ["--train-iters", "12", "--load", str(golden / "tp2-pp1-ckpt"), "--save", str(save)]
     flags += ["--use-checkpoint-opt_param-scheduler"]  # as upstream's resume (the README's)
     result = runs.train(flags, nproc=tensor_parallel)
     assert result.returncode == 0, result.stderr[-3000:]
+    as_they_are = "Megatron-DeepSpeed's files at this run's layout, loaded as they are"
+    assert (as_they_are in result.stderr) == (tensor_parallel == 2)
     records = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
-    [train] = [r for r in records if r["event"] == "train"]
-    assert train["iteration"] == 11
-    assert train["lm_loss"] == pytest.approx(9.183857, rel=1e-6)
-    assert train["learning_rate"] == pytest.approx(5.5e-3, rel=1e-12)
+    train = {r["iteration"]: r for r in records if r["event"] == "train"}
+    assert sorted(train) == [11, 12]
+    assert train[11]["lm_loss"] == pytest.approx(9.183857, rel=1e-6)
+    assert train[11]["learning_rate"] == pytest.approx(5.5e-3, rel=1e-12)
+    assert train[12]["lm_loss"] == pytest.approx(9.022314, rel=1e-6)
     [valid] = [r for r in records if r["event"] == "validation"]
-    assert valid["lm_loss"] == pytest.approx(9.243189, rel=1e-6)
+    assert valid["iteration"] == 12 and valid["lm_loss"] == pytest.approx(9.114842, rel=1e-6)
     assert "leaves 0 of its 325 documents for test; no test samples" in result.stderr
     assert (
-        json.loads((save / "global_step11/meta.json").read_text())["model"]["padded_vocab_size"]
+        json.loads((save / "global_step12/meta.json").read_text())["model"]["padded_vocab_size"]
         == 50432
     )
     assert sorted(path.name for path in save.iterdir() if path.name.startswith(".")) == []
@@ -432,3 +440,40 @@ def test_plain_megatron_s_recorded_schedule_is_checked_too(
     assert result.returncode == 1
     [line] = [line for line in result.stderr.splitlines() if "error" in line]
     assert "max_lr 0.01, the flags give 0.02" in line, result.stderr[-2000:]
+
+
+def test_upstream_s_rng_states_restore_into_mds_s_tracker(golden_states):
+    """Upstream's `rng_state` (megatron/checkpointing.py `get_rng_state`), as mds-train restores
+    it for a run that loads upstream's files as they are (state.restore_upstream_rng_state, the
+    order of upstream's load_checkpoint) and writes it back (state.upstream_rng_state): every
+    generator as upstream saved it, the tracker's under Megatron's name. (Not compared with a
+    fresh seed: upstream's weight init draws from the model-parallel state, mds's from seeds of
+    its own.)"""
+    import random
+
+    from mds_model import model_parallel_seed
+    from mds_train.state import restore_upstream_rng_state, upstream_rng_state
+
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        for tp, state in enumerate(golden_states):
+            (theirs,) = state["rng_state"]
+            tracker = model_parallel_seed(1234, tp_rank=tp)
+            restore_upstream_rng_state(state["rng_state"], tracker)
+            (ours,) = upstream_rng_state(tracker)
+            assert ours["random_rng_state"] == theirs["random_rng_state"]
+            for key in ("torch_rng_state", "cuda_rng_state"):
+                assert torch.equal(ours[key], theirs[key]), key
+            assert all(
+                np.array_equal(a, b)
+                for a, b in zip(ours["np_rng_state"], theirs["np_rng_state"], strict=True)
+            )
+            assert list(ours["rng_tracker_states"]) == ["model-parallel-rng"]
+            assert torch.equal(
+                ours["rng_tracker_states"]["model-parallel-rng"],
+                theirs["rng_tracker_states"]["model-parallel-rng"],
+            )
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])

@@ -34,7 +34,13 @@ from mds_model import GPTConfig
 
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .scheduler_record import scheduler_state_dict
-from .state import TrainingState, capture_rng_states, restore_rng_states, upstream_rng_state
+from .state import (
+    TrainingState,
+    capture_rng_states,
+    restore_rng_states,
+    restore_upstream_rng_state,
+    upstream_rng_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ PARTIAL_SUFFIX = ".partial"
 CHECKPOINT_FORMAT = "mds-train checkpoint"
 CHECKPOINT_VERSION = 1
 CLIENT_KEY = "mds_train"
+# meta["layout"] of upstream's own files that the engine loads as they are (upstream.py).
+UPSTREAM_LAYOUT = "upstream"
 # meta.json's model fields that must match to load weights (TP/PP are checked separately).
 SHAPE_FIELDS = (
     "num_layers",
@@ -391,9 +399,18 @@ def load_checkpoint(
     if finetune:
         logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
         return TrainingState()
-    if client_state is None or CLIENT_KEY not in client_state:
+    upstream = meta.get("layout") == UPSTREAM_LAYOUT
+    if upstream:  # progress as mds_checkpoint read it from upstream's iteration, args and tokens
+        state = TrainingState.from_dict(meta)
+        logger.info(
+            "%s: Megatron-DeepSpeed's files at this run's layout, loaded as they are%s",
+            path,
+            " (with its ZeRO optimizer state)" if load_optimizer else "",
+        )
+    elif client_state is None or CLIENT_KEY not in client_state:
         raise ValueError(f"{path}: the DeepSpeed files hold no mds-train progress")
-    state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
+    else:
+        state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
     if universal:  # as DeepSpeed's own optimizer load would have set them
         context.engine.global_steps = state.iteration
         context.engine.global_samples = state.consumed_train_samples
@@ -412,7 +429,11 @@ def load_checkpoint(
             path,
         )
         load_rng = False
-    if load_rng:
+    if load_rng and upstream:
+        if not (client_state or {}).get("rng_state"):
+            raise ValueError(f"{path}: no rng_state in its rank files; add --no-load-rng")
+        restore_upstream_rng_state(client_state["rng_state"], context.rng_tracker)
+    elif load_rng:
         rng_path = path / rng_file(context.rank)
         if meta["parallel"]["world_size"] != context.world_size or not rng_path.is_file():
             raise ValueError(
@@ -422,6 +443,31 @@ def load_checkpoint(
         restore_rng_states(torch.load(rng_path, weights_only=False), context.rng_tracker)
     logger.info("resumed from %s at iteration %d", path, state.iteration)
     return state
+
+
+@contextmanager
+def _unpickling_foreign_classes(engine: Any) -> Iterator[None]:
+    """DeepSpeed's engine unpickles whole rank files, and upstream's `args` pickle Megatron's
+    enums (`megatron.core.enums.ModelType`), which do not import here: for the load, its
+    checkpoint engine's torch.load reads such classes as inert records (ptfile's)."""
+    from mds_checkpoint.ptfile import FOREIGN_CLASSES_PICKLE
+
+    checkpoint_engine = engine.checkpoint_engine
+    original = checkpoint_engine.load
+
+    def load(path: str, map_location: Any = None) -> Any:
+        return torch.load(
+            path,
+            map_location=map_location,
+            weights_only=False,
+            pickle_module=FOREIGN_CLASSES_PICKLE,
+        )
+
+    checkpoint_engine.load = load
+    try:
+        yield
+    finally:
+        checkpoint_engine.load = original
 
 
 def _load_through_deepspeed(
@@ -434,13 +480,14 @@ def _load_through_deepspeed(
 ) -> dict[str, Any] | None:
     """DeepSpeed loads its files (only the weights when `universal`: reshaped.py then fills the
     optimizer); returns the client state."""
-    _, client_state = context.engine.load_checkpoint(
-        str(path.parent),
-        tag=path.name,
-        load_optimizer_states=load_optimizer and not universal,
-        load_lr_scheduler_states=False,
-        load_module_only=not load_optimizer or universal,
-    )
+    with _unpickling_foreign_classes(context.engine):
+        _, client_state = context.engine.load_checkpoint(
+            str(path.parent),
+            tag=path.name,
+            load_optimizer_states=load_optimizer and not universal,
+            load_lr_scheduler_states=False,
+            load_module_only=not load_optimizer or universal,
+        )
     if not load_optimizer:  # fp32 master copies follow the loaded weights
         refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
         if refresh is not None:

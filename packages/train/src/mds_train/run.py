@@ -43,7 +43,7 @@ from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
 from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
-from .upstream import convert_upstream, needs_conversion, remove_converted
+from .upstream import convert_upstream, loadable_as_is, needs_conversion, remove_converted
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,17 @@ def _checkpoint_to_load(
         )
     if found is None or not needs_conversion(found[1]):
         return found
+    if found[1] is None:
+        as_is = loadable_as_is(
+            found[0],
+            tensor_parallel=topology.tensor_parallel,
+            pipeline_parallel=topology.pipeline_parallel,
+            data_parallel=topology.data_parallel,
+            zero_stage=effective_zero_stage(config, topology),
+            loads_optimizer=_loads_optimizer(config),
+        )
+        if as_is is not None:
+            return found[0], as_is
     return convert_upstream(
         found[0],
         save_dir=save,

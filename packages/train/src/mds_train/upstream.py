@@ -1,8 +1,13 @@
 """`--load` of a checkpoint that Megatron-DeepSpeed or Megatron wrote (no meta.json), or that
-mds-merge-mp wrote in another `--target-layout`: converted once to this run's TP/PP by
-mds_checkpoint's reshape, with its optimizer state when it is to be loaded, then loaded as any
-mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed samples and
-tokens). Upstream's own resume at the same topology is what it must equal.
+mds-merge-mp wrote in another `--target-layout`.
+
+deepspeedai/Megatron-DeepSpeed's own DeepSpeed files at this run's TP and PP (and, when its
+optimizer state is loaded, its ZeRO stage and DP size) are what mds-train writes itself, so
+DeepSpeed's engine loads them as they are (`loadable_as_is`): weights, ZeRO partitions, and the
+client state's progress, scheduler and RNG states (`rng_state`). Anything else is converted once
+to this run's TP/PP by mds_checkpoint's reshape, with its optimizer state when it is to be loaded,
+then loaded as any mds-merge-mp output is (weights, topology-free Adam state, iteration, consumed
+samples and tokens). Upstream's own resume at the same topology is what either must equal.
 
 The conversion goes into `{save}/.upstream-{tag}` (a folder every rank can read: the save folder
 is one by necessity) and is removed once loaded. Its meta.json carries the source's scheduler
@@ -29,6 +34,44 @@ def needs_conversion(meta: dict[str, Any] | None) -> bool:
     """No meta.json (upstream's own files), or mds-merge-mp's output in another `--target-layout`
     than mds-train's own, whose names DeepSpeed's loader would not find."""
     return meta is None or meta.get("layout", "mds") != "mds"
+
+
+def loadable_as_is(
+    folder: Path,
+    *,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    data_parallel: int,
+    zero_stage: int,
+    loads_optimizer: bool,
+) -> dict[str, Any] | None:
+    """The description (meta.json's shape) of an upstream DeepSpeed checkpoint this run's engine
+    loads as it is, or None when it must be converted: another TP or PP; a pipeline checkpoint
+    at PP = 1 (mds-train runs the plain engine there); query/key/value rows not per head
+    (checkpoint_version < 2, or FPDT's blocks); or, when the optimizer is loaded, ZeRO
+    partitions for another stage or DP size."""
+    from mds_checkpoint import ptfile
+    from mds_checkpoint.source import open_source
+    from mds_checkpoint.sources import QKV_PER_HEAD
+
+    from .checkpointing import UPSTREAM_LAYOUT
+
+    source = open_source(folder)
+    if (
+        source.layout not in ("plain", "pipeline")
+        or (source.layout == "pipeline") != (pipeline_parallel > 1)
+        or source.qkv_order != QKV_PER_HEAD
+        or (source.tp_size, source.pp_size) != (tensor_parallel, pipeline_parallel)
+    ):
+        return None
+    state = ptfile.load(folder / "mp_rank_00_model_states.pt")
+    ds_config = state.get("ds_config") or {}
+    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+    saved_dp = int(state.get("dp_world_size") or 1)
+    if loads_optimizer and (stage, saved_dp) != (zero_stage, data_parallel):
+        return None
+    parallel = {**source.meta["parallel"], "data_parallel": saved_dp, "zero_stage": stage}
+    return {**source.meta, "parallel": parallel, "layout": UPSTREAM_LAYOUT}
 
 
 def converted_folder(save_dir: Path, source: Path) -> Path:

@@ -8,7 +8,16 @@ described in `format.py`.
 """
 
 from .format import Missing
-from .read import check, load
+from .read import FOREIGN_CLASSES_PICKLE, check, load
 from .write import GlobalName, SavedTensor, StreamingSave, save
 
-__all__ = ["GlobalName", "Missing", "SavedTensor", "StreamingSave", "check", "load", "save"]
+__all__ = [
+    "FOREIGN_CLASSES_PICKLE",
+    "GlobalName",
+    "Missing",
+    "SavedTensor",
+    "StreamingSave",
+    "check",
+    "load",
+    "save",
+]

@@ -267,15 +267,37 @@ class _TolerantUnpickler(pickle.Unpickler):
         return missing_class(module, name)
 
 
+_TOLERANT_PICKLE = types.SimpleNamespace(
+    Unpickler=_TolerantUnpickler, load=pickle.load, __name__="mds_checkpoint_tolerant_pickle"
+)
+
+
+class _ForeignClassesUnpickler(pickle.Unpickler):
+    """Every class whose module imports is itself; a class of a program not installed here
+    (Megatron's enums in upstream's `args`) is a `Missing` record instead of an ImportError."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            return missing_class(module, name)
+
+
+# torch.load's `pickle_module` for whole files of other programs (DeepSpeed's loader on
+# upstream's rank files).
+FOREIGN_CLASSES_PICKLE = types.SimpleNamespace(
+    Unpickler=_ForeignClassesUnpickler, load=pickle.load, __name__="mds_checkpoint_foreign_pickle"
+)
+
+
 def _load_legacy(path: Path) -> Any:
     """A pre-1.6 file (a sequence of pickles, not a zip archive): only torch reads it."""
     import torch
 
-    tolerant = types.SimpleNamespace(
-        Unpickler=_TolerantUnpickler, load=pickle.load, __name__="mds_checkpoint_tolerant_pickle"
-    )
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=False, pickle_module=tolerant)
+        loaded = torch.load(
+            path, map_location="cpu", weights_only=False, pickle_module=_TOLERANT_PICKLE
+        )
     except (RuntimeError, *_UNREADABLE) as error:
         raise _unreadable(path, error) from None
     return _without_torch(loaded, torch)
