@@ -62,7 +62,8 @@ def scheduler_state_dict(record: dict[str, Any], state: TrainingState) -> dict[s
     """Upstream's `OptimizerParamScheduler.state_dict()` at `state`, in its order: what its
     DeepSpeed engine saves as `lr_scheduler` and loads into its scheduler on resume."""
     warmup_tokens = record["lr_warmup_tokens"]
-    if state.lr_warmup_end_tokens is not None:  # upstream records it when a warmup ends
+    # upstream's get_lr records it when a sample warmup ends before a token decay, only then
+    if state.lr_warmup_end_tokens is not None and record["lr_decay_tokens"] is not None:
         warmup_tokens = state.lr_warmup_end_tokens
     return {
         "max_lr": record["max_lr"],
