@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from mds_checkpoint.arrays import as_tensor
+from mds_checkpoint.engine_names import engine_parameter_name
 from mds_checkpoint.optimizer_read import OptimizerState
 from mds_checkpoint.source import merged_part, open_source
 
@@ -90,17 +91,21 @@ def test_the_bf16_optimizer_partitions_of_tp2_pp2(merge_mp, tp2pp2_checkpoint, t
     assert result.returncode == 0, result.stderr
     zero = out / "global_step2" / "zero"
     assert torch.load(zero / "optimizer_state.pt")["step"] == 2
+    assert (out / "latest_universal").read_text() == "global_step2"
     source = open_source(out)
     for part in source.parts():
         for name, weight in merged_part(source, part).items():
-            record = torch.load(zero / name / "fp32.pt")
+            # named as the PP=2 target's pipeline engine names them (DeepSpeed's param_names)
+            folder = zero / engine_parameter_name(name, num_layers=4, pipeline=True)
+            record = torch.load(folder / "fp32.pt")
             assert record["param"].dtype == torch.float32
             assert torch.equal(record["param"].to(torch.bfloat16), as_tensor(weight)), name
-            moments = torch.load(zero / name / "exp_avg_sq.pt")["param"]
+            moments = torch.load(folder / "exp_avg_sq.pt")["param"]
             assert moments.shape == weight.shape and moments.abs().sum() > 0, name
-    qkv = torch.load(zero / "layers.0.self_attention.query_key_value.weight" / "exp_avg.pt")
+            assert torch.load(folder / "step.pt") == torch.tensor(2.0)
+    qkv = torch.load(zero / "2.self_attention.query_key_value.weight" / "exp_avg.pt")
     assert qkv["cat_dim"] == 0
-    words = torch.load(zero / "embedding.word_embeddings.weight" / "fp32.pt")
+    words = torch.load(zero / "tied_modules.embed.word_embeddings.weight" / "fp32.pt")
     assert words["vocab_tensor"] and words["param"].shape == (5120, 64)
     again = tmp_path / "again"  # a reshaped checkpoint reshapes again, optimizer state included
     args = ["--target-pipeline-model-parallel-size", "4", "--with-optimizer"]
