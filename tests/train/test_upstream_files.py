@@ -122,7 +122,8 @@ def test_deepspeed_s_ds_to_universal_reads_mds_train_s_checkpoint(
     assert result.returncode == 0, result.stderr[-3000:]
     ours = tmp_path / "mds"
     with pytest.raises(SystemExit) as exit_:
-        merge_mp(["--load", str(checkpoint), "--save", str(ours), "--with-optimizer"])
+        merge_mp(["--load", str(checkpoint), "--save", str(ours), "--with-optimizer",
+                  "--target-pipeline-model-parallel-size", "2"])  # fmt: skip
     assert exit_.value.code == 0
     names = sorted(p.name for p in (universal / "zero").iterdir() if p.is_dir())
     assert len(names) == 28
@@ -135,12 +136,14 @@ def test_deepspeed_s_ds_to_universal_reads_mds_train_s_checkpoint(
             if key == "step":
                 assert torch.equal(theirs, mine) and int(theirs) == 2, name
                 continue
-            assert theirs.keys() == mine.keys(), (name, key)
             rows = theirs["param"].shape[0]  # DeepSpeed's: the unpadded vocabulary
             assert torch.equal(theirs["param"], mine["param"][:rows]), (name, key)
-            assert {k: v for k, v in theirs.items() if k != "param"} == {
-                k: v for k, v in mine.items() if k != "param"
-            }, (name, key)
+            assert theirs.get("vocab_tensor") == mine.get("vocab_tensor"), (name, key)
+            # cat_dim: mds writes every split parameter's (names.split_of: 1 for row-parallel
+            # weights), none for replicated ones; ds_to_universal takes it from the patterns of
+            # universal_checkpoint_info, which (as upstream's) name row-parallel weights only at
+            # TP > 1, so from this TP = 1 checkpoint it writes 0 for every parameter
+            assert set(theirs) - set(mine) <= {"cat_dim"}, (name, key)
 
 
 def test_the_save_folder_s_zero_to_fp32_gives_the_weights(zero1_checkpoint, tmp_path):
