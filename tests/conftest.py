@@ -51,6 +51,7 @@ def data_cache(tmp_path_factory) -> Path:
 MULTIPROCESS_FIXTURES = {
     "tp2_run", "resumed_pp2", "resumed_dp2", "resumed_zero3", "tp2pp2_checkpoint", "zero3_run",
     "zero3_checkpoint", "tp2_pp2_checkpoint", "pp2_run", "pipeline_zero1_checkpoint",
+    "universal_resumed_dp2", "pp2_zero1_run", "ds_universal",
 }  # fmt: skip
 
 

@@ -62,8 +62,9 @@ def test_an_fp16_run_s_loss_scaler_is_carried(merge_mp, resumed_dp2, tmp_path):
     assert result.returncode == 0, result.stderr
     meta = json.loads((tmp_path / "a" / "global_step8" / "meta.json").read_text())
     assert meta["optimizer"]["loss_scaler"] == FP16_RECORD and meta["optimizer"]["step"] == 8
-    fp32_masters = torch.load(out / "global_step8/zero/final_layernorm.weight/fp32.pt")["param"]
-    fp16_masters = torch.load(tmp_path / "a/global_step8/zero/final_layernorm.weight/fp32.pt")
+    norm = "global_step8/zero/language_model.encoder.final_layernorm.weight/fp32.pt"  # PP=1
+    fp32_masters = torch.load(out / norm)["param"]
+    fp16_masters = torch.load(tmp_path / "a" / norm)
     assert torch.equal(fp16_masters["param"], fp32_masters)
 
     args = ["--target-pipeline-model-parallel-size", "2", "--with-optimizer"]

@@ -2,9 +2,11 @@
 
 One part at a time (embedding, each transformer layer, final norm): read the part's shards from
 every source rank (memory-mapped), join them, check replicated copies agree, split for the target
-and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to the
-universal layout (`universal.py`). Peak memory is about one layer across all source ranks plus
-its output. The output folder appears complete or not at all (`atomic_directory`).
+and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to
+DeepSpeed's universal layout (`universal.py`), in folders named as the target's engine names
+the parameters, with `latest_universal` beside `latest`. Peak memory is about one layer across
+all source ranks plus its output. The output folder appears complete or not at all
+(`atomic_directory`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mds_common.progress import Meter, eta_seconds, format_duration
 from . import universal
 from .config import ReshapeConfig
 from .consolidate import consolidate
+from .engine_names import engine_parameter_name
 from .optimizer_read import OptimizerState
 from .output import (
     check_save_folder,
@@ -87,9 +90,19 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                 writing = current
                 if optimizer is not None:
                     for name in current:
-                        states = optimizer.read(name)
-                        rows = target.padded_vocab_size
-                        writer.written(universal.write_parameter(folder, name, states, rows=rows))
+                        paths = universal.write_parameter(
+                            folder,
+                            name,
+                            optimizer.read(name),
+                            rows=target.padded_vocab_size,
+                            step=optimizer.step,
+                            engine_name=engine_parameter_name(
+                                name,
+                                num_layers=target.num_layers,
+                                pipeline=config.pipeline_parallel > 1,
+                            ),
+                        )
+                        writer.written(paths)
                 num_tensors += len(current)
                 num_bytes += sum(t.nbytes for t in current.values())
                 _show_progress(meter, number, len(parts), num_bytes)
@@ -118,6 +131,8 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         )
         write_meta(folder, meta)
         write_trackers(staging, layout=config.layout, tag=tag, iteration=source.iteration)
+        if optimizer is not None:  # DeepSpeed's load_universal reads its tag from here
+            (staging / universal.LATEST_UNIVERSAL).write_text(tag)
         if config.verify:
             from .verify import check_logits  # the model and its Triton kernels: only here
 

@@ -310,6 +310,11 @@ class CheckpointSection:
     finetune: bool = flag(
         "--finetune", default=False, help="Load weights only; iteration and data restart at 0."
     )
+    universal_checkpoint: bool = flag(
+        "--universal-checkpoint",
+        default=False,
+        help="--load DeepSpeed's universal checkpoint (its latest_universal) at any TP/PP/DP.",
+    )
     exit_on_missing_checkpoint: bool = flag(
         "--exit-on-missing-checkpoint",
         default=False,

@@ -42,6 +42,18 @@ def effective_zero_stage(config: TrainConfig, topology: Topology) -> int:
     return 0
 
 
+def deepspeed_loads_universal(config: TrainConfig, topology: Topology) -> bool:
+    """`--universal-checkpoint` into one of DeepSpeed's ZeRO-1/2 or BF16 optimizers: DeepSpeed's
+    own universal loader fills it (`load_hp_checkpoint_state_from_checkpoint_dir`, through the
+    optimizers' `param._hp_mapping`). It restores nothing else: torch's AdamW at ZeRO-0 and
+    MasterWeightAdamW are not its optimizers, and ZeRO-3 runs fill their partitions in
+    reshaped.py (universal_load.py)."""
+    return config.checkpoint.universal_checkpoint and effective_zero_stage(config, topology) in (
+        1,
+        2,
+    )
+
+
 def derive_deepspeed_config(
     config: TrainConfig, topology: Topology, *, pipeline_entries: dict, client_optimizer: bool
 ) -> dict[str, Any]:
@@ -77,6 +89,9 @@ def derive_deepspeed_config(
         derived["bf16"] = {"enabled": True}
         if effective_zero_stage(config, topology) == 1:
             derived["data_types"] = {"grad_accum_dtype": "fp32"}  # selects the BF16 optimizer
+    if deepspeed_loads_universal(config, topology):
+        # as upstream's --universal-checkpoint (megatron/training.py, _create_ds_config_dict)
+        derived["checkpoint"] = {"load_universal": True}
     for key, value in pipeline_entries.items():
         derived[key] = {**derived.get(key, {}), **value}
     return derived

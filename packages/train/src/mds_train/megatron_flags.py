@@ -195,12 +195,6 @@ REFUSED = RefusedFlags(
             "(without the optimizer state)",
             nargs=0,
         ),
-        refused(
-            "--universal-checkpoint",
-            why="not read; --load takes Megatron-DeepSpeed's own checkpoint at any TP/PP "
-            "(converted on load) or mds-merge-mp's output",
-            nargs=0,
-        ),
         refused("--random-ltd", why=_EFFICIENCY, nargs=0),
         refused("--data-efficiency-curriculum-learning", why=_EFFICIENCY, nargs=0),
         refused("--train-data-exact-num-epochs", why=_EFFICIENCY),

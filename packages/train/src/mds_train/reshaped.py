@@ -178,9 +178,11 @@ def restore_zero3(
         raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
     mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
     checkpoint = torch.load(mp_file, map_location="cpu", weights_only=False, mmap=True)
-    module = checkpoint["module"]
-    weights = megatron_flat(module) if "language_model" in module else module  # earlier: flat
     state = UniversalState(path) if with_optimizer else None
+    weights = None  # with the optimizer state the weights are its fp32 masters
+    if state is None:  # (a universal folder's mp_rank files may hold no module at all)
+        module = checkpoint["module"]
+        weights = megatron_flat(module) if "language_model" in module else module  # earlier: flat
     names = {
         param: plain_parameter_name(name, num_layers=num_layers, pipeline=False)
         for name, param in engine.module.named_parameters()

@@ -35,7 +35,7 @@ from .distributed import (
     init_distributed,
     launch_environment,
 )
-from .ds_config import effective_zero_stage
+from .ds_config import deepspeed_loads_universal, effective_zero_stage
 from .ds_file import load_user_config, resolve_user_config
 from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
@@ -43,6 +43,7 @@ from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
 from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
+from .universal_load import check_universal_compatible, find_universal_checkpoint, load_universal
 from .upstream import convert_upstream, loadable_as_is, needs_conversion, remove_converted
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,17 @@ def _checkpoint_to_load(
 ) -> tuple[Path, dict] | None:
     """The --load checkpoint and its meta.json, one Megatron-DeepSpeed wrote converted first."""
     if config.checkpoint.load is None:
+        if config.checkpoint.universal_checkpoint:
+            raise ValueError("--universal-checkpoint reads the --load folder; give --load")
         return None
+    if config.checkpoint.universal_checkpoint:
+        if not _loads_optimizer(config):
+            raise ValueError(
+                "--universal-checkpoint loads the optimizer state with the weights; drop "
+                "--no-load-optim / --finetune, or drop --universal-checkpoint and --load a "
+                "checkpoint folder"
+            )
+        return find_universal_checkpoint(Path(config.checkpoint.load))
     save = config.checkpoint.save and Path(config.checkpoint.save)
     found = find_checkpoint(Path(config.checkpoint.load), save_dir=save)
     if found is None and config.checkpoint.exit_on_missing_checkpoint:
@@ -244,7 +255,9 @@ def _run_joined(
     if found is not None:
         gpt_config = with_checkpoint_padding(gpt_config, found[1])
     description = run_description(config, topology, gpt_config, vocab)
-    if found is not None:  # before the model is built: a mismatch fails at once
+    if found is not None and found[1].get("universal"):
+        check_universal_compatible(found[1], description, found[0])
+    elif found is not None:  # before the model is built: a mismatch fails at once
         check_compatible(
             found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
         )
@@ -268,7 +281,15 @@ def _run_joined(
         optimizer=setup.optimizer,
     )
     state = TrainingState()
-    if found is not None:
+    if found is not None and found[1].get("universal"):
+        state = load_universal(
+            checkpoint,
+            found,
+            deepspeed_loads=deepspeed_loads_universal(config, topology),
+            num_layers=gpt_config.num_layers,
+        )
+        scheduler_progress(state, recorded)
+    elif found is not None:
         state = load_checkpoint(
             checkpoint,
             found,
