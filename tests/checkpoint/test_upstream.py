@@ -124,6 +124,21 @@ def test_merge_mp_reshapes_and_verifies_upstream_checkpoint(merge_mp, golden, tm
     assert_golden_logits(out, golden)
 
 
+def test_a_reshape_carries_upstream_s_scheduler_state(merge_mp, golden, golden_states, tmp_path):
+    """Upstream's resume hands the rank file's `lr_scheduler` to its scheduler's load_state_dict
+    (a None stops it: `argument of type 'NoneType' is not iterable`); a reshaped output carries the
+    source's, progress included, with and without --with-optimizer."""
+    for flags in ([], ["--with-optimizer"]):
+        out = tmp_path / f"tp1{len(flags)}"
+        result = merge_mp(
+            "--load", golden / "tp2-pp1-ckpt", "--save", out,
+            "--target-tensor-model-parallel-size", "1", *flags,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        state = torch.load(out / "global_step10" / "mp_rank_00_model_states.pt", weights_only=False)
+        assert state["lr_scheduler"] == golden_states[0]["lr_scheduler"]
+
+
 def _layer_states(module: dict) -> tuple[dict, list[dict], dict]:
     """A rank's nested module as GPTModelPipe's layers hold it: embedding, layers, final norm."""
     language = module["language_model"]

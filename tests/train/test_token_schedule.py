@@ -8,8 +8,8 @@ metrics.jsonl follows it and which stops where upstream's loop condition does.""
 import math
 
 import pytest
+from mds_checkpoint.upstream_state import scheduler_state
 from mds_train.schedule import LearningRateSchedule, TokenLearningRateSchedule
-from mds_train.scheduler_record import scheduler_state_dict
 from mds_train.state import TrainingState
 
 
@@ -134,7 +134,7 @@ def test_token_schedule_is_upstream_s_step_by_step(case, style):
         # ... and upstream's, stepped inside DeepSpeed's engine.step before train() counts.
         upstream.step(GLOBAL_BATCH, tokens_before)
         assert ours.lr_at(state) == pytest.approx(upstream.lr, rel=1e-15, abs=0), iteration
-        saved = scheduler_state_dict(record, state)  # upstream's state_dict at this point
+        saved = scheduler_state(record, state.to_dict())  # upstream's state_dict now
         for key in ("num_steps", "num_tokens", "lr_warmup_tokens"):
             assert saved[key] == getattr(upstream, key), (iteration, key)
 

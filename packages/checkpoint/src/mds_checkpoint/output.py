@@ -67,8 +67,11 @@ def check_save_folder(save: Path) -> None:
     )
 
 
-def progress_of(meta: dict[str, Any]) -> dict[str, int]:
-    return {name: int(meta.get(name) or 0) for name in PROGRESS_FIELDS}
+def progress_of(meta: dict[str, Any]) -> dict[str, int | None]:
+    progress = {name: int(meta.get(name) or 0) for name in PROGRESS_FIELDS}
+    if meta.get("lr_warmup_end_tokens") is None:
+        progress["lr_warmup_end_tokens"] = None  # none recorded: not a count of 0
+    return progress
 
 
 def output_meta(

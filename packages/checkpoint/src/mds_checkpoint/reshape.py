@@ -110,7 +110,11 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                 pending.result()
             meter.close()
         current = {}
-        writer.finish(progress_of(source.meta), tokenizer=tokenizer_record(source.meta))
+        writer.finish(
+            progress_of(source.meta),
+            tokenizer=tokenizer_record(source.meta),
+            lr_schedule=source.meta.get("lr_schedule"),
+        )
         optimizer_record = None
         if optimizer is not None:
             universal.write_global_state(

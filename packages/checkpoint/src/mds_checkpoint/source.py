@@ -43,6 +43,8 @@ PROGRESS_FIELDS = (
     "consumed_valid_samples",
     "consumed_train_tokens",
     "lr_samples",
+    "lr_tokens",
+    "lr_warmup_end_tokens",  # None until a warmup in samples ends (a decay in tokens reads it)
     "skipped_iterations",
     "nan_iterations",
 )
@@ -132,6 +134,13 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
     schedule = state.get("lr_scheduler") or state.get("opt_param_scheduler")
     if isinstance(schedule, dict):
         meta["lr_schedule"] = {key: _plain(value) for key, value in schedule.items()}
+        # Its counters are the schedule's progress (consumed samples count skipped steps too).
+        record = meta["lr_schedule"]
+        if "num_steps" in record or "num_iters" in record:
+            meta["lr_samples"] = int(record.get("num_steps", record.get("num_iters")))
+            meta["lr_tokens"] = int(record.get("num_tokens") or 0)
+            warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
+            meta["lr_warmup_end_tokens"] = None if warmup is None else int(warmup)
     if getattr(args, "tokenizer_type", None):
         meta[MEGATRON_TOKENIZER] = {
             "type": args.tokenizer_type,

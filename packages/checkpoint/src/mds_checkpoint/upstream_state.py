@@ -201,18 +201,53 @@ def universal_checkpoint_info(
     return info
 
 
+def scheduler_state(record: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
+    """Upstream's `OptimizerParamScheduler.state_dict()`, in its order, for the schedule `record`
+    (meta.json's `lr_schedule`, in upstream's names) at `progress` (meta.json's: `lr_samples` the
+    samples of applied steps, `lr_tokens` the tokens its last step read, `lr_warmup_end_tokens`):
+    what its DeepSpeed engine saves as `lr_scheduler` and loads into its scheduler on resume."""
+    warmup_tokens = record["lr_warmup_tokens"]
+    ended = progress.get("lr_warmup_end_tokens")
+    if ended is not None and record["lr_decay_tokens"] is not None:
+        # Upstream's get_lr records the tokens where a warmup in samples ended, only for a
+        # decay in tokens; its load would otherwise find a warmup the flags did not give.
+        warmup_tokens = ended
+    return {
+        "max_lr": record["max_lr"],
+        "lr_warmup_steps": record["lr_warmup_steps"],
+        "lr_warmup_tokens": warmup_tokens,
+        "num_steps": int(progress.get("lr_samples") or 0),
+        "num_tokens": int(progress.get("lr_tokens") or 0),
+        "lr_decay_style": record["lr_decay_style"],
+        "lr_decay_steps": record["lr_decay_steps"],
+        "lr_decay_tokens": record["lr_decay_tokens"],
+        "min_lr": record["min_lr"],
+        "start_wd": record["start_wd"],
+        "end_wd": record["end_wd"],
+        "wd_incr_style": record["wd_incr_style"],
+        "wd_incr_steps": record["wd_incr_steps"],
+    }
+
+
 def upstream_keys(
     config: GPTConfig,
     *,
     pipeline_parallel: int,
-    progress: dict[str, int],
+    progress: dict[str, Any],
     tokenizer: dict,
     layout: str,
+    lr_schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The client state upstream's save_checkpoint writes (less `rng_state`: per-rank RNG states
-    do not carry over to another topology), in its order."""
+    do not carry over to another topology), in its order; with the schedule's record, the
+    scheduler's state (DeepSpeed's `lr_scheduler`, plain Megatron's `opt_param_scheduler`), which
+    upstream's resume loads (a `None` there stops it)."""
     original = config.vocab_size  # the tokenizer's (mds pads only the embedding's rows)
     pipe = layout == "bigscience" or (layout != "megatron" and pipeline_parallel > 1)
+    scheduler = {}
+    if lr_schedule is not None:
+        key = "opt_param_scheduler" if layout == "megatron" else "lr_scheduler"
+        scheduler[key] = scheduler_state(lr_schedule, progress)
     return {
         "args": megatron_args(
             config,
@@ -233,4 +268,5 @@ def upstream_keys(
             original_vocab_size=original,
             names="pipe" if pipe else "megatron",
         ),
+        **scheduler,
     }

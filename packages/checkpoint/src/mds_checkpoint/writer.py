@@ -195,9 +195,16 @@ class CheckpointWriter:
             nested[HEAD_COPY] = {"weight": head}
         return nested
 
-    def finish(self, progress: dict[str, int], *, tokenizer: dict | None = None) -> None:
+    def finish(
+        self,
+        progress: dict[str, Any],
+        *,
+        tokenizer: dict | None = None,
+        lr_schedule: dict[str, Any] | None = None,
+    ) -> None:
         """Every rank file's pickle: the model (streamed layouts) and the client state;
-        `tokenizer` is meta.json's record (for `args`' tokenizer fields)."""
+        `tokenizer` and `lr_schedule` are meta.json's records (for `args`' tokenizer fields and
+        the scheduler's state)."""
         self._write_back.close()
         client = upstream_keys(
             self.config,
@@ -205,6 +212,7 @@ class CheckpointWriter:
             progress=progress,
             tokenizer=tokenizer or {},
             layout=self.layout,
+            lr_schedule=lr_schedule,
         )
         if self.layout == "megatron":
             for (tp, stage), stream in self._streams.items():

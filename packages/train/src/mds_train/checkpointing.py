@@ -33,7 +33,6 @@ from mds_common.files import (
 from mds_model import GPTConfig
 
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
-from .scheduler_record import scheduler_state_dict
 from .state import (
     TrainingState,
     capture_rng_states,
@@ -115,8 +114,6 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
         **upstream_client_state(context.meta, state),
         "rng_state": upstream_rng_state(context.rng_tracker),
     }
-    if "lr_schedule" in context.meta:  # replaces DeepSpeed's own `lr_scheduler` (None)
-        client_state["lr_scheduler"] = scheduler_state_dict(context.meta["lr_schedule"], state)
     with _reporting_save_failures(save_dir, tag):
         context.engine.save_checkpoint(
             str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
@@ -141,8 +138,8 @@ def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[st
     (upstream, DeepSpeed's ds_to_universal, Megatron's converters) read mds-train's files as
     they are: `checkpoint_version` 3.0 above all (read as 0 when missing, which reorders the
     query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
-    vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`
-    (save_checkpoint adds the RNG states and the scheduler's)."""
+    vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`, the
+    scheduler's state (save_checkpoint adds the RNG states)."""
     from mds_checkpoint.describe import config_from_meta
     from mds_checkpoint.upstream_state import upstream_keys
 
@@ -152,6 +149,7 @@ def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[st
         progress=state.to_dict(),
         tokenizer=meta.get("tokenizer") or {},
         layout="mds",
+        lr_schedule=meta.get("lr_schedule"),  # replaces DeepSpeed's own `lr_scheduler` (None)
     )
 
 

@@ -7,7 +7,8 @@ vocabulary, and which schedule a resumed run takes (upstream's `load_state_dict`
 
 Upstream's own checkpoints keep the record with its progress in each mp_rank file's
 `lr_scheduler`; mds-train writes the record into meta.json (`lr_schedule`) and upstream's
-`lr_scheduler` beside DeepSpeed's keys (`scheduler_state_dict`), so that upstream resumes its runs.
+`lr_scheduler` beside DeepSpeed's keys (`mds_checkpoint.upstream_state.scheduler_state`), so that
+upstream resumes its runs.
 Progress (`num_steps`, `num_tokens`) always comes from the checkpoint (`scheduler_progress`).
 """
 
@@ -58,35 +59,11 @@ def schedule_record(config: TrainConfig, topology: Topology) -> dict[str, Any]:
     }
 
 
-def scheduler_state_dict(record: dict[str, Any], state: TrainingState) -> dict[str, Any]:
-    """Upstream's `OptimizerParamScheduler.state_dict()` at `state`, in its order: what its
-    DeepSpeed engine saves as `lr_scheduler` and loads into its scheduler on resume."""
-    warmup_tokens = record["lr_warmup_tokens"]
-    if state.lr_warmup_end_tokens is not None and record["lr_decay_tokens"] is not None:
-        # Upstream's get_lr records the tokens where a warmup in samples ended, only for a
-        # decay in tokens; its load would otherwise find a warmup the flags did not give.
-        warmup_tokens = state.lr_warmup_end_tokens
-    return {
-        "max_lr": record["max_lr"],
-        "lr_warmup_steps": record["lr_warmup_steps"],
-        "lr_warmup_tokens": warmup_tokens,
-        "num_steps": state.lr_samples,
-        "num_tokens": state.lr_tokens,
-        "lr_decay_style": record["lr_decay_style"],
-        "lr_decay_steps": record["lr_decay_steps"],
-        "lr_decay_tokens": record["lr_decay_tokens"],
-        "min_lr": record["min_lr"],
-        "start_wd": record["start_wd"],
-        "end_wd": record["end_wd"],
-        "wd_incr_style": record["wd_incr_style"],
-        "wd_incr_steps": record["wd_incr_steps"],
-    }
-
-
 def scheduler_progress(state: TrainingState, record: dict[str, Any] | None) -> None:
-    """`scheduler_state_dict`'s progress, where an upstream checkpoint recorded it, as the run's:
-    num_steps (samples of applied steps; the conversion's consumed samples count skipped ones
-    too), num_tokens, and a warmup length in tokens that a token decay recorded."""
+    """The progress of upstream's scheduler state (`upstream_state.scheduler_state`), where a
+    checkpoint recorded it, as the run's: num_steps (samples of applied steps; the conversion's
+    consumed samples count skipped ones too), num_tokens, and a warmup length in tokens that a
+    token decay recorded."""
     if not record or "num_steps" not in record and "num_iters" not in record:
         return
     state.lr_samples = int(record.get("num_steps", record.get("num_iters")))
