@@ -22,8 +22,13 @@ Variants (`--variants`, comma-separated) differ only in the optimizer path (and 
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
+`--tiny` is a smoke run that finishes in seconds on a CPU (2 layers, hidden 64, seq 64, micro-batch
+2, 6 iterations): it checks the script, not the speed. Figures a run cannot measure (peak memory
+without CUDA) print as n/a.
+
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
-           [--reference PATH] [--variants zero0,zero1-bf16opt] [--iterations 30] [--nproc 1]
+           [--reference PATH] [--variants default,bf16-optimizer] [--iterations 40] [--nproc 1]
+           [--tiny]
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ import tempfile
 from pathlib import Path
 
 SHAPE = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024)
+TINY_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64)
+# Defaults of the run's size: the 345M benchmark's, and --tiny's (any given flag wins).
+SIZE_DEFAULTS = dict(iterations=40, log_interval=10, warmup=10, micro_batch=16)
+TINY_SIZE_DEFAULTS = dict(iterations=6, log_interval=1, warmup=2, micro_batch=2)
 VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one, flags)
     "default": (0, {}, []),
     "bf16-reduce": (0, {}, ["--grad-reduce-in-bf16"]),
@@ -64,9 +73,11 @@ def train_command(
 ) -> list[str]:
     flags = [
         *extra_flags,
-        *("--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"])),
-        *("--num-attention-heads", str(SHAPE["num_attention_heads"])),
-        *("--seq-length", str(SHAPE["seq_length"]), "--micro-batch-size", str(args.micro_batch)),
+        *("--num-layers", str(args.shape["num_layers"])),
+        *("--hidden-size", str(args.shape["hidden_size"])),
+        *("--num-attention-heads", str(args.shape["num_attention_heads"])),
+        *("--seq-length", str(args.shape["seq_length"])),
+        *("--micro-batch-size", str(args.micro_batch)),
         *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
         *("--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.01"),
         *("--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0"),
@@ -108,11 +119,14 @@ def run_ours(args, variant: str, work: Path) -> dict:
     train = [r for r in every if r["iteration"] > args.warmup]
     ms = statistics.median(r["ms_per_iteration"] for r in train)
     batch = train[-1]["global_batch_size"]
+    mfus = [r["mfu"] for r in train if r["mfu"] is not None]
+    # None where the run has no CUDA device (mds-train records null then).
+    memories = [r["max_memory_allocated_gib"] for r in train]
     return {
-        "tokens_per_second": batch * SHAPE["seq_length"] / (ms / 1000.0),
+        "tokens_per_second": batch * args.shape["seq_length"] / (ms / 1000.0),
         "ms": ms,
-        "mfu": statistics.median(r["mfu"] for r in train if r["mfu"] is not None),
-        "memory_gib": max(r["max_memory_allocated_gib"] for r in train),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "memory_gib": None if None in memories else max(memories),
         "loss": train[-1]["lm_loss"],
         "first_loss": next(r["lm_loss"] for r in every if r["lm_loss"] is not None),
         "skipped": sum(r["skipped_iterations"] for r in every),
@@ -124,7 +138,7 @@ def estimated_memory_gib(args, zero: int) -> float:
     from mds_model import GPTConfig, Plan, estimate
 
     config = GPTConfig(
-        **SHAPE,
+        **args.shape,
         vocab_size=50257,
         tensor_model_parallel_size=args.tp,
         params_dtype="bfloat16",
@@ -145,16 +159,25 @@ def main() -> None:
     parser.add_argument("--merge-file", required=True)
     parser.add_argument("--reference", type=Path)
     parser.add_argument("--variants", default="default")
-    parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--log-interval", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=10, help="iterations left out of timing")
-    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--iterations", type=int, help="default 40 (--tiny: 6)")
+    parser.add_argument("--log-interval", type=int, help="default 10 (--tiny: 1)")
+    parser.add_argument("--warmup", type=int, help="iterations left out of timing; default 10 (2)")
+    parser.add_argument("--micro-batch", type=int, help="default 16 (--tiny: 2)")
     parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--peak-tflops", type=float, default=790.0)
+    parser.add_argument("--tiny", action="store_true", help="a CPU smoke run of a tiny GPT")
     args = parser.parse_args()
+    if args.tiny and args.reference is not None:
+        parser.error(
+            "--tiny is a smoke run of another shape than the reference's: leave out --reference"
+        )
+    args.shape = TINY_SHAPE if args.tiny else SHAPE
+    for name, default in (TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     reference = None
     if args.reference is not None:
         reference = run_reference(args.reference, args.micro_batch, args.peak_tflops)
@@ -168,14 +191,21 @@ def main() -> None:
             if reference:
                 ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
             zero = VARIANT_CONFIGS[variant][0]
-            estimate = f", mds-model info estimate {estimated_memory_gib(args, zero):.1f} GiB"
+            if figures["memory_gib"] is None:
+                memory = "peak n/a (no CUDA)"  # nothing measured to set the estimate against
+            else:
+                memory = (
+                    f"peak {figures['memory_gib']:.1f} GiB, mds-model info estimate "
+                    f"{estimated_memory_gib(args, zero):.1f} GiB"
+                )
+            mfu = "n/a" if figures["mfu"] is None else f"{figures['mfu']:.1%}"
             scaling = ""
             if figures["loss_scale"] is not None:
                 scaling = f", {figures['skipped']} skipped, loss scale {figures['loss_scale']:g}"
             print(
                 f"mds-train {variant} (nproc {args.nproc}, TP {args.tp}, PP {args.pp}): "
                 f"{figures['tokens_per_second']:,.0f} tokens/s{ratio}, {figures['ms']:.1f} ms/it, "
-                f"MFU {figures['mfu']:.1%}, peak {figures['memory_gib']:.1f} GiB{estimate}, "
+                f"MFU {mfu}, {memory}, "
                 f"loss {figures['first_loss']:.3f} -> {figures['loss']:.3f}{scaling}",
                 flush=True,
             )

@@ -5,8 +5,9 @@ This package owns the on-disk format; every other mds tool reads and writes it t
 first use, so that `mds-index --help` and `--version` start without loading numpy.
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from mds_common.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from mds_indexed_data.blending import BlendedDataset
@@ -26,25 +27,25 @@ if TYPE_CHECKING:
     from mds_indexed_data.vocabulary import describe_vocabulary
     from mds_indexed_data.writer import IndexedDatasetWriter
 
-_EXPORTS = {
-    "BlendedDataset": "mds_indexed_data.blending",
-    "BlendSummary": "mds_indexed_data.build",
-    "DatasetsBuild": "mds_indexed_data.build",
-    "SplitSummary": "mds_indexed_data.build",
-    "build_train_valid_test_datasets": "mds_indexed_data.build",
-    "format_summary": "mds_indexed_data.build",
-    "GPTDataConfig": "mds_indexed_data.config",
-    "parse_data_path": "mds_indexed_data.config",
-    "samples_from_iterations": "mds_indexed_data.config",
-    "IndexedDatasetError": "mds_indexed_data.errors",
-    "GPTDataset": "mds_indexed_data.gpt_dataset",
-    "merge_datasets": "mds_indexed_data.merge",
-    "best_fitting_dtype": "mds_indexed_data.mmap_format",
-    "data_file_path": "mds_indexed_data.mmap_format",
-    "index_file_path": "mds_indexed_data.mmap_format",
-    "IndexedDatasetReader": "mds_indexed_data.reader",
-    "IndexedDatasetWriter": "mds_indexed_data.writer",
-    "describe_vocabulary": "mds_indexed_data.vocabulary",
+_MODULE_OF = {
+    "BlendedDataset": "blending",
+    "BlendSummary": "build",
+    "DatasetsBuild": "build",
+    "SplitSummary": "build",
+    "build_train_valid_test_datasets": "build",
+    "format_summary": "build",
+    "GPTDataConfig": "config",
+    "parse_data_path": "config",
+    "samples_from_iterations": "config",
+    "IndexedDatasetError": "errors",
+    "GPTDataset": "gpt_dataset",
+    "merge_datasets": "merge",
+    "best_fitting_dtype": "mmap_format",
+    "data_file_path": "mmap_format",
+    "index_file_path": "mmap_format",
+    "IndexedDatasetReader": "reader",
+    "IndexedDatasetWriter": "writer",
+    "describe_vocabulary": "vocabulary",
 }
 __all__ = [
     "BlendSummary",
@@ -68,7 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _MODULE_OF)

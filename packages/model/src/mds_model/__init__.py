@@ -41,7 +41,6 @@ _LAZY = {
     "gpt": ("GPT", "lm_losses", "masked_mean"),
     "hf": (
         "from_hf_gpt2_parts",
-        "from_hf_gpt2_parts",
         "from_hf_gpt2_state_dict",
         "hf_gpt2_config",
         "to_hf_gpt2_state_dict",

@@ -8,8 +8,9 @@ or a Hugging Face tokenizer.json. The names are imported on first use, so that t
 starts (`--help`, `--version`) without loading numpy.
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from mds_common.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from mds_tokenize.hf_tokenizer import HFTokenizer
@@ -27,19 +28,19 @@ if TYPE_CHECKING:
     from mds_tokenize.tokenizer import GPT2BPETokenizer
     from mds_tokenize.vocab_files import TokenizerFileError
 
-_EXPORTS = {
-    "GPT2BPETokenizer": "mds_tokenize.tokenizer",
-    "HFTokenizer": "mds_tokenize.hf_tokenizer",
-    "TOKENIZER_TYPES": "mds_tokenize.interface",
-    "Tokenizer": "mds_tokenize.interface",
-    "TokenizerFlagError": "mds_tokenize.interface",
-    "TokenizerSpec": "mds_tokenize.interface",
-    "check_checkpoint_tokenizer": "mds_tokenize.interface",
-    "check_dataset_tokenizer": "mds_tokenize.interface",
-    "check_tokenizer_matches": "mds_tokenize.interface",
-    "load_tokenizer": "mds_tokenize.interface",
-    "spec_from_description": "mds_tokenize.interface",
-    "TokenizerFileError": "mds_tokenize.vocab_files",
+_MODULE_OF = {
+    "GPT2BPETokenizer": "tokenizer",
+    "HFTokenizer": "hf_tokenizer",
+    "TOKENIZER_TYPES": "interface",
+    "Tokenizer": "interface",
+    "TokenizerFlagError": "interface",
+    "TokenizerSpec": "interface",
+    "check_checkpoint_tokenizer": "interface",
+    "check_dataset_tokenizer": "interface",
+    "check_tokenizer_matches": "interface",
+    "load_tokenizer": "interface",
+    "spec_from_description": "interface",
+    "TokenizerFileError": "vocab_files",
 }
 __all__ = [
     "GPT2BPETokenizer",
@@ -57,7 +58,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _MODULE_OF)

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import zstandard
-
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -26,7 +24,20 @@ class Block:
 
 
 class InputError(ValueError):
-    """Unreadable input: a corrupt or truncated compressed file."""
+    """Unreadable input: a corrupt or truncated compressed file, or a .zst without zstandard."""
+
+
+def import_zstandard(path: Path):
+    """zstandard, imported only for a .zst input: the encoder and `import mds_tokenize` work on
+    images that lack it (the GPU machine's)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise InputError(
+            f"{path}: a .zst input needs the zstandard package, which is not installed: "
+            "pip install zstandard (or decompress the file: zstd -d)"
+        ) from None
+    return zstandard
 
 
 class ZstdFramesReader:
@@ -36,8 +47,9 @@ class ZstdFramesReader:
 
     CHUNK_BYTES = 1 << 16  # compressed bytes fed at a time: bounds the decompressed backlog
 
-    def __init__(self, raw):
+    def __init__(self, raw, zstandard):
         self._raw = raw
+        self._zstandard = zstandard
         self._decompressor = zstandard.ZstdDecompressor()
         self._frame = None  # the decompressobj of the frame being read; None between frames
         self._pending = bytearray()  # decompressed, not yet returned (front deletes are cheap)
@@ -47,7 +59,7 @@ class ZstdFramesReader:
             compressed = self._raw.read(self.CHUNK_BYTES)
             if not compressed:
                 if self._frame is not None:
-                    raise zstandard.ZstdError("the file ends inside a zstd frame")
+                    raise self._zstandard.ZstdError("the file ends inside a zstd frame")
                 break
             self._decompress(compressed)
         chunk = bytes(self._pending[:size])
@@ -103,8 +115,13 @@ class InputReader:
     ):
         self.path = Path(path)
         self.block_bytes = block_bytes
-        self._raw = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         suffix = self.path.suffix
+        # What the decompressor raises on a corrupt or truncated file.
+        self._decompress_errors: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError)
+        if suffix == ".zst":
+            zstandard = import_zstandard(self.path)  # before open(): a refusal leaves nothing open
+            self._decompress_errors += (zstandard.ZstdError,)
+        self._raw = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         self.start, self.end = 0, os.path.getsize(self.path)
         if partition is not None:
             self.start, self.end = partition_range(self.path, *partition)
@@ -114,7 +131,7 @@ class InputReader:
         elif suffix == ".xz":
             self._stream = lzma.LZMAFile(self._raw, mode="rb")
         elif suffix == ".zst":
-            self._stream = ZstdFramesReader(self._raw)
+            self._stream = ZstdFramesReader(self._raw, zstandard)
         else:
             self._stream = self._raw
         self.total = self.end - self.start
@@ -134,7 +151,7 @@ class InputReader:
                 return b""
         try:
             chunk = self._stream.read(size)
-        except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError) as error:
+        except self._decompress_errors as error:
             raise InputError(
                 f"{self.path}: cannot decompress ({error}); the file is corrupt or truncated"
             ) from None
