@@ -297,7 +297,7 @@ def check_compatible(
                 "optimizer state; add --no-load-optim (or --finetune), or reshape again with "
                 "--with-optimizer"
             )
-    _check_fields(meta, run_meta, SHAPE_FIELDS, path)
+    check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
     saved, current = meta["parallel"], run_meta["parallel"]
     for key, flag in (
         ("tensor_parallel", "--tensor-model-parallel-size"),
@@ -311,7 +311,7 @@ def check_compatible(
                 f"--target-tensor-model-parallel-size {tp} --target-pipeline-model-parallel-size "
                 f"{pp} --with-optimizer, or change {flag}"
             )
-    _check_fields(meta, run_meta, TP_DEPENDENT_FIELDS, path)
+    check_model_fields(meta, run_meta, TP_DEPENDENT_FIELDS, path)
     saved_stage, current_stage = saved.get("zero_stage", 0), current.get("zero_stage", 0)
     if "reshaped" not in meta and (saved_stage == 3) != (current_stage == 3):
         _check_zero3_crossing(saved_stage, current_stage, path, loads_optimizer)
@@ -329,7 +329,7 @@ def check_compatible(
         )
 
 
-def _check_fields(
+def check_model_fields(
     meta: dict[str, Any], run_meta: dict[str, Any], names: tuple[str, ...], path: Path
 ) -> None:
     for name in names:

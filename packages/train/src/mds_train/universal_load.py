@@ -28,7 +28,7 @@ from .checkpointing import (
     META,
     SHAPE_FIELDS,
     CheckpointContext,
-    _check_fields,
+    check_model_fields,
 )
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import TrainingState
@@ -81,7 +81,7 @@ def find_universal_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]]:
 def check_universal_compatible(meta: dict[str, Any], run_meta: dict[str, Any], path: Path) -> None:
     """Only the model's shape must agree: TP, PP, DP and the vocabulary padding are the loader's
     (DeepSpeed's and reshaped.py alike cut and pad every parameter for this run)."""
-    _check_fields(meta, run_meta, SHAPE_FIELDS, path)
+    check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
 
 
 def load_universal(
