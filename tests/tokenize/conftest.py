@@ -122,6 +122,17 @@ def adversarial_texts() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def gpt2_args(shared_data) -> list:
+    """GPT-2's vocabulary flags, as a command line gives them."""
+    return [
+        "--vocab-file",
+        shared_data / "gpt2-vocab.json",
+        "--merge-file",
+        shared_data / "gpt2-merges.txt",
+    ]
+
+
+@pytest.fixture(scope="session")
 def gpt2_tokenizer(shared_data) -> GPT2BPETokenizer:
     return GPT2BPETokenizer.from_files(
         shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt"

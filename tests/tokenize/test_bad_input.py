@@ -47,15 +47,6 @@ def zstd_documents() -> tuple[bytes, list[int]]:
     return compressed.getvalue(), block_ends
 
 
-def gpt2_args(shared_data: Path) -> list:
-    return [
-        "--vocab-file",
-        shared_data / "gpt2-vocab.json",
-        "--merge-file",
-        shared_data / "gpt2-merges.txt",
-    ]
-
-
 @pytest.fixture
 def truncated_zst(request, tmp_path) -> Path:
     data, block_ends = zstd_documents()
@@ -66,12 +57,10 @@ def truncated_zst(request, tmp_path) -> Path:
     return path
 
 
-def test_complete_zst_keeps_every_document(shared_data, tmp_path):
+def test_complete_zst_keeps_every_document(gpt2_args, tmp_path):
     path = tmp_path / "corpus.jsonl.zst"
     path.write_bytes(zstd_documents()[0])
-    result = run_command(
-        "--input", path, "--output-prefix", tmp_path / "out", *gpt2_args(shared_data)
-    )
+    result = run_command("--input", path, "--output-prefix", tmp_path / "out", *gpt2_args)
     assert result.returncode == 0, result.stderr
     metadata = json.loads((tmp_path / "out_text_document.tokenize.json").read_text())
     assert metadata["num_documents"] == NUM_DOCUMENTS
@@ -79,7 +68,7 @@ def test_complete_zst_keeps_every_document(shared_data, tmp_path):
 
 @pytest.mark.parametrize("truncated_zst", ["at-block-end", "mid-block"], indirect=True)
 @pytest.mark.parametrize("skip_bad_lines", [[], ["--skip-bad-lines"]])
-def test_truncated_zst_is_refused_by_encode(shared_data, tmp_path, truncated_zst, skip_bad_lines):
+def test_truncated_zst_is_refused_by_encode(gpt2_args, tmp_path, truncated_zst, skip_bad_lines):
     output = tmp_path / "out"
     output.mkdir()
     result = run_command(
@@ -87,7 +76,7 @@ def test_truncated_zst_is_refused_by_encode(shared_data, tmp_path, truncated_zst
         truncated_zst,
         "--output-prefix",
         output / "data",
-        *gpt2_args(shared_data),
+        *gpt2_args,
         "--workers",
         2,
         *skip_bad_lines,

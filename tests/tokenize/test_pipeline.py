@@ -44,15 +44,6 @@ def both_corpora(shared_data, tmp_path_factory) -> Path:
     return path
 
 
-def gpt2_args(shared_data) -> list:
-    return [
-        "--vocab-file",
-        shared_data / "gpt2-vocab.json",
-        "--merge-file",
-        shared_data / "gpt2-merges.txt",
-    ]
-
-
 def config(shared_data, input_path, prefix, **overrides) -> TokenizeConfig:
     settings = dict(
         input=Path(input_path),
@@ -155,7 +146,7 @@ def test_corrupt_compressed_input(shared_data, tmp_path):
 
 @pytest.mark.parametrize("num_partitions", [1, 3])
 def test_partitions_then_merge_equal_single_run(
-    shared_data, tmp_path, both_corpora, num_partitions
+    shared_data, gpt2_args, tmp_path, both_corpora, num_partitions
 ):
     run(config(shared_data, both_corpora, tmp_path / "single"))
     for index in range(num_partitions):
@@ -164,7 +155,7 @@ def test_partitions_then_merge_equal_single_run(
             both_corpora,
             "--output-prefix",
             tmp_path / "sharded",
-            *gpt2_args(shared_data),
+            *gpt2_args,
             "--append-eod",
             "--partition",
             f"{index}/{num_partitions}",
@@ -212,14 +203,14 @@ def test_merge_reports_missing_shards(shared_data, tmp_path, both_corpora, capsy
     assert not (tmp_path / "p_text_document.idx").exists()
 
 
-def test_partition_flag_errors(shared_data, tmp_path, both_corpora, capsys):
+def test_partition_flag_errors(shared_data, gpt2_args, tmp_path, both_corpora, capsys):
     for value, message in (("3/3", "K must be in 0..N-1 (0-based)"), ("1-of-3", "expected K/N")):
         code = cli(
             "--input",
             both_corpora,
             "--output-prefix",
             tmp_path / "x",
-            *gpt2_args(shared_data),
+            *gpt2_args,
             "--partition",
             value,
         )
@@ -246,7 +237,7 @@ BAD_LINES = [
 
 
 @pytest.mark.parametrize(("bad_line", "reason"), BAD_LINES)
-def test_bad_line_stops_with_file_and_line(shared_data, tmp_path, capsys, bad_line, reason):
+def test_bad_line_stops_with_file_and_line(gpt2_args, tmp_path, capsys, bad_line, reason):
     path = write_jsonl(
         tmp_path / "in.jsonl",
         [{"text": "one"}, {"text": "two"}],
@@ -257,7 +248,7 @@ def test_bad_line_stops_with_file_and_line(shared_data, tmp_path, capsys, bad_li
         path,
         "--output-prefix",
         tmp_path / "out",
-        *gpt2_args(shared_data),
+        *gpt2_args,
         "--workers",
         2,
     )
@@ -302,7 +293,7 @@ def test_empty_documents_blank_lines_bom_and_no_final_newline(
     assert reader.doc_idx.tolist() == [0, 1, 2]
 
 
-def test_several_json_keys_preprocess_data_style(shared_data, tmp_path, gpt2_tokenizer):
+def test_several_json_keys_preprocess_data_style(gpt2_args, tmp_path, gpt2_tokenizer):
     records = [
         {"title": "T1", "text": "Body one"},
         {"title": "", "text": "Body two"},
@@ -315,7 +306,7 @@ def test_several_json_keys_preprocess_data_style(shared_data, tmp_path, gpt2_tok
             path,
             "--output-prefix",
             tmp_path / "out",
-            *gpt2_args(shared_data),
+            *gpt2_args,
             "--json-keys",
             "text",
             "title",

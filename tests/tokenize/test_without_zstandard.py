@@ -27,24 +27,15 @@ def run_without_zstandard(*args) -> subprocess.CompletedProcess:
     )
 
 
-def gpt2_args(shared_data: Path) -> list:
-    return [
-        "--vocab-file",
-        shared_data / "gpt2-vocab.json",
-        "--merge-file",
-        shared_data / "gpt2-merges.txt",
-    ]
-
-
 def write_corpus(path: Path) -> None:
     path.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(5)))
 
 
-def test_plain_jsonl_encodes_without_zstandard(shared_data, tmp_path):
+def test_plain_jsonl_encodes_without_zstandard(gpt2_args, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(corpus)
     result = run_without_zstandard(
-        "--input", corpus, "--output-prefix", tmp_path / "out", *gpt2_args(shared_data)
+        "--input", corpus, "--output-prefix", tmp_path / "out", *gpt2_args
     )
     assert result.returncode == 0, result.stderr
     metadata = json.loads((tmp_path / "out_text_document.tokenize.json").read_text())
@@ -59,14 +50,14 @@ def assert_zstandard_refusal(result: subprocess.CompletedProcess, prefix: str, p
     assert "pip install zstandard" in lines[0], lines[0]
 
 
-def test_zst_input_without_zstandard_is_one_line(shared_data, tmp_path):
+def test_zst_input_without_zstandard_is_one_line(gpt2_args, tmp_path):
     # The bytes are never read: the refusal comes before the file is opened.
     corpus = tmp_path / "corpus.jsonl.zst"
     corpus.write_bytes(b"not read")
     output = tmp_path / "out"
     output.mkdir()
     result = run_without_zstandard(
-        "--input", corpus, "--output-prefix", output / "data", *gpt2_args(shared_data)
+        "--input", corpus, "--output-prefix", output / "data", *gpt2_args
     )
     assert_zstandard_refusal(result, "mds-tokenize", corpus)
     assert list(output.iterdir()) == []

@@ -90,6 +90,16 @@ def train(flags: list[str], *, nproc: int = 1, timeout: float = 600) -> subproce
     )
 
 
+def ds_to_universal(checkpoint: Path, output: Path) -> None:
+    """DeepSpeed's own ds_to_universal of one checkpoint folder into `output`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+         "--input_folder", str(checkpoint), "--output_folder", str(output)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def start(flags: list[str], log: Path, *, nproc: int = 1) -> subprocess.Popen:
     handle = open(log, "w")  # noqa: SIM115 - closed with the process by the caller's wait
     return subprocess.Popen(

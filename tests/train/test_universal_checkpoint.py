@@ -19,7 +19,6 @@ optimizer state is off by about 1e-2 (packages/checkpoint/README.md). 1e-6 sits 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,22 +124,13 @@ def pp2_zero1_run(runs, shared_data, data_cache, tmp_path_factory) -> Path:
     return out
 
 
-def _ds_to_universal(checkpoint: Path, output: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-         "--input_folder", str(checkpoint), "--output_folder", str(output)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
 @pytest.fixture(scope="session")
-def ds_universal(pp2_zero1_run, tmp_path_factory) -> Path:
+def ds_universal(runs, pp2_zero1_run, tmp_path_factory) -> Path:
     """DeepSpeed's ds_to_universal of the PP=2 run's iteration-3 checkpoint; its save folder
     (`latest_universal` names the output folder)."""
     save = tmp_path_factory.mktemp("ds-universal")
     source = pp2_zero1_run / "checkpoints" / f"global_step{SAVED_AT}"
-    _ds_to_universal(source, save / f"global_step{SAVED_AT}_universal")
+    runs.ds_to_universal(source, save / f"global_step{SAVED_AT}_universal")
     return save
 
 
