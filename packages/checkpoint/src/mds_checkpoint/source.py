@@ -33,6 +33,7 @@ from .sources import (
     qkv_order,
     to_per_head_qkv,
 )
+from .upstream_state import scheduler_progress
 
 META = "meta.json"
 MEGATRON_TOKENIZER = "megatron_tokenizer"  # meta's record of Megatron args' tokenizer fields
@@ -135,12 +136,7 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
     if isinstance(schedule, dict):
         meta["lr_schedule"] = {key: _plain(value) for key, value in schedule.items()}
         # Its counters are the schedule's progress (consumed samples count skipped steps too).
-        record = meta["lr_schedule"]
-        if "num_steps" in record or "num_iters" in record:
-            meta["lr_samples"] = int(record.get("num_steps", record.get("num_iters")))
-            meta["lr_tokens"] = int(record.get("num_tokens") or 0)
-            warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
-            meta["lr_warmup_end_tokens"] = None if warmup is None else int(warmup)
+        meta.update(scheduler_progress(meta["lr_schedule"]))
     if getattr(args, "tokenizer_type", None):
         meta[MEGATRON_TOKENIZER] = {
             "type": args.tokenizer_type,

@@ -229,6 +229,21 @@ def scheduler_state(record: dict[str, Any], progress: dict[str, Any]) -> dict[st
     }
 
 
+def scheduler_progress(record: dict[str, Any] | None) -> dict[str, int | None]:
+    """`scheduler_state`'s inverse for the progress: meta.json's `lr_samples` (num_steps: samples
+    of applied steps; consumed samples count skipped ones too), `lr_tokens` (num_tokens) and
+    `lr_warmup_end_tokens` (a warmup length in tokens that a token decay recorded), from a
+    scheduler state_dict in upstream's current or older key names; {} when it holds none."""
+    if not record or "num_steps" not in record and "num_iters" not in record:
+        return {}
+    warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
+    return {
+        "lr_samples": int(record.get("num_steps", record.get("num_iters"))),
+        "lr_tokens": int(record.get("num_tokens") or 0),
+        "lr_warmup_end_tokens": None if warmup is None else int(warmup),
+    }
+
+
 def upstream_keys(
     config: GPTConfig,
     *,

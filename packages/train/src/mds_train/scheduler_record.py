@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mds_checkpoint.upstream_state import scheduler_progress as recorded_progress
+
 from .config import Topology, TrainConfig
 from .schedule import LearningRateSchedule, TokenLearningRateSchedule
 from .state import TrainingState
@@ -60,16 +62,10 @@ def schedule_record(config: TrainConfig, topology: Topology) -> dict[str, Any]:
 
 
 def scheduler_progress(state: TrainingState, record: dict[str, Any] | None) -> None:
-    """The progress of upstream's scheduler state (`upstream_state.scheduler_state`), where a
-    checkpoint recorded it, as the run's: num_steps (samples of applied steps; the conversion's
-    consumed samples count skipped ones too), num_tokens, and a warmup length in tokens that a
-    token decay recorded."""
-    if not record or "num_steps" not in record and "num_iters" not in record:
-        return
-    state.lr_samples = int(record.get("num_steps", record.get("num_iters")))
-    state.lr_tokens = int(record.get("num_tokens") or 0)
-    warmup = record.get("lr_warmup_tokens", record.get("warmup_tokens"))
-    state.lr_warmup_end_tokens = None if warmup is None else int(warmup)
+    """The progress of upstream's scheduler state, where a checkpoint recorded it, as the run's
+    (`mds_checkpoint.upstream_state.scheduler_progress`)."""
+    for name, value in recorded_progress(record).items():
+        setattr(state, name, value)
 
 
 def _normalised(record: dict[str, Any]) -> dict[str, Any]:
