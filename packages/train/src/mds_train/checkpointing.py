@@ -32,6 +32,7 @@ from mds_common.files import (
 )
 from mds_model import GPTConfig
 
+from .rank_files import unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import (
     TrainingState,
@@ -443,31 +444,6 @@ def load_checkpoint(
     return state
 
 
-@contextmanager
-def _unpickling_foreign_classes(engine: Any) -> Iterator[None]:
-    """DeepSpeed's engine unpickles whole rank files, and upstream's `args` pickle Megatron's
-    enums (`megatron.core.enums.ModelType`), which do not import here: for the load, its
-    checkpoint engine's torch.load reads such classes as inert records (ptfile's)."""
-    from mds_checkpoint.ptfile import FOREIGN_CLASSES_PICKLE
-
-    checkpoint_engine = engine.checkpoint_engine
-    original = checkpoint_engine.load
-
-    def load(path: str, map_location: Any = None) -> Any:
-        return torch.load(
-            path,
-            map_location=map_location,
-            weights_only=False,
-            pickle_module=FOREIGN_CLASSES_PICKLE,
-        )
-
-    checkpoint_engine.load = load
-    try:
-        yield
-    finally:
-        checkpoint_engine.load = original
-
-
 def _load_through_deepspeed(
     context: CheckpointContext,
     path: Path,
@@ -478,7 +454,7 @@ def _load_through_deepspeed(
 ) -> dict[str, Any] | None:
     """DeepSpeed loads its files (only the weights when `universal`: reshaped.py then fills the
     optimizer); returns the client state."""
-    with _unpickling_foreign_classes(context.engine):
+    with unpickling_foreign_classes(context.engine):
         _, client_state = context.engine.load_checkpoint(
             str(path.parent),
             tag=path.name,

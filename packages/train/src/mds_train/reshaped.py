@@ -22,6 +22,7 @@ import torch
 from mds_model import ParallelGroups
 
 from .master_weights import MasterWeightAdamW
+from .rank_files import load_rank_file
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def restore_zero3(
     ):
         raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
     mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
-    checkpoint = torch.load(mp_file, map_location="cpu", weights_only=False, mmap=True)
+    checkpoint = load_rank_file(mp_file, mmap=True)
     state = UniversalState(path) if with_optimizer else None
     weights = None  # with the optimizer state the weights are its fp32 masters
     if state is None:  # (a universal folder's mp_rank files may hold no module at all)

@@ -21,8 +21,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .checkpointing import (
     CLIENT_KEY,
     META,
@@ -30,6 +28,7 @@ from .checkpointing import (
     CheckpointContext,
     check_model_fields,
 )
+from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import TrainingState
 
@@ -97,13 +96,14 @@ def load_universal(
     engine = context.engine
     if deepspeed_loads:
         _check_engine_names(engine, path)
-        _, client_state = engine.load_checkpoint(
-            str(path.parent),
-            tag=path.name,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=False,
-            load_module_only=False,
-        )
+        with unpickling_foreign_classes(engine):
+            _, client_state = engine.load_checkpoint(
+                str(path.parent),
+                tag=path.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+                load_module_only=False,
+            )
         how = "DeepSpeed's universal loader"
     elif context.meta["parallel"]["zero_stage"] == 3:
         client_state = restore_zero3(
@@ -157,7 +157,7 @@ def _client_state(path: Path) -> dict[str, Any]:
     from mds_checkpoint.locate import MP_RANK_FILE
 
     files = sorted(p for p in path.iterdir() if MP_RANK_FILE.fullmatch(p.name))
-    return torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    return load_rank_file(files[0], mmap=True)
 
 
 def _progress(client_state: dict[str, Any], meta: dict[str, Any]) -> TrainingState:
