@@ -1,6 +1,6 @@
 """What every mds tool needs, once: the command-line dialect (`mds_common.cli`, docs/cli.md), atomic
-outputs (`mds_common.files`), progress (`mds_common.progress`) and the JSON sidecars written beside
-outputs (`mds_common.sidecar`).
+outputs (`mds_common.files`), progress (`mds_common.progress`), the JSON sidecars written beside
+outputs (`mds_common.sidecar`) and the record of a tokenizer (`mds_common.tokenizer_record`).
 
 Nothing is imported here, so that `import mds_common.files` stays free of typer.
 """
