@@ -7,6 +7,7 @@ import argparse
 import pytest
 from mds_checkpoint.describe import activation_from_args, config_from_megatron_args
 from mds_checkpoint.upstream_state import megatron_args
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
 
@@ -79,7 +80,11 @@ def test_written_args_read_back_as_the_same_gelu(activation, hf_name):
         num_layers=2, hidden_size=16, num_attention_heads=4, vocab_size=100, activation=activation
     )
     args = megatron_args(
-        config, pipeline_parallel=1, progress={}, tokenizer={}, layout="deepspeedai"
+        config,
+        pipeline_parallel=1,
+        progress={},
+        tokenizer=TokenizerRecord(),
+        layout="deepspeedai",
     )
     assert activation_from_args(args, where="f") == activation
     assert hf_converter_activation(args) == hf_name

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mds_indexed_data import IndexedDatasetReader, describe_vocabulary
+from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
+from mds_indexed_data import IndexedDatasetReader
 
 HEADER_SIZE = 34
 
@@ -144,10 +145,14 @@ def test_empty_files_are_named(tmp_path):
     )
 
 
+def _hashed(vocab: Path, merges: Path) -> dict:
+    return TokenizerRecord.of_files(GPT2_BPE, [vocab, merges]).to_json()
+
+
 def _sidecar(prefix: Path, vocab: Path, merges: Path, *, hashed: bool) -> None:
     """The sidecar mds-tokenize writes (`vocabulary`, hashed) or an older one (`config` only)."""
     if hashed:
-        metadata = {"tool": "mds-tokenize", "vocabulary": describe_vocabulary(vocab, merges)}
+        metadata = {"tool": "mds-tokenize", "vocabulary": _hashed(vocab, merges)}
     else:
         metadata = {
             "tool": "mds-tokenize",

@@ -154,12 +154,12 @@ def test_dataset_of_another_tokenizer_is_named(shared_data, tmp_path, corpus, hf
     assert result.returncode == 0, result.stderr
     dataset = f"{prefix}_text_document"
     hf = load_tokenizer(tokenizer_type="PretrainedFromHF", tokenizer_name_or_path=str(hf_gpt2_dir))
-    check_dataset_tokenizer(dataset, hf.description())  # the same tokenizer: no complaint
+    check_dataset_tokenizer(dataset, hf.record())  # the same tokenizer: no complaint
     gpt2 = load_tokenizer(
         vocab_file=shared_data / "gpt2-vocab.json", merge_file=shared_data / "gpt2-merges.txt"
     )
     with pytest.raises(ValueError) as error:
-        check_dataset_tokenizer(dataset, gpt2.description())
+        check_dataset_tokenizer(dataset, gpt2.record())
     tokenizer_file = (hf_gpt2_dir / "tokenizer.json").resolve()
     assert str(error.value) == (
         f"{dataset} was tokenized with PretrainedFromHF {tokenizer_file}, but the tokenizer flags "
@@ -183,5 +183,5 @@ def test_dataset_of_another_tokenizer_is_named(shared_data, tmp_path, corpus, hf
         timeout=120,
     )
     assert merged.returncode == 1 and len(merged.stderr.splitlines()) == 1, merged.stderr
-    assert f"was tokenized with {gpt2.description()['vocab_file']} + " in merged.stderr
+    assert f"was tokenized with {gpt2.record().vocab_file} + " in merged.stderr
     assert json.loads(Path(f"{dataset}.tokenize.json").read_text())["vocabulary"]["eod_id"] == 50256

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_indexed_data import IndexedDatasetReader
-from mds_tokenize import load_tokenizer, spec_from_description
+from mds_tokenize import load_tokenizer, spec_from_record
 from mds_tokenize.cli import main
 from mds_tokenize.config import TokenizeConfig
 from mds_tokenize.pipeline import run
@@ -47,9 +48,9 @@ def test_gpt2_as_tokenizer_json_gives_our_gpt2_ids(hf_gpt2_dir, gpt2_tokenizer, 
     assert hf.decode(hf.encode(text)) == text
     with pytest.raises(ValueError, match=r"token id 50257 is not in the vocabulary \(ids 0..50256"):
         hf.decode([15496, 50257])
-    gpt2 = gpt2_tokenizer.description()
-    assert gpt2["type"] == "GPT2BPETokenizer" and (gpt2["vocab_size"], gpt2["eod_id"]) == hf_ids
-    assert load_tokenizer(spec_from_description(gpt2)).description() == gpt2
+    gpt2 = gpt2_tokenizer.record()
+    assert gpt2.type == "GPT2BPETokenizer" and (gpt2.vocab_size, gpt2.eod_id) == hf_ids
+    assert load_tokenizer(spec_from_record(gpt2)).record() == gpt2
 
 
 def test_gpt2_tokenizer_json_reproduces_megatron_golden_files(shared_data, tmp_path, hf_tiny_dir):
@@ -77,8 +78,8 @@ def test_gpt2_tokenizer_json_reproduces_megatron_golden_files(shared_data, tmp_p
     }
     assert metadata["dtype"] == "uint16" and metadata["num_tokens"] == 1361845
     # The recorded description reloads the same tokenizer (what mds-generate does from meta.json).
-    reloaded = load_tokenizer(spec_from_description(metadata["vocabulary"]))
-    assert reloaded.description() == {**metadata["vocabulary"], "name_or_path": tokenizer_file}
+    reloaded = load_tokenizer(spec_from_record(TokenizerRecord.from_json(metadata["vocabulary"])))
+    assert reloaded.record().to_json() == {**metadata["vocabulary"], "name_or_path": tokenizer_file}
 
 
 def test_wordpiece_past_uint16_round_trips_as_int32(shared_data, tmp_path, wordpiece_dir):

@@ -45,8 +45,8 @@ def test_vocabulary_of_gpt2_files(shared_data):
     config = config_of("--data-path", "D", *gpt2, "--merge-file", shared_data / "gpt2-merges.txt")
     vocab = read_vocabulary(config.data)
     assert (vocab.size, vocab.eod_id) == (50257, 50256)
-    assert vocab.description["type"] == "GPT2BPETokenizer"
-    assert vocab.description["vocab_file"] == str((shared_data / "gpt2-vocab.json").resolve())
+    assert vocab.record.type == "GPT2BPETokenizer"
+    assert vocab.record.vocab_file == str((shared_data / "gpt2-vocab.json").resolve())
     with pytest.raises(ValueError, match="^Missing option '--merge-file': "):
         read_vocabulary(config_of("--data-path", "D", *gpt2).data)
 

@@ -11,7 +11,6 @@ time (the weights are read a tensor per lookup, `hf_folder.HFWeights`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.files import atomic_directory, reporting_write_failures
+from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
 from mds_model import (
     GPTConfig,
     from_hf_gpt2_parts,
@@ -100,16 +100,14 @@ def export_hf(config: ExportConfig) -> ExportResult:
     return ExportResult(config.save, len(state), difference)
 
 
-def _export_tokenizer(config: ExportConfig, recorded: dict) -> dict:
+def _export_tokenizer(config: ExportConfig, recorded: TokenizerRecord) -> TokenizerRecord:
     """The tokenizer that goes beside the weights: --vocab-file/--merge-file, else the one the
     checkpoint names (meta.json's record, or Megatron's args)."""
     if config.vocab_file is None:
         return recorded
-    return {
-        "type": "GPT2BPETokenizer",
-        "vocab_file": config.vocab_file,
-        "merge_file": config.merge_file,
-    }
+    return TokenizerRecord.of(
+        type=GPT2_BPE, vocab_file=str(config.vocab_file), merge_file=str(config.merge_file)
+    )
 
 
 def _safetensors_error(error: BaseException) -> bool:
@@ -119,12 +117,11 @@ def _safetensors_error(error: BaseException) -> bool:
     return isinstance(error, SafetensorError)
 
 
-def _copy_tokenizer(recorded: dict, folder: Path) -> None:
+def _copy_tokenizer(recorded: TokenizerRecord, folder: Path) -> None:
     """The checkpoint's tokenizer files, under the names a Hugging Face folder uses, so that the
     folder is whole (mds-generate and `transformers` find them there); skipped with a note when
     meta.json names none or they are gone."""
-    pairs = TOKENIZER_FILES.get(recorded.get("type", "GPT2BPETokenizer"), ())
-    sources = [(recorded.get(key), name) for key, name in pairs]
+    sources = list(zip(recorded.files, TOKENIZER_FILES.get(recorded.kind, ()), strict=True))
     if not sources or any(not path or not Path(path).is_file() for path, _ in sources):
         logger.info("the checkpoint's tokenizer files are not at hand; exported without them")
         return
@@ -132,19 +129,9 @@ def _copy_tokenizer(recorded: dict, folder: Path) -> None:
         shutil.copyfile(path, folder / name)
 
 
-def _recorded_folder_tokenizer(folder: Path) -> dict:
-    """meta.json's `tokenizer` for the folder's tokenizer files: paths and contents' SHA-256, as
-    mds-train records its own; {} when it holds none."""
-    recorded = hf_folder_tokenizer(folder)
-    for key in [key for key in recorded if key.endswith("_file")]:
-        digest = hashlib.sha256(Path(recorded[key]).read_bytes()).hexdigest()
-        recorded[key.replace("_file", "_sha256")] = digest
-    return recorded
-
-
 def _check_hf_folder(save: Path) -> None:
     """An existing folder is replaced only when it holds nothing but an earlier export."""
-    exported = {CONFIG, SAFETENSORS, *(n for pairs in TOKENIZER_FILES.values() for _, n in pairs)}
+    exported = {CONFIG, SAFETENSORS, *(n for names in TOKENIZER_FILES.values() for n in names)}
     if save.is_dir() and {p.name for p in save.iterdir()} - exported:
         raise ValueError(f"--save {save}: folder exists with other files; choose a new folder")
     if save.exists() and not save.is_dir():
@@ -181,9 +168,12 @@ def import_hf(config: ImportConfig) -> Path:
         for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
             writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
         eos = hf_config.get("eos_token_id")
-        tokenizer = {**_recorded_folder_tokenizer(config.load), "vocab_size": model.vocab_size}
-        base = {"tokenizer": {**tokenizer, "eod_id": eos}}
-        writer.finish({}, tokenizer=base["tokenizer"])
+        # meta.json's `tokenizer` for the folder's files, as mds-train records its own.
+        tokenizer = (hf_folder_tokenizer(config.load) or TokenizerRecord()).updated(
+            vocab_size=model.vocab_size, eod_id=eos
+        )
+        base = {"tokenizer": tokenizer.to_json()}
+        writer.finish({}, tokenizer=tokenizer)
         provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
         write_meta(
             folder,

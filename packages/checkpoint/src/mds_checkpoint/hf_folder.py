@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
 from mds_model import GPTConfig
 
 from . import safetensors_file
@@ -170,20 +171,19 @@ class HFWeights(Mapping[str, torch.Tensor]):
         return len(self._sources)
 
 
-# A tokenizer in a Hugging Face folder: the keys meta.json's `tokenizer` (mds_tokenize's
-# description) records its files under, and the names the folder gives them; tokenizer.json, the
-# whole description of any tokenizer, comes first.
+# A tokenizer in a Hugging Face folder: the names the folder gives the files a tokenizer record
+# names (FILE_KEYS order); tokenizer.json, the whole description of any tokenizer, comes first.
 TOKENIZER_FILES = {
-    "PretrainedFromHF": (("tokenizer_file", "tokenizer.json"),),
-    "GPT2BPETokenizer": (("vocab_file", "vocab.json"), ("merge_file", "merges.txt")),
+    PRETRAINED_FROM_HF: ("tokenizer.json",),
+    GPT2_BPE: ("vocab.json", "merges.txt"),
 }
 
 
-def hf_folder_tokenizer(path: Path) -> dict:
-    """The tokenizer the folder holds (tokenizer.json, else vocab.json + merges.txt) as meta.json's
-    `tokenizer` records one: `type` and the files' absolute paths; {} when it holds none."""
-    for kind, pairs in TOKENIZER_FILES.items():
-        files = {key: path / name for key, name in pairs}
-        if all(file.is_file() for file in files.values()):
-            return {"type": kind, **{key: str(file.resolve()) for key, file in files.items()}}
-    return {}
+def hf_folder_tokenizer(path: Path) -> TokenizerRecord | None:
+    """The tokenizer the folder holds (tokenizer.json, else vocab.json + merges.txt): its type,
+    the files' absolute paths and SHA-256; None when it holds none."""
+    for kind, names in TOKENIZER_FILES.items():
+        files = [path / name for name in names]
+        if all(file.is_file() for file in files):
+            return TokenizerRecord.of_files(kind, files)
+    return None

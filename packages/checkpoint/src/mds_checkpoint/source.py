@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
 from . import ptfile
@@ -138,11 +139,12 @@ def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -
         # Its counters are the schedule's progress (consumed samples count skipped steps too).
         meta.update(scheduler_progress(meta["lr_schedule"]))
     if getattr(args, "tokenizer_type", None):
-        meta[MEGATRON_TOKENIZER] = {
-            "type": args.tokenizer_type,
-            **{key: getattr(args, key, None) for key in ("vocab_file", "merge_file")},
-            "vocab_size": config.vocab_size,
-        }
+        meta[MEGATRON_TOKENIZER] = TokenizerRecord.of(
+            type=args.tokenizer_type,
+            vocab_file=getattr(args, "vocab_file", None),
+            merge_file=getattr(args, "merge_file", None),
+            vocab_size=config.vocab_size,
+        ).to_json()
     return meta
 
 
@@ -151,11 +153,11 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
+def tokenizer_record(meta: dict[str, Any]) -> TokenizerRecord:
     """The tokenizer a checkpoint names: meta.json's `tokenizer` (mds-train records its files and
     end-of-document id), else what Megatron's args say (`tokenizer_type`, `vocab_file`,
-    `merge_file`, as the run was given them); {} when neither."""
-    return meta.get("tokenizer") or meta.get(MEGATRON_TOKENIZER) or {}
+    `merge_file`, as the run was given them); an empty record when neither."""
+    return TokenizerRecord.from_json(meta.get("tokenizer") or meta.get(MEGATRON_TOKENIZER) or {})
 
 
 def model_fields(config: GPTConfig) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
 from mds_model import GPTConfig
 
 from .ptfile import GlobalName
@@ -40,14 +41,14 @@ class _BigscienceEnum:
         return GlobalName("megatron.enums", "PositionEmbeddingType"), (self.value,)
 
 
-def tokenizer_eod_id(tokenizer: dict) -> int | None:
+def tokenizer_eod_id(tokenizer: TokenizerRecord) -> int | None:
     """The end-of-document id of a recorded tokenizer: its `eod_id`, else for GPT-2 BPE the id of
     <|endoftext|> in its vocab.json (GPT-2's own 50256 when the file is not at hand)."""
-    if tokenizer.get("eod_id") is not None:
-        return int(tokenizer["eod_id"])
-    if tokenizer.get("type") != "GPT2BPETokenizer":
+    if tokenizer.eod_id is not None:
+        return int(tokenizer.eod_id)
+    if tokenizer.type != GPT2_BPE:
         return None
-    vocab = tokenizer.get("vocab_file")
+    vocab = tokenizer.vocab_file
     if vocab and Path(vocab).is_file():
         try:
             return int(json.loads(Path(vocab).read_text())[GPT2_EOD_TOKEN])
@@ -73,7 +74,7 @@ def megatron_args(
     *,
     pipeline_parallel: int,
     progress: dict[str, int],
-    tokenizer: dict,
+    tokenizer: TokenizerRecord,
     layout: str,
 ) -> argparse.Namespace:
     """Upstream's `args` for this model at the target topology (the fields its loaders read:
@@ -98,10 +99,10 @@ def megatron_args(
         pipeline_model_parallel_size=pipeline_parallel,
         virtual_pipeline_model_parallel_size=None,
         num_layers_per_virtual_pipeline_stage=None,
-        tokenizer_type=tokenizer.get("type"),
-        vocab_file=tokenizer.get("vocab_file"),
-        merge_file=tokenizer.get("merge_file"),
-        tokenizer_name_or_path=tokenizer.get("name_or_path"),
+        tokenizer_type=tokenizer.type,
+        vocab_file=tokenizer.vocab_file,
+        merge_file=tokenizer.merge_file,
+        tokenizer_name_or_path=tokenizer.name_or_path,
         iteration=int(progress.get("iteration", 0)),
         consumed_train_samples=int(progress.get("consumed_train_samples", 0)),
         consumed_valid_samples=int(progress.get("consumed_valid_samples", 0)),
@@ -249,7 +250,7 @@ def upstream_keys(
     *,
     pipeline_parallel: int,
     progress: dict[str, Any],
-    tokenizer: dict,
+    tokenizer: TokenizerRecord,
     layout: str,
     lr_schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from mds_common.files import atomic_directory, reporting_write_failures
 from mds_common.sidecar import distribution_version
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
 from . import ptfile
@@ -199,7 +200,7 @@ class CheckpointWriter:
         self,
         progress: dict[str, Any],
         *,
-        tokenizer: dict | None = None,
+        tokenizer: TokenizerRecord | None = None,
         lr_schedule: dict[str, Any] | None = None,
     ) -> None:
         """Every rank file's pickle: the model (streamed layouts) and the client state;
@@ -210,7 +211,7 @@ class CheckpointWriter:
             self.config,
             pipeline_parallel=self.pp,
             progress=progress,
-            tokenizer=tokenizer or {},
+            tokenizer=tokenizer or TokenizerRecord(),
             layout=self.layout,
             lr_schedule=lr_schedule,
         )

@@ -20,7 +20,6 @@ import torch
 from mds_checkpoint.describe import check_model_flags
 from mds_checkpoint.hf_folder import (
     CONFIG,
-    TOKENIZER_FILES,
     HFWeights,
     gpt_config_from_hf,
     hf_folder_tokenizer,
@@ -28,15 +27,15 @@ from mds_checkpoint.hf_folder import (
     read_hf_config,
     stored_dtype,
 )
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
 from mds_model.kernels import triton_available
 from mds_tokenize.interface import (
-    GPT2_BPE,
     Tokenizer,
     TokenizerSpec,
     check_checkpoint_tokenizer,
     load_tokenizer,
-    spec_from_description,
+    spec_from_record,
 )
 
 from .config import ModelSource
@@ -121,6 +120,11 @@ def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str
 TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
 
 
+def recorded_tokenizer(meta: dict) -> TokenizerRecord:
+    """An mds checkpoint's meta.json `tokenizer` (empty for a Hugging Face folder's {})."""
+    return TokenizerRecord.from_json(meta.get("tokenizer") or {})
+
+
 def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
     """The flags' tokenizer, else the one the checkpoint names: a Hugging Face folder's
     tokenizer.json (else its vocab.json + merges.txt), an mds checkpoint's meta.json `tokenizer`."""
@@ -129,7 +133,7 @@ def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
     if kind == "hf":
         spec = _hf_folder_tokenizer(source.load)
     else:
-        spec = _recorded_tokenizer(source.load, meta.get("tokenizer") or {})
+        spec = _recorded_tokenizer(source.load, recorded_tokenizer(meta))
     if source.tokenizer_type not in (None, spec.tokenizer_type):
         raise ValueError(
             f"--tokenizer-type {source.tokenizer_type}, but {source.load} was trained with a "
@@ -145,19 +149,19 @@ def _hf_folder_tokenizer(folder: Path) -> TokenizerSpec:
             f"--load {folder}: the folder has no tokenizer.json, nor vocab.json and merges.txt; "
             f"pass {TOKENIZER_FLAGS}"
         )
-    return spec_from_description(recorded)
+    return spec_from_record(recorded)
 
 
-def _recorded_tokenizer(load: Path, recorded: dict) -> TokenizerSpec:
-    for key, _ in TOKENIZER_FILES.get(recorded.get("type", GPT2_BPE), ()):
-        if recorded.get(key) and not Path(recorded[key]).is_file():
+def _recorded_tokenizer(load: Path, recorded: TokenizerRecord) -> TokenizerSpec:
+    for file in recorded.files:
+        if file and not Path(file).is_file():
             raise ValueError(
-                f"{recorded[key]}: no such file (the tokenizer the checkpoint's meta.json names); "
+                f"{file}: no such file (the tokenizer the checkpoint's meta.json names); "
                 f"pass {TOKENIZER_FLAGS}"
             )
     try:
-        return spec_from_description(recorded)
-    except (KeyError, ValueError):
+        return spec_from_record(recorded)
+    except ValueError:
         raise ValueError(
             f"--load {load}: the checkpoint names no tokenizer files; pass {TOKENIZER_FLAGS}"
         ) from None
@@ -171,24 +175,30 @@ def tokenizer_name(spec: TokenizerSpec) -> str:
 
 
 def check_vocabulary(
-    tokenizer: Tokenizer, config: GPTConfig, recorded: dict, *, name: str, compare_files: str | None
+    tokenizer: Tokenizer,
+    config: GPTConfig,
+    recorded: TokenizerRecord,
+    *,
+    name: str,
+    compare_files: str | None,
 ) -> None:
     """The tokenizer is the one the model was trained with: the same number of ids, the same
     end-of-document id as `recorded` (meta.json's `tokenizer`) and, when `compare_files` names the
-    checkpoint and it records files, the same files by content."""
-    size = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)  # as mds-train sizes the model
+    checkpoint and it records which tokenizer it was, the same files by content."""
+    given = tokenizer.record()
+    size = given.embedding_rows()  # as mds-train sizes the model
     if size != config.vocab_size:
         raise ValueError(
             f"{name}: {size} tokens, but the checkpoint's model was trained with a vocabulary of "
             f"{config.vocab_size}; pass the tokenizer it was trained with ({TOKENIZER_FLAGS})"
         )
-    if recorded.get("eod_id") is not None and recorded["eod_id"] != tokenizer.eod:
+    if recorded.eod_id is not None and recorded.eod_id != tokenizer.eod:
         raise ValueError(
             f"{name}: end-of-document is id {tokenizer.eod}, the checkpoint's tokenizer had "
-            f"{recorded['eod_id']}; pass the tokenizer it was trained with"
+            f"{recorded.eod_id}; pass the tokenizer it was trained with"
         )
-    if compare_files and ("type" in recorded or "vocab_file" in recorded):
-        check_checkpoint_tokenizer(recorded, tokenizer.description(), checkpoint=compare_files)
+    if compare_files and recorded.names_tokenizer:
+        check_checkpoint_tokenizer(recorded, given, checkpoint=compare_files)
 
 
 def load(source: ModelSource) -> LoadedModel:
@@ -200,7 +210,7 @@ def load(source: ModelSource) -> LoadedModel:
     check_vocabulary(
         tokenizer,
         config,
-        meta.get("tokenizer") or {},
+        recorded_tokenizer(meta),
         name=tokenizer_name(spec),
         compare_files=None if source.tokenizer is None else f"--load {source.load}",
     )

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from mds_indexed_data.merge import merge_datasets
     from mds_indexed_data.mmap_format import best_fitting_dtype, data_file_path, index_file_path
     from mds_indexed_data.reader import IndexedDatasetReader
-    from mds_indexed_data.vocabulary import describe_vocabulary
+    from mds_indexed_data.vocabulary import recorded_vocabulary
     from mds_indexed_data.writer import IndexedDatasetWriter
 
 _MODULE_OF = {
@@ -45,7 +45,7 @@ _MODULE_OF = {
     "index_file_path": "mmap_format",
     "IndexedDatasetReader": "reader",
     "IndexedDatasetWriter": "writer",
-    "describe_vocabulary": "vocabulary",
+    "recorded_vocabulary": "vocabulary",
 }
 __all__ = [
     "BlendSummary",
@@ -63,9 +63,9 @@ __all__ = [
     "IndexedDatasetWriter",
     "best_fitting_dtype",
     "data_file_path",
-    "describe_vocabulary",
     "index_file_path",
     "merge_datasets",
+    "recorded_vocabulary",
 ]
 
 

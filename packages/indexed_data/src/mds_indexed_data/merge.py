@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mds_common.sidecar import write_sidecar
+from mds_common.tokenizer_record import TokenizerRecord
 
 from mds_indexed_data.errors import IndexedDatasetError
 from mds_indexed_data.reader import IndexedDatasetReader
-from mds_indexed_data.vocabulary import recorded_vocabulary, same_vocabulary, vocabulary_label
+from mds_indexed_data.vocabulary import recorded_vocabulary
 from mds_indexed_data.writer import IndexedDatasetWriter
 
 
@@ -37,7 +38,7 @@ def merge_datasets(
     return IndexedDatasetReader(output_prefix)
 
 
-def check_same_vocabulary(prefixes: Sequence[str | Path]) -> dict | None:
+def check_same_vocabulary(prefixes: Sequence[str | Path]) -> TokenizerRecord | None:
     """Raises IndexedDatasetError naming two datasets whose sidecars record different vocabularies;
     returns the common vocabulary (None when no input records one)."""
     known = [
@@ -45,10 +46,10 @@ def check_same_vocabulary(prefixes: Sequence[str | Path]) -> dict | None:
     ]
     for prefix, vocabulary in known[1:]:
         first_prefix, first = known[0]
-        if not same_vocabulary(first, vocabulary):
+        if not first.same_as(vocabulary):
             raise IndexedDatasetError(
-                f"{prefix} was tokenized with {vocabulary_label(vocabulary)}, {first_prefix} with "
-                f"{vocabulary_label(first)}: their token ids mean different things; merge only "
+                f"{prefix} was tokenized with {vocabulary.label()}, {first_prefix} with "
+                f"{first.label()}: their token ids mean different things; merge only "
                 "datasets tokenized with the same vocabulary (re-tokenize one of them)"
             )
     return known[0][1] if known else None
@@ -59,7 +60,8 @@ def write_merge_metadata(prefixes: Sequence[str | Path], merged: IndexedDatasetR
     counts, written to a temporary name and renamed like the dataset itself."""
     path = Path(f"{merged.prefix}.merge.json")
     vocabulary = check_same_vocabulary(prefixes)
-    extra = {} if vocabulary is None else {"vocabulary": vocabulary}  # merging this is checked too
+    # The inputs' record as read, so that merging this output is checked too.
+    extra = {} if vocabulary is None else {"vocabulary": vocabulary.to_json()}
     write_sidecar(
         path,
         tool="mds-index merge",

@@ -3,7 +3,7 @@ every mds tool uses (README: "Python API").
 
 `load_tokenizer(tokenizer_type=..., vocab_file=..., merge_file=..., tokenizer_name_or_path=...,
 eod_token=...)` (or `load_tokenizer(TokenizerSpec(...))`) returns a `Tokenizer`: `.encode(text)`,
-`.decode(ids)`, `.eod`, `.vocab_size`, `.description()`, for GPT-2 BPE files, a learned vocabulary
+`.decode(ids)`, `.eod`, `.vocab_size`, `.record()`, for GPT-2 BPE files, a learned vocabulary
 or a Hugging Face tokenizer.json. The names are imported on first use, so that the command line
 starts (`--help`, `--version`) without loading numpy.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         check_dataset_tokenizer,
         check_tokenizer_matches,
         load_tokenizer,
-        spec_from_description,
+        spec_from_record,
     )
     from mds_tokenize.tokenizer import GPT2BPETokenizer
     from mds_tokenize.vocab_files import TokenizerFileError
@@ -39,7 +39,7 @@ _MODULE_OF = {
     "check_dataset_tokenizer": "interface",
     "check_tokenizer_matches": "interface",
     "load_tokenizer": "interface",
-    "spec_from_description": "interface",
+    "spec_from_record": "interface",
     "TokenizerFileError": "vocab_files",
 }
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "check_dataset_tokenizer",
     "check_tokenizer_matches",
     "load_tokenizer",
-    "spec_from_description",
+    "spec_from_record",
 ]
 
 

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from mds_common.tokenizer_record import TokenizerRecord
 
 from mds_tokenize.interface import FLAG, PRETRAINED_FROM_HF
 
@@ -254,13 +255,14 @@ class HFTokenizer:
                 )
         return self._backend.decode(ids, skip_special_tokens=False)
 
-    def description(self) -> dict:
-        return {
-            "type": PRETRAINED_FROM_HF,
-            "name_or_path": self.name_or_path,
-            "tokenizer_file": None if self.tokenizer_file is None else str(self.tokenizer_file),
-            "tokenizer_sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-            "eod_id": self._eod_id,
-            "eod_token": self.eod_token,
-        }
+    def record(self) -> TokenizerRecord:
+        return TokenizerRecord.of(
+            type=PRETRAINED_FROM_HF,
+            name_or_path=self.name_or_path,
+            tokenizer_file=None if self.tokenizer_file is None else str(self.tokenizer_file),
+            tokenizer_sha256=self.sha256,
+            vocab_size=self.vocab_size,
+            eod_id=self._eod_id,
+            eod_token=self.eod_token,
+            max_token_id=self.max_token_id,
+        )

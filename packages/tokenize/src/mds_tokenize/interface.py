@@ -3,8 +3,9 @@ GPT2BPETokenizer --vocab-file V --merge-file M` (GPT-2's files or a learned voca
 `--tokenizer-type PretrainedFromHF --tokenizer-name-or-path X` (a Hugging Face `tokenizer.json`).
 
 `load_tokenizer(TokenizerSpec(...))` returns an object with the `Tokenizer` protocol below; its
-`description()` is what dataset sidecars (`vocabulary`) and checkpoints (`tokenizer`) record, and
-`check_tokenizer_matches` is the one-line refusal of a dataset made by another tokenizer.
+`record()` (an `mds_common.tokenizer_record.TokenizerRecord`) is what dataset sidecars
+(`vocabulary`) and checkpoints (`tokenizer`) record, and `check_tokenizer_matches` is the one-line
+refusal of a dataset made by another tokenizer.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
+
 if TYPE_CHECKING:  # the command line imports this module and starts without numpy
     import numpy as np
 
-GPT2_BPE = "GPT2BPETokenizer"
-PRETRAINED_FROM_HF = "PretrainedFromHF"
 TOKENIZER_TYPES = (GPT2_BPE, PRETRAINED_FROM_HF)
 FLAG = "--tokenizer-name-or-path"
 
@@ -46,8 +47,8 @@ class Tokenizer(Protocol):
     ) -> tuple[np.ndarray, np.ndarray]:
         """(ids back to back, one length per text); an empty result gets length 0 and no EOD."""
 
-    def description(self) -> dict:
-        """JSON-ready: `type`, the files and their SHA-256, `vocab_size`, `eod_id`."""
+    def record(self) -> TokenizerRecord:
+        """`type`, the files and their SHA-256, `vocab_size`, `eod_id` (`to_json()` writes it)."""
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -122,30 +123,32 @@ def load_tokenizer(spec: TokenizerSpec | None = None, **flags) -> Tokenizer:
     return HFTokenizer.from_name_or_path(spec.tokenizer_name_or_path, eod_token=spec.eod_token)
 
 
-def spec_from_description(description: dict) -> TokenizerSpec:
+def spec_from_record(record: TokenizerRecord) -> TokenizerSpec:
     """The flags that reload a recorded tokenizer (a sidecar's `vocabulary`, meta.json's
     `tokenizer`), from the files it names; ValueError when it names none."""
-    kind = description.get("type", GPT2_BPE)
-    if kind == PRETRAINED_FROM_HF:
-        source = description.get("tokenizer_file") or description.get("name_or_path")
+    if record.kind == PRETRAINED_FROM_HF:
+        source = record.tokenizer_file or record.name_or_path
         if not source:
             raise ValueError("the recorded tokenizer names no tokenizer.json or hub name")
         return TokenizerSpec(
-            tokenizer_type=kind,
+            tokenizer_type=PRETRAINED_FROM_HF,
             tokenizer_name_or_path=str(source),
-            eod_token=description.get("eod_token"),
+            eod_token=record.eod_token,
         )
+    if record.vocab_file is None or record.merge_file is None:
+        raise ValueError("the recorded tokenizer names no vocab and merge files")
     return TokenizerSpec(
         tokenizer_type=GPT2_BPE,
-        vocab_file=Path(description["vocab_file"]),
-        merge_file=Path(description["merge_file"]),
+        vocab_file=Path(record.vocab_file),
+        merge_file=Path(record.merge_file),
     )
 
 
-def check_tokenizer_matches(recorded: dict | None, given: dict, *, source: str) -> None:
+def check_tokenizer_matches(
+    recorded: TokenizerRecord | None, given: TokenizerRecord, *, source: str
+) -> None:
     """ValueError in one line when `recorded` (a dataset's tokenizer; None when it records none) is
-    not `given` (a `Tokenizer.description()`): same files by content (or path), same EOD where
-    both record one."""
+    not `given` (a `Tokenizer.record()`): `TokenizerRecord.same_as`."""
     if recorded is not None:
         _check_same_tokenizer(
             recorded,
@@ -156,7 +159,9 @@ def check_tokenizer_matches(recorded: dict | None, given: dict, *, source: str) 
         )
 
 
-def check_checkpoint_tokenizer(recorded: dict, given: dict, *, checkpoint: str) -> None:
+def check_checkpoint_tokenizer(
+    recorded: TokenizerRecord, given: TokenizerRecord, *, checkpoint: str
+) -> None:
     """The same for a checkpoint's meta.json `tokenizer` (recorded by mds-train)."""
     _check_same_tokenizer(
         recorded,
@@ -166,17 +171,17 @@ def check_checkpoint_tokenizer(recorded: dict, given: dict, *, checkpoint: str) 
     )
 
 
-def _check_same_tokenizer(recorded: dict, given: dict, *, made: str, remedy: str) -> None:
-    from mds_indexed_data.vocabulary import same_vocabulary, vocabulary_label
-
-    if not same_vocabulary(recorded, given):
+def _check_same_tokenizer(
+    recorded: TokenizerRecord, given: TokenizerRecord, *, made: str, remedy: str
+) -> None:
+    if not recorded.same_as(given):
         raise ValueError(
-            f"{made} {vocabulary_label(recorded)}, but the tokenizer flags name "
-            f"{vocabulary_label(given)}: token ids mean different things; {remedy}"
+            f"{made} {recorded.label()}, but the tokenizer flags name "
+            f"{given.label()}: token ids mean different things; {remedy}"
         )
 
 
-def check_dataset_tokenizer(prefix: str | Path, given: dict) -> None:
+def check_dataset_tokenizer(prefix: str | Path, given: TokenizerRecord) -> None:
     """`check_tokenizer_matches` against the tokenizer a dataset's sidecar records (datasets
     without a sidecar, e.g. made by Megatron, are not checked)."""
     from mds_indexed_data.vocabulary import recorded_vocabulary

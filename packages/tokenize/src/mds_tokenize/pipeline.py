@@ -225,7 +225,7 @@ def _metadata(
         json_key=key,
         # Which tokenizer made the ids (interface.py): what `mds-index merge`, `mds-train` and
         # `check_dataset_tokenizer` compare against.
-        vocabulary=tokenizer.description(),
+        vocabulary=tokenizer.record().to_json(),
         dtype=dtype.name,
         num_documents=summary.num_docs - summary.num_empty[key],
         num_tokens=summary.num_tokens[key],

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-from mds_indexed_data import describe_vocabulary
+from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
 
 from mds_tokenize._bpe import BPECore
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode, unicode_to_bytes
@@ -108,16 +108,17 @@ class GPT2BPETokenizer:
         """(vocab_file, merge_file) when built by from_files, else ()."""
         return self._files
 
-    def description(self) -> dict:
+    def record(self) -> TokenizerRecord:
         """What sidecars and checkpoints record (`mds_tokenize.interface`): the files' absolute
         paths and SHA-256 (so a copy elsewhere is the same vocabulary), size and EOD."""
-        files = describe_vocabulary(*self._files) if self._files else {}
-        return {
-            "type": "GPT2BPETokenizer",
-            **files,
-            "vocab_size": self.vocab_size,
-            "eod_id": self.vocab.get(END_OF_TEXT),
-        }
+        fields = dict(
+            vocab_size=self.vocab_size,
+            eod_id=self.vocab.get(END_OF_TEXT),
+            max_token_id=self.max_token_id,
+        )
+        if self._files:
+            return TokenizerRecord.of_files(GPT2_BPE, self._files, **fields)
+        return TokenizerRecord.of(type=GPT2_BPE, **fields)
 
     @property
     def eod(self) -> int:

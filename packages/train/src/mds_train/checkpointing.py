@@ -30,6 +30,7 @@ from mds_common.files import (
     reporting_write_failures,
     write_text_atomically,
 )
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
 from .rank_files import unpickling_foreign_classes
@@ -148,7 +149,7 @@ def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[st
         config_from_meta(meta["model"], where="this run"),
         pipeline_parallel=meta["parallel"]["pipeline_parallel"],
         progress=state.to_dict(),
-        tokenizer=meta.get("tokenizer") or {},
+        tokenizer=TokenizerRecord.from_json(meta.get("tokenizer") or {}),
         layout="mds",
         lr_schedule=meta.get("lr_schedule"),  # replaces DeepSpeed's own `lr_scheduler` (None)
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from mds_common.tokenizer_record import TokenizerRecord
 from mds_indexed_data import GPTDataConfig, build_train_valid_test_datasets
 from mds_tokenize import load_tokenizer
 
@@ -24,9 +25,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Vocabulary:
-    size: int  # embedding rows before padding: every id of the tokenizer fits
+    record: TokenizerRecord  # the tokenizer's own (mds_tokenize.interface), as sidecars hold it
     eod_id: int
-    description: dict  # the tokenizer, as dataset sidecars record it (mds_tokenize.interface)
+
+    @property
+    def size(self) -> int:
+        """Embedding rows before padding: every id of the tokenizer fits."""
+        return self.record.embedding_rows()
+
+    def meta_record(self) -> TokenizerRecord:
+        """meta.json's `tokenizer`: the record with the size trained on and the EOD used."""
+        return self.record.updated(vocab_size=self.size, eod_id=self.eod_id)
 
 
 def read_vocabulary(data: DataSection) -> Vocabulary:
@@ -40,9 +49,8 @@ def read_vocabulary(data: DataSection) -> Vocabulary:
         eod_token=data.eod_token,
     )
     return Vocabulary(
-        size=max(tokenizer.vocab_size, tokenizer.max_token_id + 1),
+        record=tokenizer.record(),
         eod_id=tokenizer.eod,  # ValueError saying how to name one when there is none
-        description=tokenizer.description(),
     )
 
 

@@ -79,8 +79,7 @@ def run_description(
             "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
         },
         "precision": config.params_dtype,
-        # The tokenizer's description (mds_tokenize.interface), with the size trained on.
-        "tokenizer": {**vocab.description, "vocab_size": vocab.size, "eod_id": vocab.eod_id},
+        "tokenizer": vocab.meta_record().to_json(),
         "data_path": list(config.data.data_path),
     }
 
@@ -106,7 +105,7 @@ def _check_datasets(config: TrainConfig, vocab: Vocabulary) -> None:
                     f"{prefix}{suffix}: no such file; --data-path takes the prefix of a "
                     ".bin/.idx pair written by mds-tokenize"
                 )
-        check_dataset_tokenizer(prefix, vocab.description)
+        check_dataset_tokenizer(prefix, vocab.record)
 
 
 def _check_output_folders(config: TrainConfig) -> None:
