@@ -5,6 +5,8 @@ the flags. Prompts are encoded and completions decoded as `tokenizers` itself do
 are `transformers`' greedy ones; a tokenizer other than the model's gets one line."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import tokenizers
@@ -134,3 +136,42 @@ def test_another_tokenizer_is_one_line(capsys, tmp_path, hf_folder, shared_data)
     assert code == 2 and "Missing option '--merge-file'" in err and len(err.splitlines()) == 1
     code, _, err = run(capsys, main, "--load", checkpoint, *prompt, "--tokenizer-type", "Bert")
     assert code == 2 and err.startswith("mds-generate: error: --tokenizer-type Bert: choose ")
+
+
+COMPARE_WITHOUT_INDEXED_DATA = """
+import sys
+from types import SimpleNamespace
+
+from mds_common.tokenizer_record import TokenizerRecord
+from mds_generate.loading import check_vocabulary
+from mds_tokenize import load_tokenizer
+
+tokenizer = load_tokenizer(vocab_file=sys.argv[1], merge_file=sys.argv[2])
+model = SimpleNamespace(vocab_size=50257)
+flags = dict(name=sys.argv[1], compare_files="--load ckpt")
+check_vocabulary(tokenizer, model, tokenizer.record(), **flags)
+other = TokenizerRecord.of(type="PretrainedFromHF", tokenizer_file="/t.json", tokenizer_sha256="0")
+try:
+    check_vocabulary(tokenizer, model, other, **flags)
+except ValueError as error:
+    print(error)
+print(sorted(name for name in sys.modules if name.startswith("mds_indexed_data")))
+"""
+
+
+def test_comparing_a_checkpoints_tokenizer_needs_no_dataset_package(shared_data):
+    """mds-generate compares the flags' tokenizer with meta.json's through the record alone; it
+    used to import mds_indexed_data (the dataset package) to do it."""
+    vocab, merges = shared_data / "gpt2-vocab.json", shared_data / "gpt2-merges.txt"
+    result = subprocess.run(
+        [sys.executable, "-c", COMPARE_WITHOUT_INDEXED_DATA, str(vocab), str(merges)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    refusal, modules = result.stdout.splitlines()
+    assert refusal.startswith(
+        "--load ckpt: the model was trained with PretrainedFromHF /t.json, but the tokenizer flags "
+        f"name {vocab.resolve()} + {merges.resolve()}: token ids mean different things"
+    )
+    assert modules == "[]"
