@@ -1,6 +1,7 @@
-"""Files that earlier mds code wrote (tests/e2e/written_files/COMMIT, see its README) still read with
-the current tools: datasets and their sidecars, mds-train checkpoints (resumed on the same losses),
-pipeline and Megatron layouts, and Hugging Face exports. Each test works on a copy in tmp_path.
+"""Files that earlier mds code wrote (tests/e2e/written_files/COMMIT, see its README) still read
+with the current tools: datasets and their sidecars, mds-train checkpoints (resumed on the same
+losses), pipeline and Megatron layouts, and Hugging Face exports. Each test works on a copy in
+tmp_path.
 
 The losses and logits in expected.json were computed on another CPU: compared within 1e-4."""
 
