@@ -8,6 +8,8 @@ bias+GeLU go through the kernel API (fused in Triton, or their pure-torch refere
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,33 +72,23 @@ class ParallelTransformerLayer(nn.Module):
     ) -> None:
         """layer_number counts from 1 as in Megatron; init_seed + layer_number seeds the weights."""
         super().__init__()
-        eps, use_kernel, dtype = (
-            config.layernorm_epsilon,
-            config.use_fused_kernels,
-            config.torch_dtype,
-        )
         self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
         # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
         self.sequence_parallel = config.sequence_parallel_active
-        sp_group = groups.tp_group if self.sequence_parallel else None
+        layer_norm = functools.partial(
+            LayerNorm,
+            config.hidden_size,
+            eps=config.layernorm_epsilon,
+            use_kernel=config.use_fused_kernels,
+            dtype=config.torch_dtype,
+            sequence_parallel_group=groups.tp_group if self.sequence_parallel else None,
+        )
         with init_rng(None if init_seed is None else init_seed + layer_number):
-            self.input_layernorm = LayerNorm(
-                config.hidden_size,
-                eps=eps,
-                use_kernel=use_kernel,
-                dtype=dtype,
-                sequence_parallel_group=sp_group,
-            )
+            self.input_layernorm = layer_norm()
             self.self_attention = ParallelSelfAttention(
                 config, groups=groups, rng_tracker=rng_tracker
             )
-            self.post_attention_layernorm = LayerNorm(
-                config.hidden_size,
-                eps=eps,
-                use_kernel=use_kernel,
-                dtype=dtype,
-                sequence_parallel_group=sp_group,
-            )
+            self.post_attention_layernorm = layer_norm()
             self.mlp = ParallelMLP(config, groups=groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
