@@ -32,9 +32,10 @@ from pathlib import Path
 
 import torch
 from mds_checkpoint.arrays import as_array
+from mds_checkpoint.layout import tag_for
 from mds_checkpoint.output import output_meta, target_config
 from mds_checkpoint.source import part_names
-from mds_checkpoint.writer import CheckpointWriter, tag_for
+from mds_checkpoint.writer import CheckpointWriter
 from mds_model import GPTConfig
 
 LAYER = (

@@ -39,10 +39,11 @@ from .hf_folder import (
     hf_folder_tokenizer,
     read_hf_config,
 )
-from .output import LATEST, check_save_folder, output_meta, target_config, write_meta
+from .layout import LATEST, tag_for
+from .output import check_save_folder, output_meta, target_config, write_meta
 from .source import open_source, tokenizer_record
 from .upstream_state import tokenizer_eod_id
-from .writer import new_save_folder, tag_for
+from .writer import new_save_folder
 
 logger = logging.getLogger(__name__)
 

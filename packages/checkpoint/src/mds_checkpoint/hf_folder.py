@@ -19,6 +19,7 @@ from mds_model import GPTConfig
 
 from . import safetensors_file
 from .arrays import as_tensor
+from .layout import LATEST
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -37,7 +38,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 def is_hf_folder(path: Path) -> bool:
     """A `config.json` with a `model_type`, or beside Hugging Face weights; mds-train's save
     folder has a `config.json` of its own (the run's flags), next to `latest`."""
-    if not (path / CONFIG).is_file() or (path / "latest").is_file():
+    if not (path / CONFIG).is_file() or (path / LATEST).is_file():
         return False
     if any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN)):
         return True

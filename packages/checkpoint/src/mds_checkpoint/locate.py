@@ -8,17 +8,23 @@ instead of the newest.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-LATEST = "latest"
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
-MEGATRON_FILE = "model_optim_rng.pt"
-LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
-MP_RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
-ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
-MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
+from .layout import (
+    DEEPSPEED_TAG,
+    LATEST,
+    LAYER_FILE,
+    MEGATRON_FILE,
+    MEGATRON_RANK_DIR,
+    MEGATRON_RELEASE,
+    MEGATRON_TRACKER,
+    MP_RANK_FILE,
+    ZERO3_MODEL_FILE,
+    tag_for,
+    tag_iteration,
+    tracker_tag,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ def _kind_of(folder: Path) -> str | None:
 
 
 def _tag_folder(base: Path, iteration: int) -> Path | None:
-    for name in (f"global_step{iteration}", f"iter_{iteration:07d}"):
+    for name in (tag_for(iteration), tag_for(iteration, "megatron")):
         if (base / name).is_dir():
             return base / name
     return None
@@ -62,11 +68,11 @@ def locate_checkpoint(path: Path, *, iteration: int | None = None) -> Located:
         folder = _tag_folder(path, iteration)
         if folder is None:
             kind = _kind_of(path)
-            if kind is not None and re.search(rf"(global_step|iter_0*){iteration}$", path.name):
+            if kind is not None and tag_iteration(path.name) == iteration:
                 return Located(path, kind)
             raise ValueError(
-                f"{path}: no checkpoint of iteration {iteration} (neither global_step{iteration} "
-                f"nor iter_{iteration:07d})"
+                f"{path}: no checkpoint of iteration {iteration} (neither "
+                f"{tag_for(iteration)} nor {tag_for(iteration, 'megatron')})"
             )
         return _checked(folder)
     kind = _kind_of(path)
@@ -81,11 +87,9 @@ def locate_checkpoint(path: Path, *, iteration: int | None = None) -> Located:
         return _checked(folder)
     if (path / MEGATRON_TRACKER).is_file():
         text = (path / MEGATRON_TRACKER).read_text().strip()
-        if text == "release":
-            return _checked(path / "release")
-        if not text.isdigit():
+        if text != MEGATRON_RELEASE and not text.isdigit():
             raise ValueError(f"{path / MEGATRON_TRACKER}: {text!r} is not an iteration number")
-        return _checked(path / f"iter_{int(text):07d}")
+        return _checked(path / tracker_tag(text))
     raise ValueError(
         f"{path}: not a checkpoint (no {LATEST} or {MEGATRON_TRACKER} file, and no mp_rank_* or "
         "layer_* files); give the --save folder of a training run or one global_stepN folder"
@@ -98,7 +102,7 @@ def _repair_latest(path: Path) -> str:
     steps = {
         int(match[1]): p.name
         for p in path.glob("global_step*")
-        if p.is_dir() and (match := re.fullmatch(r"global_step(\d+)", p.name))
+        if p.is_dir() and (match := DEEPSPEED_TAG.fullmatch(p.name))
     }
     newest = f" (the newest is {steps[max(steps)]})" if steps else ""
     return f"write the name of a checkpoint folder into it{newest}, or give that folder itself"

@@ -16,10 +16,9 @@ from mds_common.sidecar import distribution_version
 from mds_model import GPTConfig
 
 from .consolidate import single_rank_config
-from .locate import MEGATRON_TRACKER
-from .source import MDS_FORMAT, META, PROGRESS_FIELDS, model_fields
+from .layout import LATEST, MEGATRON_TRACKER, META, tracker_tag
+from .source import MDS_FORMAT, PROGRESS_FIELDS, model_fields
 
-LATEST = "latest"
 TOOL = "mds-merge-mp"
 DISTRIBUTION = "mds-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -55,8 +54,8 @@ def check_save_folder(save: Path) -> None:
         if not pointer.is_file():
             continue
         tag = pointer.read_text().strip()
-        if pointer.name == MEGATRON_TRACKER and tag.isdigit():
-            tag = f"iter_{int(tag):07d}"
+        if pointer.name == MEGATRON_TRACKER:
+            tag = tracker_tag(tag)
         try:
             if json.loads((save / tag / META).read_text()).get("tool") == TOOL:
                 return

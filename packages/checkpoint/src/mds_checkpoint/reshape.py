@@ -24,6 +24,7 @@ from . import universal
 from .config import ReshapeConfig
 from .consolidate import consolidate
 from .engine_names import engine_parameter_name
+from .layout import LATEST_UNIVERSAL, tag_for
 from .optimizer_read import OptimizerState
 from .output import (
     check_save_folder,
@@ -34,7 +35,7 @@ from .output import (
 )
 from .partition import BufferPool
 from .source import Source, merged_part, open_source, tokenizer_record
-from .writer import new_save_folder, tag_for, write_trackers
+from .writer import new_save_folder, write_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         write_meta(folder, meta)
         write_trackers(staging, layout=config.layout, tag=tag, iteration=source.iteration)
         if optimizer is not None:  # DeepSpeed's load_universal reads its tag from here
-            (staging / universal.LATEST_UNIVERSAL).write_text(tag)
+            (staging / LATEST_UNIVERSAL).write_text(tag)
         if config.verify:
             from .verify import check_logits  # the model and its Triton kernels: only here
 

@@ -19,7 +19,8 @@ from mds_model import GPTConfig
 from . import ptfile
 from .describe import config_from_megatron_args, config_from_meta
 from .engine_names import megatron_to_plain, pipeline_to_plain
-from .locate import LAYER_FILE, MEGATRON_FILE, MP_RANK_FILE, locate_checkpoint
+from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE
+from .locate import locate_checkpoint
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
 from .sources import (
@@ -35,7 +36,6 @@ from .sources import (
 )
 from .upstream_state import scheduler_progress
 
-META = "meta.json"
 MEGATRON_TOKENIZER = "megatron_tokenizer"  # meta's record of Megatron args' tokenizer fields
 MDS_FORMAT = "mds-train checkpoint"
 PROGRESS_FIELDS = (

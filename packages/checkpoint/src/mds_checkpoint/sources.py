@@ -24,7 +24,7 @@ import numpy as np
 from mds_model.pipe_numbering import pipe_numbering
 
 from . import ptfile
-from .locate import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
+from .layout import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
 from .names import FINAL_NORM, canonical_layer_key, layer_name
 
 EMBEDDING, FINAL = "embedding", "final"

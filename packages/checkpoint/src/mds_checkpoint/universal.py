@@ -38,7 +38,6 @@ FOLDER = "zero"
 GLOBAL_STATE = "optimizer_state.pt"
 STEP = "step"
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
-LATEST_UNIVERSAL = "latest_universal"  # DeepSpeed's pointer for load_universal (engine.py)
 
 
 def write_parameter(
@@ -186,7 +185,7 @@ def universal_meta(folder: Path) -> dict[str, Any]:
     the first mp_rank file's `args` and upstream keys, mds-train's progress record where the
     source was mds-train's."""
     from .describe import config_from_megatron_args
-    from .locate import MP_RANK_FILE
+    from .layout import MP_RANK_FILE
     from .source import MDS_FORMAT, _megatron_meta, vocabulary_info
 
     files = sorted(p for p in folder.iterdir() if MP_RANK_FILE.fullmatch(p.name))

@@ -32,24 +32,21 @@ from mds_model import GPTConfig
 from . import ptfile
 from .config import TARGET_LAYOUTS as LAYOUTS
 from .engine_names import megatron_nested, pipeline_file_key
-from .locate import LATEST, MEGATRON_FILE, MEGATRON_TRACKER
+from .layout import (
+    CLIENT_KEY,
+    CLIENT_VERSION,
+    LATEST,
+    MEGATRON_FILE,
+    MEGATRON_RELEASE,
+    MEGATRON_TRACKER,
+)
 from .names import WORD_EMBEDDINGS, layer_of
 from .partition import split_whole
 from .upstream_state import upstream_keys
 from .writeback import WriteBack
 
-CLIENT_KEY = "mds_train"  # mds-train's client state in DeepSpeed's mp_rank files
-CLIENT_VERSION = 1
 _NUMBERING = {"mds": "deepspeedai", "deepspeedai": "deepspeedai", "bigscience": "bigscience"}
 HEAD_COPY = "word_embeddings_for_head"  # Megatron's last-stage copy of the tied embedding
-
-
-def tag_for(iteration: int, layout: str = "mds") -> str:
-    """The checkpoint folder's name: DeepSpeed's `global_stepN`; Megatron's `iter_NNNNNNN`, or
-    `release` at iteration 0 (its `read_metadata` takes no iteration 0)."""
-    if layout == "megatron":
-        return "release" if iteration == 0 else f"iter_{iteration:07d}"
-    return f"global_step{iteration}"
 
 
 def write_trackers(save: Path, *, layout: str, tag: str, iteration: int) -> None:
@@ -59,7 +56,7 @@ def write_trackers(save: Path, *, layout: str, tag: str, iteration: int) -> None
     if layout != "megatron":
         (save / LATEST).write_text(tag)
     if layout in ("deepspeedai", "megatron"):
-        (save / MEGATRON_TRACKER).write_text("release" if tag == "release" else str(iteration))
+        (save / MEGATRON_TRACKER).write_text(tag if tag == MEGATRON_RELEASE else str(iteration))
 
 
 class CheckpointWriter:

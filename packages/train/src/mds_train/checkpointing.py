@@ -22,6 +22,16 @@ from typing import Any
 
 import torch
 from mds_checkpoint import locate_checkpoint
+from mds_checkpoint.layout import (
+    CLIENT_KEY,
+    CLIENT_VERSION,
+    DEEPSPEED_TAG,
+    LATEST,
+    META,
+    PARTIAL_SUFFIX,
+    rng_file,
+    tag_for,
+)
 from mds_common.files import (
     WriteFailed,
     fsync_directory,
@@ -44,12 +54,8 @@ from .state import (
 
 logger = logging.getLogger(__name__)
 
-LATEST = "latest"
-META = "meta.json"
-PARTIAL_SUFFIX = ".partial"
 CHECKPOINT_FORMAT = "mds-train checkpoint"
 CHECKPOINT_VERSION = 1
-CLIENT_KEY = "mds_train"
 # meta["layout"] of upstream's own files that the engine loads as they are (upstream.py).
 UPSTREAM_LAYOUT = "upstream"
 # meta.json's model fields that must match to load weights (TP/PP are checked separately).
@@ -73,14 +79,6 @@ _ACTIVATION_FLAGS = {
 # Fields that follow from the TP size (the vocabulary is padded to a multiple of
 # --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
 TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
-
-
-def tag_for(iteration: int) -> str:
-    return f"global_step{iteration}"
-
-
-def rng_file(rank: int) -> str:
-    return f"rng_state_rank{rank:05d}.pt"
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
             remove_stale_temporaries(save_dir / tag)  # an old copy a killed re-save moved aside
     context.barrier()
     client_state = {
-        CLIENT_KEY: {"state": state.to_dict(), "version": CHECKPOINT_VERSION},
+        CLIENT_KEY: {"state": state.to_dict(), "version": CLIENT_VERSION},
         **upstream_client_state(context.meta, state),
         "rng_state": upstream_rng_state(context.rng_tracker),
     }
@@ -271,14 +269,13 @@ def check_readable(path: Path) -> None:
 
 def _earlier_checkpoints(path: Path) -> list[str]:
     """The complete checkpoints beside `path` from earlier iterations, oldest first."""
-    prefix = tag_for(0)[:-1]
     found = []
-    for folder in path.parent.glob(prefix + "*"):
-        number = folder.name[len(prefix) :]
-        if number.isdigit() and (folder / META).is_file() and folder.name != path.name:
-            found.append((int(number), folder.name))
-    current = path.name[len(prefix) :]
-    limit = int(current) if current.isdigit() else None
+    for folder in path.parent.iterdir():
+        match = DEEPSPEED_TAG.fullmatch(folder.name)
+        if match and (folder / META).is_file() and folder.name != path.name:
+            found.append((int(match.group(1)), folder.name))
+    current = DEEPSPEED_TAG.fullmatch(path.name)
+    limit = int(current.group(1)) if current else None
     return [name for number, name in sorted(found) if limit is None or number < limit]
 
 

@@ -21,8 +21,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mds_checkpoint.layout import CLIENT_KEY
+
 from .checkpointing import (
-    CLIENT_KEY,
     META,
     SHAPE_FIELDS,
     CheckpointContext,
@@ -38,12 +39,8 @@ logger = logging.getLogger(__name__)
 def find_universal_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The universal checkpoint folder `--load` names and its description (meta.json, or one
     built from its mp_rank files where ds_to_universal wrote it)."""
-    from mds_checkpoint.universal import (
-        FOLDER,
-        GLOBAL_STATE,
-        LATEST_UNIVERSAL,
-        universal_meta,
-    )
+    from mds_checkpoint.layout import LATEST_UNIVERSAL
+    from mds_checkpoint.universal import FOLDER, GLOBAL_STATE, universal_meta
 
     pointer = load_dir / LATEST_UNIVERSAL
     if pointer.is_file():
