@@ -20,7 +20,6 @@ still be only in the page cache when it exits) is printed beside it.
 """
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -33,7 +32,8 @@ from pathlib import Path
 import torch
 from mds_checkpoint.arrays import as_array
 from mds_checkpoint.layout import tag_for
-from mds_checkpoint.output import output_meta, target_config
+from mds_checkpoint.meta import CheckpointMeta, Parallel, Progress
+from mds_checkpoint.output import output_meta, target_config, write_meta
 from mds_checkpoint.source import part_names
 from mds_checkpoint.writer import CheckpointWriter
 from mds_model import GPTConfig
@@ -77,10 +77,11 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
             writer.write_part(tensors)
         progress = {"iteration": 100, "consumed_train_samples": 51200}
         writer.finish(progress)
+    base = CheckpointMeta(model={}, parallel=Parallel(), progress=Progress.from_dict(progress))
     meta = output_meta(
-        progress, config, pipeline_parallel=pp, tag=tag, reshaped={"from": "random"}, optimizer=None
+        base, config, pipeline_parallel=pp, tag=tag, reshaped={"from": "random"}, optimizer=None
     )
-    (folder / tag / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    write_meta(folder / tag, meta)
     (folder / "latest").write_text(tag)
 
 

@@ -14,7 +14,7 @@ def _layer_file(folder, index, tp):
 def test_tp2pp2_consolidates_to_the_joined_shards(tp2pp2_checkpoint):
     model = load_consolidated(tp2pp2_checkpoint)
     assert model.config.tensor_model_parallel_size == 1 and model.config.num_layers == 4
-    assert model.meta["iteration"] == 2 and model.meta["parallel"]["tensor_parallel"] == 2
+    assert model.meta.iteration == 2 and model.meta.tensor_model_parallel_size == 2
     gpt = GPT(model.config)
     gpt.load_state_dict(model.state_dict)  # strict: every name, every shape
     folder = tp2pp2_checkpoint / "global_step2"
@@ -56,9 +56,7 @@ def test_zero3_partitions_consolidate_as_deepspeed_s_zero_to_fp32(zero3_checkpoi
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     model = load_consolidated(zero3_checkpoint)
-    assert (
-        model.meta["parallel"]["zero_stage"] == 3 and model.meta["parallel"]["data_parallel"] == 2
-    )
+    assert model.meta.parallel.zero_stage == 3 and model.meta.parallel.data_parallel_size == 2
     reference = get_fp32_state_dict_from_zero_checkpoint(str(zero3_checkpoint))
     # DeepSpeed names them as mds-train's engine module does: Megatron's nesting.
     reference = {megatron_to_plain(name): tensor for name, tensor in reference.items()}

@@ -36,8 +36,8 @@ def exported(merge_mp, tp2pp2_checkpoint, tmp_path_factory):
 def test_transformers_loads_the_export_and_computes_our_logits(tp2pp2_checkpoint, exported):
     names = sorted(p.name for p in exported.iterdir())
     assert names == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
-    recorded = load_consolidated(tp2pp2_checkpoint).meta["tokenizer"]  # the tokenizer, carried
-    assert (exported / "vocab.json").read_bytes() == Path(recorded["vocab_file"]).read_bytes()
+    recorded = load_consolidated(tp2pp2_checkpoint).meta.tokenizer  # the tokenizer, carried
+    assert (exported / "vocab.json").read_bytes() == Path(recorded.vocab_file).read_bytes()
     config = json.loads((exported / "config.json").read_text())
     assert config["vocab_size"] == 5000 and config["n_layer"] == 4 and config["n_inner"] == 256
     weights = load_file(exported / "model.safetensors")
@@ -58,7 +58,7 @@ def test_import_then_export_is_bit_identical(merge_mp, exported, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     meta = json.loads((imported / "global_step0" / "meta.json").read_text())
-    assert meta["parallel"]["tensor_parallel"] == 2 and meta["optimizer"] is None
+    assert meta["parallel"]["tensor_model_parallel_size"] == 2 and meta["optimizer"] is None
     assert len(list((imported / "global_step0").glob("layer_*"))) == 12
     result = merge_mp("export-hf", "--load", imported, "--save", again)
     assert result.returncode == 0, result.stderr

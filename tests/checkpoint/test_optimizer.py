@@ -3,6 +3,7 @@ at PP=2 (pipeline engine) and at DP=2 with ZeRO-1 and ZeRO-3, a ZeRO-3 run's at 
 and the losses continue as the uninterrupted runs'; the optimizer states of all engines read
 alike; ZeRO-3 crossings without a reshape."""
 
+import dataclasses
 import json
 import shutil
 
@@ -32,7 +33,10 @@ def test_resumed_at_pp2_continues_the_loss(runs, tp2_run, resumed_pp2):
     _check_continues(runs, tp2_run, resumed_pp2)
     meta = json.loads((resumed_pp2 / "reshaped" / "global_step4" / "meta.json").read_text())
     assert meta["optimizer"] == {"layout": "universal", "folder": "zero", "step": 4}
-    assert meta["reshaped"]["tensor_parallel"] == 2 and meta["parallel"]["pipeline_parallel"] == 2
+    assert (
+        meta["reshaped"]["tensor_model_parallel_size"] == 2
+        and meta["parallel"]["pipeline_model_parallel_size"] == 2
+    )
 
 
 def test_resumed_at_dp2_with_zero1_continues_the_loss(runs, tp2_run, resumed_dp2):
@@ -48,7 +52,7 @@ def test_resumed_at_dp2_with_zero3_continues_the_loss(runs, tp2_run, resumed_zer
     """DeepSpeed's stage-3 partitions filled from the reshaped files: weights, masters, moments."""
     _check_continues(runs, tp2_run, resumed_zero3)
     meta = json.loads((resumed_zero3 / "ckpt" / "global_step8" / "meta.json").read_text())
-    assert meta["parallel"]["zero_stage"] == 3 and meta["parallel"]["data_parallel"] == 2
+    assert meta["parallel"]["zero_stage"] == 3 and meta["parallel"]["data_parallel_size"] == 2
 
 
 def test_zero3_run_reshaped_to_tp2_continues_the_loss(runs, zero3_run, zero3_resumed_tp2):
@@ -131,7 +135,9 @@ def test_weights_only_reshape_refuses_to_resume_silently(merge_mp, tp2_run, tmp_
     result = merge_mp("--load", tp2_run / "checkpoints", "--iteration", "4", "--save", out)
     assert result.returncode == 0, result.stderr
     path, meta = find_checkpoint(out)
-    run_meta = {"model": meta["model"], "parallel": {**meta["parallel"], "zero_stage": 1}}
+    run_meta = meta.replace(
+        parallel=dataclasses.replace(meta.parallel, zero_stage=1), reshaped=None
+    )
     with pytest.raises(ValueError, match="holds no optimizer state; add --no-load-optim"):
         check_compatible(meta, run_meta, path=path, loads_optimizer=True)
     check_compatible(meta, run_meta, path=path, loads_optimizer=False)
@@ -143,11 +149,11 @@ def test_zero3_crossings_without_a_reshape_say_what_to_do(tp2_run):
     from mds_train.checkpointing import check_compatible, find_checkpoint
 
     path, meta = find_checkpoint(tp2_run / "checkpoints")  # saved at ZeRO-0
-    at_zero3 = {"model": meta["model"], "parallel": {**meta["parallel"], "zero_stage": 3}}
+    at_zero3 = meta.replace(parallel=dataclasses.replace(meta.parallel, zero_stage=3))
     with pytest.raises(ValueError, match="saved at ZeRO-0 and this run is at ZeRO-3; add --no-lo"):
         check_compatible(meta, at_zero3, path=path, loads_optimizer=True)
     check_compatible(meta, at_zero3, path=path, loads_optimizer=False)
-    saved_at_zero3 = {**meta, "parallel": {**meta["parallel"], "zero_stage": 3}}
+    saved_at_zero3 = at_zero3
     for loads_optimizer in (True, False):
         with pytest.raises(ValueError, match="saved at ZeRO-3, whose weights exist only in its"):
             check_compatible(saved_at_zero3, meta, path=path, loads_optimizer=loads_optimizer)

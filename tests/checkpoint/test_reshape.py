@@ -44,7 +44,10 @@ def test_round_trip_over_every_layout_is_bit_identical(tp2pp2_checkpoint, tmp_pa
         reshape(ReshapeConfig(load=current, save=out, tensor_parallel=tp, pipeline_parallel=pp))
         folder = out / "global_step2"
         meta = json.loads((folder / "meta.json").read_text())
-        assert (meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]) == (
+        assert (
+            meta["parallel"]["tensor_model_parallel_size"],
+            meta["parallel"]["pipeline_model_parallel_size"],
+        ) == (
             tp,
             pp,
         )
@@ -181,7 +184,7 @@ def test_megatron_deepspeed_layer_files_load(tp2pp2_checkpoint, tmp_path):
     (folder.parent / "latest").write_text("global_step2")
     model = load_consolidated(folder.parent)
     assert_same_weights(start, model, same_config=False)
-    assert model.meta["iteration"] == 2 and model.meta["consumed_train_samples"] == 16
+    assert model.meta.iteration == 2 and model.meta.progress.consumed_train_samples == 16
     out = tmp_path / "reshaped"
     reshape(ReshapeConfig(load=folder.parent, save=out, tensor_parallel=1, pipeline_parallel=1))
     assert_same_weights(start, load_consolidated(out), same_config=False)
@@ -246,7 +249,7 @@ def test_plain_megatron_iter_folders_load(tp2pp2_checkpoint, tmp_path):
     (tmp_path / "megatron" / "latest_checkpointed_iteration.txt").write_text("2")
     model = load_consolidated(tmp_path / "megatron")
     assert_same_weights(start, model, same_config=False)
-    assert model.meta["iteration"] == 2
+    assert model.meta.iteration == 2
 
 
 def test_plain_megatron_virtual_pipeline_stages_load(tp2pp2_checkpoint, tmp_path):

@@ -371,7 +371,7 @@ def test_iteration_zero_is_a_megatron_release(golden, tmp_path):
     out = reshape(imported, tmp_path / "meg", tp=1, pp=1, layout="megatron")
     assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
     assert (out / "release" / "mp_rank_00" / "model_optim_rng.pt").is_file()
-    assert load_consolidated(out).meta["iteration"] == 0
+    assert load_consolidated(out).meta.iteration == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,8 +400,11 @@ def test_every_layout_reads_back_bit_for_bit(
         assert list(model.state_dict) == list(reference.state_dict)
         for name, tensor in reference.state_dict.items():
             assert torch.equal(model.state_dict[name], tensor), name
-        assert model.meta["iteration"] == 10
-        assert model.meta["consumed_train_samples"] == reference.meta["consumed_train_samples"]
+        assert model.meta.iteration == 10
+        assert (
+            model.meta.progress.consumed_train_samples
+            == reference.meta.progress.consumed_train_samples
+        )
 
 
 def test_target_layout_bad_values_are_one_line(golden, tmp_path, capsys):

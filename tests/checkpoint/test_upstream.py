@@ -99,7 +99,7 @@ def assert_golden_logits(path: Path, golden: Path, **kwargs) -> None:
 def test_upstream_plain_engine_checkpoint_gives_upstream_logits(golden):
     model = load_consolidated(golden / "tp2-pp1-ckpt")
     assert model.config.vocab_size == REAL_VOCAB  # from universal_checkpoint_info
-    assert (model.meta["iteration"], model.meta["consumed_train_samples"]) == (10, 80)
+    assert (model.meta.iteration, model.meta.progress.consumed_train_samples) == (10, 80)
     # args.bias_gelu_fusion False, openai_gelu False: upstream's MLP ran F.gelu, the exact GeLU.
     assert model.config.activation == "gelu"
     assert_golden_logits(golden / "tp2-pp1-ckpt", golden)

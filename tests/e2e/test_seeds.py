@@ -657,7 +657,10 @@ def test_merge_mp_partitions_line(bigscience_003, data):
         assert output.count(f"{flag} is accepted and ignored") == 1, output
     merged = bigscience_003 / "merged"
     meta = json.loads((merged / "global_step3/meta.json").read_text())
-    assert meta["parallel"]["pipeline_parallel"] == 2 and meta["parallel"]["tensor_parallel"] == 1
+    assert (
+        meta["parallel"]["pipeline_model_parallel_size"] == 2
+        and meta["parallel"]["tensor_model_parallel_size"] == 1
+    )
     # The source's layout and shape are checked: one line each.
     for flag, value, message in [
         ("--num-layers", "4", "--num-layers 4, but the checkpoint's model has 2; drop the flag"),

@@ -5,7 +5,15 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from mds_model import GPT, GPTConfig, KVCache, ParallelGroups, StaticKVCache, masked_mean
+from mds_model import (
+    GPT,
+    Decoder,
+    GPTConfig,
+    KVCache,
+    ParallelGroups,
+    StaticKVCache,
+    masked_mean,
+)
 from mds_model.rng import MODEL_PARALLEL_RNG, RNGStatesTracker, model_parallel_seed
 
 VOCAB, SEQ = 100, 16
@@ -56,13 +64,13 @@ def test_changing_token_t_never_changes_outputs_before_t(overrides):
 def test_kv_cache_generation_matches_full_forward(position):
     model = GPT(tiny(position_embedding_type=position), init_seed=2).eval()
     seq = tokens(3)
-    cache = KVCache(model.config.num_layers)
+    cache, decoder = KVCache(model.config.num_layers), Decoder(model)
     with torch.no_grad():
         full = model.logits(seq)
-        pieces = [model.decode(seq[:, :9], cache=cache)]  # the prompt
+        pieces = [decoder.decode(seq[:, :9], cache=cache)]  # the prompt
         assert cache.num_positions == 9
         for t in range(9, SEQ):  # one token at a time, as a sampler would
-            pieces.append(model.decode(seq[:, t : t + 1], cache=cache))
+            pieces.append(decoder.decode(seq[:, t : t + 1], cache=cache))
     assert cache.num_positions == SEQ
     assert cache.layers[0].keys.shape == cache.layers[1].values.shape == (2, 4, SEQ, 8)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
@@ -92,13 +100,13 @@ def test_the_mlp_computes_the_configured_gelu_in_every_path(activation, approxim
         torch.testing.assert_close(mlp(x), by_hand, rtol=1e-5, atol=1e-5)
         seq = tokens(4)
         full = model.logits(seq)
-        cache = KVCache(model.config.num_layers)
-        pieces = [model.decode(seq[:, :5], cache=cache)]
-        pieces += [model.decode(seq[:, t : t + 1], cache=cache) for t in range(5, SEQ)]
+        cache, decoder = KVCache(model.config.num_layers), Decoder(model)
+        pieces = [decoder.decode(seq[:, :5], cache=cache)]
+        pieces += [decoder.decode(seq[:, t : t + 1], cache=cache) for t in range(5, SEQ)]
         torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
         static = StaticKVCache(model.config, batch_size=2, max_length=SEQ)
         positions = torch.arange(SEQ).expand(2, SEQ)
-        got = model.decode_static(seq, positions=positions, cache=static)
+        got = decoder.lm_head(decoder.decode_static_hidden(seq, positions=positions, cache=static))
         torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
         other = "gelu_tanh" if activation == "gelu" else "gelu"
         twin = GPT(tiny(activation=other), init_seed=0).eval()
@@ -114,20 +122,20 @@ def test_sdpa_and_explicit_softmax_backends_agree():
 
 
 def test_positions_beyond_max_position_embeddings_are_an_error():
-    model = GPT(tiny(), init_seed=0).eval()
-    cache = KVCache(model.config.num_layers)
-    model.decode(tokens()[:, : SEQ - 2], cache=cache)
+    decoder = Decoder(GPT(tiny(), init_seed=0).eval())
+    cache = KVCache(2)
+    decoder.decode(tokens()[:, : SEQ - 2], cache=cache)
     with pytest.raises(ValueError, match="exceed max_position_embeddings"):
-        model.decode(tokens()[:, :4], cache=cache)
+        decoder.decode(tokens()[:, :4], cache=cache)
     with pytest.raises(ValueError, match="the cache has 3 layers, the model 2"):
-        model.decode(tokens()[:, :1], cache=KVCache(3))
+        decoder.decode(tokens()[:, :1], cache=KVCache(3))
 
 
 def test_decoding_needs_sequence_parallelism_off():
-    layer = GPT(tiny(), init_seed=0).layers[0]
-    layer.sequence_parallel = True  # as a TP=2 model with sequence_parallel=True would have
+    model = GPT(tiny(), init_seed=0)
+    model.layers[0].sequence_parallel = True  # as a TP=2 model with sequence_parallel=True has
     with pytest.raises(ValueError, match="decoding needs a config with sequence_parallel=False"):
-        layer.decode(torch.zeros(1, 2, 32), cache=KVCache(1).layers[0])
+        Decoder(model)
 
 
 def test_every_forward_returns_one_tensor():

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import typer
+from mds_checkpoint.meta import CheckpointMeta, Parallel
 from mds_common.argv import normalise, option_specs
 from mds_model import kernels
 from mds_train.checkpointing import check_compatible
@@ -91,8 +92,8 @@ def test_the_default_stays_upstream_s_fused_tanh_gelu():
 
 def _meta(**model):
     shape = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_size": 256}
-    parallel = {"tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1, "zero_stage": 0}
-    return {"model": {**shape, **model}, "parallel": {**parallel, "world_size": 1}}
+    parallel = Parallel(data_parallel_size=1, world_size=1)
+    return CheckpointMeta(model={**shape, **model}, parallel=parallel)
 
 
 def test_a_checkpoint_of_the_other_gelu_is_one_line(tmp_path):

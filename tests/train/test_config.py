@@ -12,7 +12,7 @@ from mds_train.cli import build_config, given_fields, make_app
 from mds_train.config import Topology
 from mds_train.ds_config import derive_deepspeed_config, merge_deepspeed_config, offloads_optimizer
 from mds_train.ds_file import load_user_config, resolve_user_config
-from mds_train.options import megatron_flags_given
+from mds_train.megatron_flags import megatron_flags_given
 
 DATA = ["--data-path", "D", "--vocab-file", "v.json", "--merge-file", "m.txt"]
 

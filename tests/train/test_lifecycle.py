@@ -66,7 +66,10 @@ def test_kill_9_then_load_continues_exactly(runs, shared_data, data_cache, tmp_p
     ][-1]  # the validation stream resumed at the same position too
     meta = json.loads((save / "global_step16" / "meta.json").read_text())
     assert meta["iteration"] == 16 and meta["consumed_train_samples"] == 128
-    assert meta["model"]["padded_vocab_size"] == 5120 and meta["parallel"]["tensor_parallel"] == 1
+    assert (
+        meta["model"]["padded_vocab_size"] == 5120
+        and meta["parallel"]["tensor_model_parallel_size"] == 1
+    )
 
 
 def test_bf16_master_weights_resume_exactly(runs, shared_data, data_cache, tmp_path):
@@ -327,6 +330,7 @@ KILLED_DURING_SAVE = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import json
+    from mds_checkpoint.meta import CheckpointMeta
     from mds_train.checkpointing import CheckpointContext, save_checkpoint
     from mds_train.state import TrainingState
 
@@ -340,7 +344,7 @@ KILLED_DURING_SAVE = textwrap.dedent(
 
     context = CheckpointContext(
         engine=Engine(), rank=0, world_size=1, barrier=lambda: None, rng_tracker=None,
-        meta=json.loads(sys.argv[3]),
+        meta=CheckpointMeta.from_json(json.loads(sys.argv[3]), where="argv"),
     )
     save_checkpoint(context, TrainingState(iteration=int(sys.argv[2])), Path(sys.argv[1]))
     """
@@ -351,7 +355,7 @@ def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path)
     def save(iteration: int, kill: bool) -> int:
         env = {**os.environ, "KILL": "1" if kill else "0"}
         command = [sys.executable, "-c", KILLED_DURING_SAVE, str(tmp_path), str(iteration)]
-        command.append(json.dumps(_run_meta()))
+        command.append(json.dumps(_run_meta().to_json()))
         return subprocess.run(command, env=env).returncode
 
     assert save(5, kill=False) == 0
@@ -383,20 +387,18 @@ class _FakeEngine:
         torch.save({"weight": torch.zeros(1 << 16)}, model)
 
 
-def _run_meta() -> dict:
+def _run_meta():
     """A run's description as save_checkpoint reads it (the model, its topology, the tokenizer)."""
-    from mds_checkpoint.source import model_fields
+    from mds_checkpoint.meta import CheckpointMeta, Parallel, model_fields
+    from mds_common.tokenizer_record import TokenizerRecord
     from mds_model import GPTConfig
 
     config = GPTConfig(
         num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=5000, seq_length=64
     )
-    return {
-        "format": "mds-train checkpoint",
-        "model": model_fields(config),
-        "parallel": {"pipeline_parallel": 1},
-        "tokenizer": {},
-    }
+    return CheckpointMeta(
+        model=model_fields(config), parallel=Parallel(), tokenizer=TokenizerRecord()
+    )
 
 
 def _save(engine, save_dir: Path, iteration: int):

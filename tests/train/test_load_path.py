@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mds_checkpoint.meta import CheckpointMeta, Parallel, Progress
 from mds_train.checkpointing import check_compatible, find_checkpoint
 
 
@@ -16,8 +17,8 @@ def checkpoint(save: Path, iteration: int, *, latest: bool = True) -> Path:
     folder = save / f"global_step{iteration}"
     folder.mkdir(parents=True)
     (folder / "mp_rank_00_model_states.pt").write_bytes(b"")
-    meta = {"format": "mds-train checkpoint", "iteration": iteration}
-    (folder / "meta.json").write_text(json.dumps(meta))
+    meta = CheckpointMeta(model={}, parallel=Parallel(), progress=Progress(iteration=iteration))
+    (folder / "meta.json").write_text(json.dumps(meta.to_json()))
     if latest:
         (save / "latest").write_text(folder.name)
     return folder
@@ -27,10 +28,11 @@ def test_a_save_folder_loads_its_latest_and_a_tag_folder_loads_itself(tmp_path):
     save = tmp_path / "ckpt"
     older = checkpoint(save, 3)
     newer = checkpoint(save, 6)
-    assert find_checkpoint(save) == (newer, json.loads((newer / "meta.json").read_text()))
+    path, meta = find_checkpoint(save)
+    assert path == newer and meta.iteration == 6
     for save_dir in (None, tmp_path / "elsewhere", older):
         path, meta = find_checkpoint(older, save_dir=save_dir)
-        assert path == older and meta["iteration"] == 3
+        assert path == older and meta.iteration == 3
 
 
 @pytest.mark.parametrize(
@@ -66,15 +68,14 @@ def test_a_checkpoint_of_another_tp_is_named_as_such(tmp_path):
     _vocab_size_with_padding: a multiple of 128 x TP), so the padded vocabulary differs too; the
     line must name the TP change and how to reshape it, not blame the vocabulary."""
     model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_size": 256}
-    parallel = {"pipeline_parallel": 1, "data_parallel": 1, "zero_stage": 0}
-    saved = {
-        "model": {**model, "padded_vocab_size": 50688},
-        "parallel": {**parallel, "tensor_parallel": 4, "world_size": 4},
-    }
-    run = {
-        "model": {**model, "padded_vocab_size": 50304},
-        "parallel": {**parallel, "tensor_parallel": 1, "world_size": 1},
-    }
+    saved = CheckpointMeta(
+        model={**model, "padded_vocab_size": 50688},
+        parallel=Parallel(tensor_model_parallel_size=4, data_parallel_size=1, world_size=4),
+    )
+    run = CheckpointMeta(
+        model={**model, "padded_vocab_size": 50304},
+        parallel=Parallel(tensor_model_parallel_size=1, data_parallel_size=1, world_size=1),
+    )
     with pytest.raises(ValueError) as error:
         check_compatible(saved, run, path=tmp_path, loads_optimizer=True)
     assert str(error.value) == (
@@ -84,7 +85,7 @@ def test_a_checkpoint_of_another_tp_is_named_as_such(tmp_path):
         "--tensor-model-parallel-size"
     )
     # At the same TP a padded vocabulary of another size is a model flag to match.
-    same_tp = {**saved, "parallel": run["parallel"]}
+    same_tp = saved.replace(parallel=run.parallel)
     with pytest.raises(ValueError, match="padded_vocab_size is 50688 in the checkpoint but 50304"):
         check_compatible(same_tp, run, path=tmp_path, loads_optimizer=True)
 

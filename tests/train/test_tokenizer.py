@@ -62,7 +62,7 @@ def test_vocabulary_of_a_tokenizer_json_goes_into_meta_json(word_tokenizer):
     gpt = config.model.gpt_config(
         vocab_size=vocab.size, tensor_model_parallel_size=1, params_dtype=config.params_dtype
     )
-    meta = run_description(config, topology, gpt, vocab)["tokenizer"]
+    meta = run_description(config, topology, gpt, vocab).to_json()["tokenizer"]
     assert meta["type"] == "PretrainedFromHF" and meta["eod_token"] == "</s>"
     assert meta["tokenizer_file"] == str((word_tokenizer / "tokenizer.json").resolve())
     assert (meta["vocab_size"], meta["eod_id"]) == (5, 4)

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 from mds_common.ignored_flags import MANY
 from mds_train.cli import build_config, main
-from mds_train.megatron_flags import IGNORED, REFUSED, classify
-from mds_train.options import megatron_flags_given
+from mds_train.megatron_flags import IGNORED, REFUSED, classify, megatron_flags_given
 
 from .test_config import parse
 

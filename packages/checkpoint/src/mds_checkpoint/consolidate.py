@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mds_model import GPTConfig
 
 from .arrays import as_tensor
+from .meta import CheckpointMeta
 from .names import WORD_EMBEDDINGS
 from .partition import resize_vocab
 from .source import Source, merged_part, open_source
@@ -31,7 +32,7 @@ class ConsolidatedModel:
     `mds_model.GPT(config).load_state_dict`."""
 
     config: GPTConfig
-    meta: dict[str, Any]
+    meta: CheckpointMeta
     state_dict: dict[str, torch.Tensor]
 
 
@@ -62,7 +63,7 @@ def consolidate(source: Source) -> ConsolidatedModel:
             if name == WORD_EMBEDDINGS:
                 tensor = resize_vocab(tensor, config.padded_vocab_size)
             state_dict[name] = as_tensor(np.ascontiguousarray(tensor))
-    return ConsolidatedModel(config=config, meta=dict(source.meta), state_dict=state_dict)
+    return ConsolidatedModel(config=config, meta=source.meta, state_dict=state_dict)
 
 
 def load_consolidated(path: str | Path, *, iteration: int | None = None) -> ConsolidatedModel:

@@ -35,7 +35,10 @@ def check_model_flags(config: GPTConfig, given: tuple[tuple[str, int], ...]) -> 
     """Megatron model flags of a command line, (GPTConfig field, value), must describe the
     checkpoint's model: the checkpoint says its own shape, a flag may only repeat it."""
     for name, value in given:
-        actual = {"max_position_embeddings": config.max_positions}.get(name)
+        actual = {
+            "max_position_embeddings": config.max_positions,
+            "ffn_hidden_size": config.ffn_size,
+        }.get(name)
         if actual is None:
             actual = getattr(config, name)
         if value != actual:

@@ -40,8 +40,9 @@ from .hf_folder import (
     read_hf_config,
 )
 from .layout import LATEST, tag_for
+from .meta import CheckpointMeta, Parallel
 from .output import check_save_folder, output_meta, target_config, write_meta
-from .source import open_source, tokenizer_record
+from .source import open_source
 from .upstream_state import tokenizer_eod_id
 from .writer import new_save_folder
 
@@ -74,7 +75,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
     source = open_source(config.load, iteration=config.iteration)
     _refuse_non_gpt2(source.config, source.folder)
     model = consolidate(source)
-    tokenizer = _export_tokenizer(config, tokenizer_record(model.meta))
+    tokenizer = _export_tokenizer(config, model.meta.tokenizer_record())
     eos = config.eos_token_id
     if eos is None:
         eos = tokenizer_eod_id(tokenizer)
@@ -173,8 +174,8 @@ def import_hf(config: ImportConfig) -> Path:
         tokenizer = (hf_folder_tokenizer(config.load) or TokenizerRecord()).updated(
             vocab_size=model.vocab_size, eod_id=eos
         )
-        base = {"tokenizer": tokenizer.to_json()}
-        writer.finish({}, tokenizer=tokenizer)
+        base = CheckpointMeta(model={}, parallel=Parallel(), tokenizer=tokenizer)
+        writer.finish(base.progress.to_dict(), tokenizer=base.tokenizer)
         provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
         write_meta(
             folder,

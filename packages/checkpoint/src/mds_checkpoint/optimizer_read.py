@@ -61,7 +61,7 @@ class OptimizerState:
             self._universal = universal.UniversalState(folder)
             self.step = self._universal.step
             self.hyperparameters = self._universal.param_groups
-            self.loss_scaler = (source.meta.get("optimizer") or {}).get("loss_scaler")
+            self.loss_scaler = (source.meta.optimizer or {}).get("loss_scaler")
         elif zero_files:
             self._index_zero(zero_files)
         else:

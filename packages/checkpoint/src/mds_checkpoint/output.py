@@ -17,11 +17,10 @@ from mds_model import GPTConfig
 
 from .consolidate import single_rank_config
 from .layout import LATEST, MEGATRON_TRACKER, META, tracker_tag
-from .source import MDS_FORMAT, PROGRESS_FIELDS, model_fields
+from .meta import CheckpointMeta, Parallel, meta_text, model_fields
 
 TOOL = "mds-merge-mp"
 DISTRIBUTION = "mds-checkpoint"
-CHECKPOINT_VERSION = 1
 
 
 def target_config(config: GPTConfig, *, tensor_parallel: int, pipeline_parallel: int) -> GPTConfig:
@@ -60,21 +59,14 @@ def check_save_folder(save: Path) -> None:
             if json.loads((save / tag / META).read_text()).get("tool") == TOOL:
                 return
         except (OSError, json.JSONDecodeError):
-            pass
+            pass  # not an output of ours
     raise ValueError(
         f"--save {save}: folder exists and was not written by {TOOL}; choose a new folder"
     )
 
 
-def progress_of(meta: dict[str, Any]) -> dict[str, int | None]:
-    progress = {name: int(meta.get(name) or 0) for name in PROGRESS_FIELDS}
-    if meta.get("lr_warmup_end_tokens") is None:
-        progress["lr_warmup_end_tokens"] = None  # none recorded: not a count of 0
-    return progress
-
-
 def output_meta(
-    base: dict[str, Any],
+    base: CheckpointMeta,
     config: GPTConfig,
     *,
     pipeline_parallel: int,
@@ -82,31 +74,28 @@ def output_meta(
     reshaped: dict[str, Any],
     optimizer: dict[str, Any] | None,
     layout: str = "mds",
-) -> dict[str, Any]:
+) -> CheckpointMeta:
     """meta.json of the output: the source's description with this model, topology and records."""
     tp = config.tensor_model_parallel_size
-    meta = {key: value for key, value in base.items() if key not in PROGRESS_FIELDS}
-    meta.update(
-        format=MDS_FORMAT,
-        checkpoint_version=CHECKPOINT_VERSION,
+    return base.replace(
         tool=TOOL,
         version=distribution_version(DISTRIBUTION),
         versions={name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")},
         model=model_fields(config),
-        parallel={
-            "world_size": tp * pipeline_parallel,
-            "tensor_parallel": tp,
-            "pipeline_parallel": pipeline_parallel,
-            "data_parallel": 1,
-            "zero_stage": 0,
-            "engine": _engine(layout, pipeline_parallel),
-        },
+        parallel=Parallel(
+            world_size=tp * pipeline_parallel,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pipeline_parallel,
+            data_parallel_size=1,
+            zero_stage=0,
+            engine=_engine(layout, pipeline_parallel),
+        ),
         precision=config.params_dtype,
+        tag=tag,
+        layout=layout,
+        reshaped=reshaped,
+        optimizer=optimizer,
     )
-    meta.setdefault("tokenizer", None)
-    meta.update(progress_of(base))
-    meta.update(tag=tag, layout=layout, reshaped=reshaped, optimizer=optimizer)
-    return meta
 
 
 def _engine(layout: str, pipeline_parallel: int) -> str:
@@ -117,5 +106,5 @@ def _engine(layout: str, pipeline_parallel: int) -> str:
     return "pipeline" if pipeline_parallel > 1 or layout == "bigscience" else "plain"
 
 
-def write_meta(folder: Path, meta: dict[str, Any]) -> None:
-    (folder / META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+def write_meta(folder: Path, meta: CheckpointMeta) -> None:
+    (folder / META).write_text(meta_text(meta))

@@ -29,12 +29,11 @@ from .optimizer_read import OptimizerState
 from .output import (
     check_save_folder,
     output_meta,
-    progress_of,
     target_config,
     write_meta,
 )
 from .partition import BufferPool
-from .source import Source, merged_part, open_source, tokenizer_record
+from .source import Source, merged_part, open_source
 from .writer import new_save_folder, write_trackers
 
 logger = logging.getLogger(__name__)
@@ -112,9 +111,9 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
             meter.close()
         current = {}
         writer.finish(
-            progress_of(source.meta),
-            tokenizer=tokenizer_record(source.meta),
-            lr_schedule=source.meta.get("lr_schedule"),
+            source.meta.progress.to_dict(),
+            tokenizer=source.meta.tokenizer_record(),
+            lr_schedule=source.meta.lr_schedule,
         )
         optimizer_record = None
         if optimizer is not None:
@@ -171,7 +170,7 @@ def _provenance(source: Source) -> dict:
     return {
         "from": str(source.folder.resolve()),
         "layout": source.layout,
-        "tensor_parallel": source.tp_size,
-        "pipeline_parallel": source.pp_size,
+        "tensor_model_parallel_size": source.tp_size,
+        "pipeline_model_parallel_size": source.pp_size,
         "rng_states": False,  # per-rank RNG states do not carry over to another topology
     }

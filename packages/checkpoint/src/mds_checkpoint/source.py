@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
 from . import ptfile
-from .describe import config_from_megatron_args, config_from_meta
+from .describe import config_from_megatron_args
 from .engine_names import megatron_to_plain, pipeline_to_plain
 from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE
 from .locate import locate_checkpoint
+from .meta import CheckpointMeta, Parallel, Progress, model_fields, read_meta
 from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
 from .sources import (
@@ -37,20 +37,6 @@ from .sources import (
 )
 from .upstream_state import scheduler_progress
 
-MEGATRON_TOKENIZER = "megatron_tokenizer"  # meta's record of Megatron args' tokenizer fields
-MDS_FORMAT = "mds-train checkpoint"
-PROGRESS_FIELDS = (
-    "iteration",
-    "consumed_train_samples",
-    "consumed_valid_samples",
-    "consumed_train_tokens",
-    "lr_samples",
-    "lr_tokens",
-    "lr_warmup_end_tokens",  # None until a warmup in samples ends (a decay in tokens reads it)
-    "skipped_iterations",
-    "nan_iterations",
-)
-
 
 @dataclass(frozen=True)
 class Source:
@@ -61,13 +47,13 @@ class Source:
     config: GPTConfig
     tp_size: int
     pp_size: int
-    meta: dict[str, Any]
+    meta: CheckpointMeta
     reader: Any  # sources.LayerFiles | PlainEngineFiles | MegatronFiles | zero3.Zero3Files
     qkv_order: str = QKV_PER_HEAD  # of the files' query_key_value rows (sources.qkv_order)
 
     @property
     def iteration(self) -> int:
-        return int(self.meta.get("iteration") or 0)
+        return self.meta.iteration
 
     def plain_name(self, engine_name: str) -> str:
         """The plain GPT name of a parameter as the source's DeepSpeed engine named it (in its
@@ -89,19 +75,6 @@ class Source:
         return part_names(self.config.num_layers)
 
 
-def _read_meta(folder: Path) -> dict[str, Any] | None:
-    path = folder / META
-    if not path.is_file():
-        return None
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if meta.get("format") != MDS_FORMAT or "model" not in meta or "parallel" not in meta:
-        raise ValueError(f"{path}: not an mds-train checkpoint description")
-    return meta
-
-
 def vocabulary_info(state: dict[str, Any]) -> dict | None:
     """Where a Megatron file records the tokenizer's unpadded vocabulary size: bigscience's
     `checkpoint_info`, else DeepSpeed's `universal_checkpoint_info` (which deepspeedai/
@@ -113,39 +86,43 @@ def vocabulary_info(state: dict[str, Any]) -> dict | None:
     return None
 
 
-def _megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -> dict:
-    """meta.json's shape for a checkpoint that has none (Megatron, Megatron-DeepSpeed)."""
+def megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -> CheckpointMeta:
+    """The description of a checkpoint that has no meta.json (Megatron, Megatron-DeepSpeed),
+    from one of its rank files."""
     args = state.get("args")
     iteration = state.get("iteration", state.get("global_steps", 0))
+    samples = int(getattr(args, "consumed_train_samples", 0) or 0)
     progress = {
         "iteration": int(iteration) if str(iteration).isdigit() else 0,
-        "consumed_train_samples": int(getattr(args, "consumed_train_samples", 0) or 0),
+        "consumed_train_samples": samples,
         "consumed_valid_samples": int(getattr(args, "consumed_valid_samples", 0) or 0),
         "consumed_train_tokens": int(state.get("tokens", 0) or 0),
-    }
-    progress["lr_samples"] = progress["consumed_train_samples"]
-    meta = {
-        "model": model_fields(config),
-        "parallel": {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": None},
-        "precision": config.params_dtype,
-        "tokenizer": None,
-        **progress,
+        "lr_samples": samples,
     }
     # The scheduler's state_dict (DeepSpeed's `lr_scheduler`, Megatron's `opt_param_scheduler`)
-    # under meta.json's `lr_schedule`, where mds-train records its own and checks a resume.
+    # as meta.json's `lr_schedule`, where mds-train records its own and checks a resume.
     schedule = state.get("lr_scheduler") or state.get("opt_param_scheduler")
+    lr_schedule = None
     if isinstance(schedule, dict):
-        meta["lr_schedule"] = {key: _plain(value) for key, value in schedule.items()}
+        lr_schedule = {key: _plain(value) for key, value in schedule.items()}
         # Its counters are the schedule's progress (consumed samples count skipped steps too).
-        meta.update(scheduler_progress(meta["lr_schedule"]))
+        progress.update(scheduler_progress(lr_schedule))
+    megatron_tokenizer = None
     if getattr(args, "tokenizer_type", None):
-        meta[MEGATRON_TOKENIZER] = TokenizerRecord.of(
+        megatron_tokenizer = TokenizerRecord.of(
             type=args.tokenizer_type,
             vocab_file=getattr(args, "vocab_file", None),
             merge_file=getattr(args, "merge_file", None),
             vocab_size=config.vocab_size,
-        ).to_json()
-    return meta
+        )
+    return CheckpointMeta(
+        model=model_fields(config),
+        parallel=Parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+        precision=config.params_dtype,
+        progress=Progress.from_dict(progress),
+        megatron_tokenizer=megatron_tokenizer,
+        lr_schedule=lr_schedule,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -153,32 +130,14 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def tokenizer_record(meta: dict[str, Any]) -> TokenizerRecord:
-    """The tokenizer a checkpoint names: meta.json's `tokenizer` (mds-train records its files and
-    end-of-document id), else what Megatron's args say (`tokenizer_type`, `vocab_file`,
-    `merge_file`, as the run was given them); an empty record when neither."""
-    return TokenizerRecord.from_json(meta.get("tokenizer") or meta.get(MEGATRON_TOKENIZER) or {})
-
-
-def model_fields(config: GPTConfig) -> dict[str, Any]:
-    """meta.json's `model`: every GPTConfig field and the derived sizes (as mds-train writes)."""
-    fields = dataclasses.asdict(config)
-    fields.update(
-        ffn_size=config.ffn_size,
-        padded_vocab_size=config.padded_vocab_size,
-        max_positions=config.max_positions,
-    )
-    return fields
-
-
 def _deepspeed_source(folder: Path) -> Source:
     names = [p.name for p in folder.iterdir()]
     mp_files = sorted(n for n in names if MP_RANK_FILE.fullmatch(n))
     has_layers = any(LAYER_FILE.fullmatch(n) for n in names)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     if meta is not None:
-        config = config_from_meta(meta["model"], where=str(folder / META))
-        tp, pp = meta["parallel"]["tensor_parallel"], meta["parallel"]["pipeline_parallel"]
+        config = meta.config(where=str(folder / META))
+        tp, pp = meta.tensor_model_parallel_size, meta.pipeline_model_parallel_size
         order = QKV_PER_HEAD
     else:
         if not mp_files:
@@ -197,7 +156,7 @@ def _deepspeed_source(folder: Path) -> Source:
             tensor_parallel=tp,
             where=str(folder / mp_files[0]),
         )
-        meta = _megatron_meta(state, config, tp, pp)
+        meta = megatron_meta(state, config, tp, pp)
         order = qkv_order(state, where=str(folder / mp_files[0]))
     heads = config.num_attention_heads
     if has_layers:
@@ -208,7 +167,7 @@ def _deepspeed_source(folder: Path) -> Source:
                 f"{folder}: layer files for {reader.tp_size} tensor-parallel ranks, the "
                 f"description says {tp}"
             )
-    elif meta.get("parallel", {}).get("zero_stage") == 3:
+    elif meta.parallel.zero_stage == 3:
         from .zero3 import Zero3Files
 
         reader = Zero3Files(folder, tp_size=tp, config=config)
@@ -244,7 +203,7 @@ def _megatron_source(folder: Path) -> Source:
             "in Megatron's args"
         )
     # mds-merge-mp's --target-layout megatron leaves its meta.json beside (tokenizer, progress)
-    meta = _read_meta(folder) or _megatron_meta(state, config, reader.tp_size, reader.pp_size)
+    meta = read_meta(folder) or megatron_meta(state, config, reader.tp_size, reader.pp_size)
     return Source(
         folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader,
         qkv_order=reader.qkv_order,

@@ -28,6 +28,8 @@ from mds_model.pipe_numbering import EMBEDDING_INDEX, pipe_numbering
 from . import ptfile
 from .arrays import as_tensor, to_float32
 from .engine_names import TIED_PREFIX, megatron_to_plain, pipeline_to_plain
+from .layout import CLIENT_KEY
+from .meta import CheckpointMeta
 from .names import split_of
 from .partition import resize_vocab, shard_for_rank
 
@@ -179,14 +181,15 @@ class UniversalState:
         }
 
 
-def universal_meta(folder: Path) -> dict[str, Any]:
+def universal_meta(folder: Path) -> CheckpointMeta:
     """meta.json's shape for a universal checkpoint folder without one (DeepSpeed's
     ds_to_universal output: the source's mp_rank files and `zero/`): the model and progress from
     the first mp_rank file's `args` and upstream keys, mds-train's progress record where the
     source was mds-train's."""
     from .describe import config_from_megatron_args
     from .layout import MP_RANK_FILE
-    from .source import MDS_FORMAT, _megatron_meta, vocabulary_info
+    from .meta import Progress
+    from .source import megatron_meta, vocabulary_info
 
     files = sorted(p for p in folder.iterdir() if MP_RANK_FILE.fullmatch(p.name))
     if not files:
@@ -202,9 +205,9 @@ def universal_meta(folder: Path) -> dict[str, Any]:
     config = config_from_megatron_args(
         args, checkpoint_info=vocabulary_info(state), tensor_parallel=tp, where=str(files[0])
     )
-    meta = _megatron_meta(state, config, tp, pp)
-    client = state.get("mds_train")
+    meta = megatron_meta(state, config, tp, pp)
+    client = state.get(CLIENT_KEY)
     if isinstance(client, dict) and isinstance(client.get("state"), dict):
-        meta.update({k: v for k, v in client["state"].items() if v is not None})
-    meta.update(format=MDS_FORMAT, optimizer={"layout": "universal", "folder": FOLDER})
-    return meta
+        recorded = {k: v for k, v in client["state"].items() if v is not None}
+        meta = meta.replace(progress=Progress.from_dict({**meta.progress.to_dict(), **recorded}))
+    return meta.replace(optimizer={"layout": "universal", "folder": FOLDER})

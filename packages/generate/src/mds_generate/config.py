@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_tokenize.interface import TOKENIZER_TYPES, TokenizerSpec
+from mds_checkpoint.flags import CheckedShapeFlags, LoadFlags
+from mds_common.flags import flag, restate
+from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
+from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF, TOKENIZER_TYPES, TokenizerSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("prompt", "input-file", "unconditional", "interactive")
@@ -48,6 +51,61 @@ class ModelSource:
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class SourceFlags(CheckedShapeFlags, TokenizerFlags, LoadFlags):
+    """The flags that say which model runs and how: a ModelSource."""
+
+    load: Path = restate(
+        LoadFlags, "load", note="Or a Hugging Face GPT-2 folder (config.json, safetensors)."
+    )
+    # Unset: the checkpoint's tokenizer (a lone --tokenizer-type is checked against it).
+    tokenizer_type: str | None = restate(
+        TokenizerFlags, "tokenizer_type", default=None, shown_default="the checkpoint's tokenizer"
+    )
+    device: str = flag(
+        "--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)."
+    )
+    dtype: str = flag(
+        "--dtype",
+        default="auto",
+        help="auto (float32 on CPU, the checkpoint's half precision on a GPU), "
+        "float32, bfloat16 or float16.",
+    )
+    bf16: bool = flag("--bf16", default=False, help="Megatron's flag: --dtype bfloat16.")
+    fp16: bool = flag("--fp16", default=False, help="Megatron's flag: --dtype float16.")
+
+    def tokenizer(self) -> TokenizerSpec | None:
+        """The tokenizer the flags name, or None when they name no files (then the checkpoint's
+        is used, and a lone --tokenizer-type is checked against it); a misplaced flag exits 2."""
+        kind = self.tokenizer_type
+        if not self.names_files:
+            if kind not in (None, GPT2_BPE, PRETRAINED_FROM_HF):
+                tokenizer_spec(TokenizerFlags(tokenizer_type=kind))  # the usage error
+            return None
+        if kind is None:
+            kind = GPT2_BPE if self.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
+        return tokenizer_spec(dataclasses.replace(self, tokenizer_type=kind))
+
+    def model_source(self, *, cuda_graphs: bool = True) -> ModelSource:
+        dtype = self.dtype
+        if self.bf16 and self.fp16:
+            raise ValueError("--bf16 and --fp16 exclude each other")
+        if self.bf16 or self.fp16:
+            if dtype not in ("auto", "bfloat16" if self.bf16 else "float16"):
+                raise ValueError(f"--{'bf16' if self.bf16 else 'fp16'} contradicts --dtype {dtype}")
+            dtype = "bfloat16" if self.bf16 else "float16"
+        return ModelSource(
+            load=self.load,
+            iteration=self.iteration,
+            tokenizer=self.tokenizer(),
+            tokenizer_type=self.tokenizer_type,
+            device=self.device,
+            dtype=dtype,
+            cuda_graphs=cuda_graphs,
+            expected_shape=self.given_shape(),
+        )
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen from the logits of the real vocabulary (padding dropped).
@@ -56,13 +114,21 @@ class SamplingConfig:
     top-p and a draw (Megatron's order for the last three).
     """
 
-    greedy: bool = False
-    temperature: float = 1.0
-    top_k: int = 0  # 0: off
-    top_p: float = 0.0  # 0: off (Megatron's default)
-    repetition_penalty: float = 1.0  # 1: off
-    frequency_penalty: float = 0.0  # 0: off
-    seed: int = 1234
+    greedy: bool = flag("--greedy", default=False, help="Argmax instead of sampling.")
+    temperature: float = flag("--temperature", default=1.0, help="Logits are divided by it.")
+    top_k: int = flag("--top-k", default=0, help="Keep the k most likely tokens (0: off).")
+    top_p: float = flag(  # 0: off (Megatron's default)
+        "--top-p", default=0.0, help="Nucleus: smallest set reaching probability p (0: off)."
+    )
+    repetition_penalty: float = flag(
+        "--repetition-penalty", default=1.0, help="CTRL's penalty on tokens already seen (1: off)."
+    )
+    frequency_penalty: float = flag(
+        "--frequency-penalty",
+        default=0.0,
+        help="Subtracted per earlier occurrence in the completion (0: off).",
+    )
+    seed: int = flag("--seed", default=1234, help="Seed of the draws: same seed, same samples.")
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -85,11 +151,21 @@ class SamplingConfig:
 class GenerationConfig:
     """When a completion ends, and how its logits are computed."""
 
-    max_new_tokens: int = 1024
-    stop: tuple[str, ...] = ()
-    stop_at_eod: bool = True
-    recompute: bool = False  # full forward each step (no KV cache): the cache's check
-    context_length: int | None = None  # None: the model's max positions
+    max_new_tokens: int = flag(
+        "--max-new-tokens", "--out-seq-length", default=1024, help="New tokens at most."
+    )
+    stop: tuple[str, ...] = flag(
+        "--stop", multiple=True, default=(), help="End a completion at any of these strings."
+    )
+    stop_at_eod: bool = flag(
+        "--ignore-eod", default=True, negates=True, help="Do not stop at end-of-document."
+    )
+    recompute: bool = flag(  # no KV cache: the cache's check
+        "--recompute", default=False, help="No KV cache: full forward each step (check)."
+    )
+    context_length: int | None = flag(  # None: the model's max positions
+        "--seq-length", help="Context window; default: the model's. Must not exceed it."
+    )
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -102,7 +178,7 @@ class GenerationConfig:
             raise ValueError(f"--seq-length must be >= 2, got {self.context_length}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampleConfig:
     """The sampling command: one of four modes, chosen by the flags given."""
 
@@ -110,13 +186,21 @@ class SampleConfig:
     sampling: SamplingConfig
     generation: GenerationConfig
     mode: str
-    prompt: str | None = None
-    sample_input_file: Path | None = None
-    sample_output_file: Path | None = None
-    num_samples: int = 0
-    genfile: Path | None = None
-    micro_batch_size: int = 8
-    log_interval: int = 100
+    prompt: str | None = flag("--prompt", help="One prompt; the completion streams.")
+    sample_input_file: Path | None = flag(
+        "--sample-input-file", help="One prompt per line, every line (JSON lines out)."
+    )
+    sample_output_file: Path | None = flag(
+        "--sample-output-file", help="JSON lines out; default: {sample-input-file}.out."
+    )
+    num_samples: int = flag(
+        "--num-samples", default=0, help="Unconditional samples to write to --genfile (0: off)."
+    )
+    genfile: Path | None = flag("--genfile", help="Unconditional samples, JSON lines.")
+    micro_batch_size: int = flag(
+        "--micro-batch-size", "--batch-size", default=8, help="Rows run together."
+    )
+    log_interval: int = flag("--log-interval", default=100, help="Batches between timing lines.")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -140,18 +224,38 @@ class SampleConfig:
         return self.sample_output_file or Path(f"{self.sample_input_file}.out")
 
 
-@dataclass(frozen=True)
+def _one_file(paths: tuple[Path, ...]) -> Path:
+    if len(paths) != 1:
+        raise ValueError(f"--valid-data takes exactly one file, got {len(paths)}")
+    return paths[0]
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     """Zero-shot evaluation (Megatron's `tasks/main.py --task WIKITEXT103 | LAMBADA`)."""
 
     source: ModelSource
-    task: str
-    valid_data: Path
-    seq_length: int | None = None  # None: the model's
-    overlapping_eval: int = 32
-    strict_lambada: bool = False
-    micro_batch_size: int = 8
-    log_interval: int = 10
+    task: str = flag(
+        "--task", required=True, parse=str.lower, help="WIKITEXT103 or LAMBADA (any case)."
+    )
+    valid_data: Path = flag(
+        "--valid-data",
+        multiple=True,
+        required=True,
+        parse=_one_file,
+        help="WikiText-103 test file (word level), or LAMBADA jsonl ('text').",
+    )
+    seq_length: int | None = restate(GenerationConfig, "context_length")  # None: the model's
+    overlapping_eval: int = flag(
+        "--overlapping-eval",
+        default=32,
+        help="WikiText windows start every N tokens; each scores its last N.",
+    )
+    strict_lambada: bool = flag(
+        "--strict-lambada", default=False, help="Score the whole last word (papers' figure)."
+    )
+    micro_batch_size: int = restate(SampleConfig, "micro_batch_size")
+    log_interval: int = flag("--log-interval", default=10, help="Batches between progress lines.")
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -49,7 +49,9 @@ class LoadedModel:
     tokenizer: Tokenizer
     device: torch.device
     kind: str  # "mds" or "hf"
-    meta: dict[str, Any]  # an mds checkpoint's meta.json ({} for a Hugging Face folder)
+    # An mds checkpoint's description (mds_checkpoint.meta.CheckpointMeta); None for a Hugging
+    # Face folder.
+    meta: Any
     inputs: tuple[Path, ...]  # what was read: the checkpoint, the tokenizer's files
 
 
@@ -93,13 +95,13 @@ def _read_checkpoint(source: ModelSource):
         raise ValueError(f"--load {path}: no such checkpoint folder")
     if is_hf_folder(path):
         config, state_dict, dtype = _read_hf_folder(path)
-        return "hf", config, state_dict, {}, dtype
+        return "hf", config, state_dict, None, dtype
     try:
         from mds_checkpoint import load_consolidated
     except ImportError:  # pragma: no cover - a broken install
         raise ValueError("reading mds checkpoints needs the mds-checkpoint package") from None
     whole = load_consolidated(path, iteration=source.iteration)
-    return "mds", whole.config, whole.state_dict, whole.meta, whole.meta.get("precision")
+    return "mds", whole.config, whole.state_dict, whole.meta, whole.meta.precision
 
 
 def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str | None]:
@@ -120,12 +122,7 @@ def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str
 TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
 
 
-def recorded_tokenizer(meta: dict) -> TokenizerRecord:
-    """An mds checkpoint's meta.json `tokenizer` (empty for a Hugging Face folder's {})."""
-    return TokenizerRecord.from_json(meta.get("tokenizer") or {})
-
-
-def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
+def tokenizer_spec(source: ModelSource, kind: str, recorded: TokenizerRecord) -> TokenizerSpec:
     """The flags' tokenizer, else the one the checkpoint names: a Hugging Face folder's
     tokenizer.json (else its vocab.json + merges.txt), an mds checkpoint's meta.json `tokenizer`."""
     if source.tokenizer is not None:
@@ -133,7 +130,7 @@ def tokenizer_spec(source: ModelSource, kind: str, meta: dict) -> TokenizerSpec:
     if kind == "hf":
         spec = _hf_folder_tokenizer(source.load)
     else:
-        spec = _recorded_tokenizer(source.load, recorded_tokenizer(meta))
+        spec = _recorded_tokenizer(source.load, recorded)
     if source.tokenizer_type not in (None, spec.tokenizer_type):
         raise ValueError(
             f"--tokenizer-type {source.tokenizer_type}, but {source.load} was trained with a "
@@ -205,12 +202,13 @@ def load(source: ModelSource) -> LoadedModel:
     device = resolve_device(source.device)
     kind, config, state_dict, meta, saved_dtype = _read_checkpoint(source)
     check_model_flags(config, source.expected_shape)
-    spec = tokenizer_spec(source, kind, meta)
+    recorded = (meta.tokenizer if meta is not None else None) or TokenizerRecord()
+    spec = tokenizer_spec(source, kind, recorded)
     tokenizer = load_tokenizer(spec)
     check_vocabulary(
         tokenizer,
         config,
-        recorded_tokenizer(meta),
+        recorded,
         name=tokenizer_name(spec),
         compare_files=None if source.tokenizer is None else f"--load {source.load}",
     )

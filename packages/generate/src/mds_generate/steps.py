@@ -10,7 +10,7 @@ themselves); the generation loop (engine.py) is the same for both.
 from __future__ import annotations
 
 import torch
-from mds_model import GPT, StaticKVCache
+from mds_model import GPT, Decoder, StaticKVCache
 
 from .cpu_head import CpuLmHead
 
@@ -38,6 +38,7 @@ class CachedSteps:
         self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
     ) -> None:
         self.model, self.device = model, device
+        self.decoder = Decoder(model)  # the fused decoding paths, over the model's parameters
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         if compile and model.config.use_fused_kernels:
             raise ValueError(
@@ -73,7 +74,7 @@ class CachedSteps:
         tokens = pad_rows(prompts, width=width, pad=pad, device=self.device)
         positions = torch.arange(width, device=self.device).expand(batch, width)
         if self.cpu_head is not None:
-            hidden = self.model.decode_static_hidden(
+            hidden = self.decoder.decode_static_hidden(
                 tokens,
                 positions=positions,
                 cache=self.cache,
@@ -81,10 +82,10 @@ class CachedSteps:
                 num_slots=width,
             )
             return self._head(hidden[:, 0], greedy=greedy)
-        logits = self.model.decode_static(
+        hidden = self.decoder.decode_static_hidden(
             tokens, positions=positions, cache=self.cache, output_index=lengths - 1
         )
-        return logits[:, 0]
+        return self.decoder.lm_head(hidden)[:, 0]
 
     def next(
         self, tokens: torch.Tensor, positions: torch.Tensor, *, greedy: bool = False
@@ -94,10 +95,10 @@ class CachedSteps:
         if self.cpu_head is None:
             return self.step(tokens, positions)
         if self.compiled is not None:
-            hidden = self.compiled(self.model, tokens[:, None], positions[:, None], self.cache)
+            hidden = self.compiled(self.decoder, tokens[:, None], positions[:, None], self.cache)
             return self._head(hidden, greedy=greedy)
         # Reading the largest position is free on CPU; the slots past it are never seen.
-        hidden = self.model.decode_static_hidden(
+        hidden = self.decoder.decode_static_hidden(
             tokens[:, None],
             positions=positions[:, None],
             cache=self.cache,
@@ -121,7 +122,7 @@ class CachedSteps:
         step = None  # CPU: `next` runs the step itself, over the slots or compiled
         if self.cpu_head is None:
             step = _OneTokenStep(
-                self.model,
+                self.decoder,
                 cache,
                 cuda_graph=self.cuda_graphs,
                 function=self.compiled or _decode_one,
@@ -130,22 +131,26 @@ class CachedSteps:
         return cache, step
 
 
-def _decode_one(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+def _decode_one(decoder: Decoder, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
     """(B, 1) tokens at (B, 1) positions -> logits (B, V)."""
-    return model.decode_static(tokens, positions=positions, cache=cache)[:, 0]
+    hidden = decoder.decode_static_hidden(tokens, positions=positions, cache=cache)
+    return decoder.lm_head(hidden)[:, 0]
 
 
-def _decode_one_hidden(model: GPT, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
+def _decode_one_hidden(decoder: Decoder, tokens, positions, cache: StaticKVCache) -> torch.Tensor:
     """(B, 1) tokens at (B, 1) positions -> the head's input (B, H)."""
-    return model.decode_static_hidden(tokens, positions=positions, cache=cache)[:, 0]
+    return decoder.decode_static_hidden(tokens, positions=positions, cache=cache)[:, 0]
 
 
 class _OneTokenStep:
-    """`GPT.decode_static` of one token per row; on CUDA captured as a CUDA graph on its first
-    call (static input buffers, replayed each step: no per-kernel launch cost)."""
+    """`Decoder.decode_static_hidden` and the LM head of one token per row; on CUDA captured as
+    a CUDA graph on its first call (static input buffers, replayed each step: no per-kernel
+    launch cost)."""
 
-    def __init__(self, model: GPT, cache: StaticKVCache, *, cuda_graph: bool, function) -> None:
-        self.model, self.cache, self.function = model, cache, function
+    def __init__(
+        self, decoder: Decoder, cache: StaticKVCache, *, cuda_graph: bool, function
+    ) -> None:
+        self.decoder, self.cache, self.function = decoder, cache, function
         self.cuda_graph, self.graph = cuda_graph, None
 
     def _capture(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
@@ -156,16 +161,16 @@ class _OneTokenStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # compilation, Triton autotuning and cuBLAS workspaces happen here
-                self.function(self.model, self.tokens, self.positions, self.cache)
+                self.function(self.decoder, self.tokens, self.positions, self.cache)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self.function(self.model, self.tokens, self.positions, self.cache)
+            self.logits = self.function(self.decoder, self.tokens, self.positions, self.cache)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         tokens, positions = tokens[:, None], positions[:, None]
         if not self.cuda_graph:
-            return self.function(self.model, tokens, positions, self.cache)
+            return self.function(self.decoder, tokens, positions, self.cache)
         if self.graph is None:
             self._capture(tokens, positions)
         else:

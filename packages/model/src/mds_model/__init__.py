@@ -24,7 +24,7 @@ from .estimate import (
 )
 
 if TYPE_CHECKING:
-    from .attention import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
+    from .decoding import Decoder, KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
     from .gpt import GPT, lm_losses, masked_mean
     from .hf import (
         from_hf_gpt2_parts,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .rng import RNGStatesTracker, model_parallel_seed
 
 _LAZY = {
-    "attention": ("KVCache", "LayerKVCache", "StaticKVCache", "StaticLayerCache"),
+    "decoding": ("Decoder", "KVCache", "LayerKVCache", "StaticKVCache", "StaticLayerCache"),
     "gpt": ("GPT", "lm_losses", "masked_mean"),
     "hf": (
         "from_hf_gpt2_parts",
@@ -52,6 +52,7 @@ _LAZY = {
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = [
+    "Decoder",
     "GPT",
     "GPTConfig",
     "KVCache",

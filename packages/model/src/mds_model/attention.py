@@ -5,8 +5,8 @@ QKV comes out of one column-parallel linear laid out per partition as `[heads/TP
 precision), else `scaled_dot_product_attention`, else (ALiBi, or cached queries shorter than keys)
 explicit scores through the kernel API's scaled masked softmax. Rotary follows GPT-NeoX's
 rotate-half over the whole head; ALiBi slopes follow Press et al. and BS, sliced per TP partition.
-Two decoding caches: `KVCache` grows by concatenation, `StaticKVCache` is preallocated with
-per-row positions (ragged batches, CUDA graphs).
+Decoding with a KV cache (`mds_model.decoding`) builds on `project_qkv`, `attend` and
+`project_out`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from . import kernels
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, RowParallelLinear, decode_linear
+from .layers import ColumnParallelLinear, RowParallelLinear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint
 
@@ -28,133 +28,6 @@ try:  # optional dependency: only used on CUDA with fp16/bf16
     from flash_attn import flash_attn_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
-
-
-class LayerKVCache:
-    """One layer's keys and values of the positions decoded so far, each (B, heads/TP, S, hd)."""
-
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    @property
-    def num_positions(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Appends the new positions' keys and values; returns all of them, past and new."""
-        if self.keys is not None:
-            keys = torch.cat((self.keys, keys), dim=2)
-            values = torch.cat((self.values, values), dim=2)
-        self.keys, self.values = keys, values
-        return keys, values
-
-
-class KVCache:
-    """The whole model's cache for `GPT.decode`: one `LayerKVCache` per transformer layer.
-
-    Starts empty; each decode call appends its tokens' keys and values, and the next call's
-    positions continue at `num_positions`.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.layers = [LayerKVCache() for _ in range(num_layers)]
-
-    @property
-    def num_positions(self) -> int:
-        return self.layers[0].num_positions if self.layers else 0
-
-
-class StaticLayerCache:
-    """One layer's preallocated keys and values, `kv` (2, B, heads/TP, max_length, head_dim);
-    `keys` and `values` are its two halves.
-
-    Row b's token at position p lives in slot p (per-row positions, no left padding): a batch
-    of prompts of different lengths is right-padded, and each row writes and reads its own slots.
-    Writes are in place (shapes never change: CUDA graphs can replay them).
-    """
-
-    def __init__(self, kv: torch.Tensor) -> None:
-        self.kv = kv
-        self.keys, self.values = kv[0], kv[1]
-
-    def write(
-        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stores keys, values (B, nh, S_new, hd) at the slots `positions` (B, S_new); returns the
-        whole keys and values (B, nh, max_length, hd)."""
-        return self.write_kv(torch.stack((keys, values)), positions)
-
-    def write_kv(
-        self, kv: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`write` of keys and values stacked as kv (2, B, nh, S_new, hd) (any strides, such as a
-        view of the QKV projection): one scatter for both."""
-        index = positions[None, :, None, :, None].expand_as(kv)
-        self.kv.scatter_(3, index, kv.to(self.kv.dtype))
-        return self.keys, self.values
-
-
-class StaticKVCache:
-    """The whole model's preallocated cache for `GPT.decode_static`: one `StaticLayerCache` per
-    layer, `batch_size` rows of `max_length` positions, allocated once (a fixed memory address
-    for CUDA graphs and torch.compile).
-
-    A query at position p sees the slots 0..p of its row (`visibility`): slots past a row's
-    prompt hold padding or the last call's tokens until that row writes them, and are never
-    read before.
-    """
-
-    def __init__(
-        self,
-        config: GPTConfig,
-        *,
-        batch_size: int,
-        max_length: int,
-        tensor_parallel_size: int = 1,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        if not 1 <= max_length <= config.max_positions:
-            raise ValueError(
-                f"max_length must be in 1..{config.max_positions} (max_position_embeddings), "
-                f"got {max_length}"
-            )
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        shape = (
-            2,
-            batch_size,
-            config.num_attention_heads // tensor_parallel_size,
-            max_length,
-            config.head_dim,
-        )
-        dtype = dtype or config.torch_dtype
-        self.batch_size, self.max_length, self.dtype = batch_size, max_length, dtype
-        self.layers = [
-            StaticLayerCache(torch.zeros(shape, device=device, dtype=dtype))
-            for _ in range(config.num_layers)
-        ]
-        self._slots = torch.arange(max_length, device=device)
-
-    def visibility(self, positions: torch.Tensor, *, num_slots: int | None = None) -> torch.Tensor:
-        """positions (B, S_new) -> attention mask (B, 1, S_new, num_slots or max_length):
-        slot <= position."""
-        slots = self._slots if num_slots is None else self._slots[:num_slots]
-        return slots.view(1, 1, 1, -1) <= positions[:, None, :, None]
-
-    def attention_bias(
-        self, positions: torch.Tensor, *, num_slots: int | None = None
-    ) -> torch.Tensor:
-        """`visibility` as an additive mask in the cache's dtype (0 where seen, -inf elsewhere),
-        built once per step for every layer (a boolean mask is converted again by each call).
-        Its last dimension says how many slots the attention reads (`GPT.decode_static_hidden`'s
-        num_slots)."""
-        if num_slots is not None and not 1 <= num_slots <= self.max_length:
-            raise ValueError(f"num_slots must be in 1..{self.max_length}, got {num_slots}")
-        visible = self.visibility(positions, num_slots=num_slots)
-        bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
-        return bias.masked_fill_(~visible, float("-inf"))
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -252,71 +125,18 @@ class ParallelSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (S, B, H) [or its (S/TP, B, H) sequence-parallel slice] -> the same shape."""
-        q, k, v = self._qkv(x, position_offset=0)
+        q, k, v = self.project_qkv(x)
         if self.config.activation_checkpointing == "selective" and self.training:
-            context = checkpoint(self._core, q, k, v, rng_tracker=self.rng_tracker)
+            context = checkpoint(self.attend, q, k, v, rng_tracker=self.rng_tracker)
         else:
-            context = self._core(q, k, v)
-        return self._project(context)
+            context = self.attend(q, k, v)
+        return self.project_out(context)
 
-    def decode(self, x: torch.Tensor, *, cache: LayerKVCache) -> torch.Tensor:
-        """x (S_new, B, H) at positions cache.num_positions onwards -> (S_new, B, H); the new
-        keys and values are appended to cache."""
-        q, k, v = self._qkv(x, position_offset=cache.num_positions)
-        k, v = cache.extend(k, v)
-        return self._project(self._core(q, k, v))
-
-    def decode_static(
-        self,
-        x: torch.Tensor,
-        *,
-        cache: StaticLayerCache,
-        positions: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> torch.Tensor:
-        """x (S_new, B, H) of tokens at per-row positions (B, S_new) -> (S_new, B, H).
-
-        Their keys and values go into cache's slots `positions`; `bias` (B, 1, S_new, slots) is
-        `StaticKVCache.attention_bias(positions)`, computed once per step for every layer.
-        """
-        if self.rotary is not None:
-            q, k, v = self._qkv(x, position_offset=0, positions=positions)
-            keys, values = cache.write(k, v, positions)
-            return self._decode_attend(q, keys, values, bias)
-        qkv = decode_linear(self.query_key_value, x, use_kernel=self.config.use_fused_kernels)
-        return self.decode_static_qkv(qkv, cache=cache, positions=positions, bias=bias)
-
-    def decode_static_qkv(
-        self,
-        qkv: torch.Tensor,
-        *,
-        cache: StaticLayerCache,
-        positions: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> torch.Tensor:
-        """`decode_static` from the QKV projection's output (S_new, B, 3H/TP), for a caller that
-        ran the projection itself (fused with the LayerNorm before it). Not with rotary."""
-        if self.rotary is not None:
-            raise ValueError("decode_static_qkv: rotary embeddings need decode_static")
-        # Keys and values straight from the projection's output: one scatter, no copy.
-        seq, batch = qkv.shape[:2]
-        qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
-        q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
-        keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
-        return self._decode_attend(q, keys, values, bias)
-
-    def _decode_attend(self, q, keys, values, bias: torch.Tensor) -> torch.Tensor:
-        """q (B, nh, S_new, hd) over the cache's keys and values, then the output projection."""
-        num_slots = bias.shape[-1]  # the cache's first slots only, when the caller says so
-        if num_slots != keys.shape[2]:
-            keys, values = keys[:, :, :num_slots], values[:, :, :num_slots]
-        context = self._masked_core(q, keys, values, bias)  # (B, nh, S, hd)
-        seq, batch = context.shape[2], context.shape[0]
-        context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
-        return decode_linear(self.dense, context, use_kernel=self.config.use_fused_kernels)
-
-    def _qkv(self, x: torch.Tensor, *, position_offset: int, positions=None):
-        """Queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary."""
+    def project_qkv(
+        self, x: torch.Tensor, *, position_offset: int = 0, positions: torch.Tensor | None = None
+    ):
+        """x (S, B, H) -> queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary:
+        at positions position_offset onwards, or at per-row positions (B, S)."""
         qkv = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
         qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
@@ -329,7 +149,8 @@ class ParallelSelfAttention(nn.Module):
             q, k = self.rotary(q, position_offset), self.rotary(k, position_offset)
         return q, k, v
 
-    def _project(self, context: torch.Tensor) -> torch.Tensor:
+    def project_out(self, context: torch.Tensor) -> torch.Tensor:
+        """context (B, heads/TP, S, hd) -> the output projection (S, B, H), reduced over TP."""
         seq, batch = context.shape[2], context.shape[0]
         context = context.permute(2, 0, 1, 3).reshape(seq, batch, -1)  # (S, B, H/TP)
         return self.dense(context)
@@ -341,7 +162,7 @@ class ParallelSelfAttention(nn.Module):
             return contextlib.nullcontext()
         return self.rng_tracker.fork()
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + causal mask [+ ALiBi]) v.
 
         q (B, nh, Sq, hd), k and v (B, nh, Sk, hd) -> (B, nh, Sq, hd).
@@ -362,20 +183,6 @@ class ParallelSelfAttention(nn.Module):
             if backend == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
             return self._softmax_core(q, k, v, p)
-
-    def _masked_core(self, q, k, v, bias: torch.Tensor) -> torch.Tensor:
-        """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd), plus the
-        additive bias (B, 1, Sq, L); inference only (no dropout). ALiBi's key positions are the
-        slots."""
-        q = q.to(k.dtype)
-        if self.alibi is None and not self.config.explicit_attention_scores:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
-        if self.alibi is not None:
-            slots = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
-            scores = scores + self.alibi.to(q.device).float() * slots
-        probs = torch.softmax(scores + bias.float(), dim=-1)
-        return torch.matmul(probs.to(v.dtype), v)
 
     def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:
         scale = 1.0 / math.sqrt(self.head_dim)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 from mds_common.cli import new_app, run_app
+from mds_common.flags import command_function, flag, group_from_values, restate
+
+from .flags import GPTFlags, ParallelFlags
 
 app = new_app("GPT model library of mds: size and memory planning.")
 
@@ -21,82 +25,73 @@ def _root() -> None:
     """Keeps `info` a subcommand even while it is the only one."""
 
 
-@app.command()
-def info(
-    num_layers: Annotated[int, typer.Option(help="Transformer layers (Megatron --num-layers).")],
-    hidden_size: Annotated[int, typer.Option(help="Hidden size h (Megatron --hidden-size).")],
-    num_attention_heads: Annotated[
-        int, typer.Option(help="Attention heads; 0 means hidden_size / 64.")
-    ] = 0,
-    ffn_hidden_size: Annotated[
-        int, typer.Option(help="MLP inner size; 0 means 4 * hidden_size.")
-    ] = 0,
-    seq_length: Annotated[int, typer.Option(help="Sequence length s.")] = 1024,
-    max_position_embeddings: Annotated[
-        int, typer.Option(help="Learned positions; 0 means seq_length.")
-    ] = 0,
-    vocab_size: Annotated[
-        int, typer.Option(help="Tokenizer vocabulary size before padding.")
-    ] = 50257,
-    make_vocab_size_divisible_by: Annotated[
-        int, typer.Option(help="Vocab padding multiple (times TP).")
-    ] = 128,
-    position_embedding_type: Annotated[
-        str, typer.Option(help="learned, rotary or alibi.")
-    ] = "learned",
-    tensor_model_parallel_size: Annotated[int, typer.Option(help="Tensor-parallel size t.")] = 1,
-    pipeline_model_parallel_size: Annotated[int, typer.Option(help="Pipeline stages.")] = 1,
-    data_parallel_size: Annotated[
-        int, typer.Option(help="Data-parallel replicas (for ZeRO sharding).")
-    ] = 1,
-    micro_batch_size: Annotated[int, typer.Option(help="Sequences per micro-batch per GPU.")] = 1,
-    zero_stage: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage 0-3.")] = 0,
-    params_dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "bfloat16",
-    activation_checkpointing: Annotated[
-        str, typer.Option(help="none, full or selective.")
-    ] = "none",
-    sequence_parallel: Annotated[
-        bool,
-        typer.Option(
-            "--sequence-parallel", help="Split LayerNorm/dropout activations over TP ranks."
-        ),
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
-) -> None:
-    """Parameters, model FLOPs per token and a per-GPU memory estimate for a GPT shape."""
+@dataclass(frozen=True, kw_only=True)
+class InfoFlags(ParallelFlags, GPTFlags):
+    """`mds-model info`: the GPT and layout flags (mds_model.flags) and the plan's."""
+
+    num_layers: int = restate(GPTFlags, "num_layers", required=True)
+    hidden_size: int = restate(GPTFlags, "hidden_size", required=True)
+    num_attention_heads: int | None = restate(
+        GPTFlags, "num_attention_heads", shown_default="hidden size / 64"
+    )
+    seq_length: int = restate(GPTFlags, "seq_length", default=1024)
+    vocab_size: int = flag(
+        "--vocab-size", default=50257, help="Tokenizer vocabulary size before padding."
+    )
+    data_parallel_size: int = flag(
+        "--data-parallel-size", default=1, help="Data-parallel replicas (for ZeRO sharding)."
+    )
+    micro_batch_size: int = flag(
+        "--micro-batch-size", default=1, help="Sequences per micro-batch per GPU."
+    )
+    params_dtype: str = flag(
+        "--params-dtype", default="bfloat16", help="float32, bfloat16 or float16."
+    )
+    activation_checkpointing: str = flag(
+        "--activation-checkpointing", default="none", help="none, full or selective."
+    )
+    as_json: bool = flag("--json", default=False, help="Print the figures as JSON.")
+
+
+def _info(**values: Any) -> None:
     from .config import GPTConfig
     from .estimate import Plan, estimate, format_estimate
 
     try:
+        flags = group_from_values(InfoFlags, values)
+        fields = flags.gpt_fields()
+        fields.setdefault("num_attention_heads", max(1, flags.hidden_size // 64))
         config = GPTConfig(
-            num_layers=num_layers,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads or max(1, hidden_size // 64),
-            ffn_hidden_size=ffn_hidden_size or None,
-            seq_length=seq_length,
-            max_position_embeddings=max_position_embeddings or None,
-            vocab_size=vocab_size,
-            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-            position_embedding_type=position_embedding_type,
-            tensor_model_parallel_size=tensor_model_parallel_size,
-            params_dtype=params_dtype,
-            activation_checkpointing=activation_checkpointing,
-            sequence_parallel=sequence_parallel,
+            **fields,
+            vocab_size=flags.vocab_size,
+            tensor_model_parallel_size=flags.tensor_model_parallel_size,
+            params_dtype=flags.params_dtype,
+            activation_checkpointing=flags.activation_checkpointing,
         )
         plan = Plan(
-            pipeline_model_parallel_size=pipeline_model_parallel_size,
-            data_parallel_size=data_parallel_size,
-            micro_batch_size=micro_batch_size,
-            zero_stage=zero_stage,
+            pipeline_model_parallel_size=flags.pipeline_model_parallel_size,
+            data_parallel_size=flags.data_parallel_size,
+            micro_batch_size=flags.micro_batch_size,
+            zero_stage=flags.zero_stage,
         )
         result = estimate(config, plan)
     except ValueError as error:
         # Config errors name the field; the CLI flag is the same name with dashes.
         message = str(error)
         for field in GPTConfig.__dataclass_fields__:
-            message = re.sub(rf"\b{field}\b", "--" + field.replace("_", "-"), message)
+            message = re.sub(rf"(?<!-)\b{field}\b", "--" + field.replace("_", "-"), message)
         raise ValueError(message) from None
-    typer.echo(json.dumps(result, indent=1) if as_json else format_estimate(result))
+    typer.echo(json.dumps(result, indent=1) if flags.as_json else format_estimate(result))
+
+
+app.command("info")(
+    command_function(
+        _info,
+        [InfoFlags],
+        name="info",
+        doc="Parameters, model FLOPs per token and a per-GPU memory estimate for a GPT shape.",
+    )
+)
 
 
 def main(argv: list[str] | None = None) -> None:

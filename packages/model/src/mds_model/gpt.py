@@ -1,7 +1,8 @@
 """The plain GPT `nn.Module` (single process, or tensor-parallel with explicit groups).
 
 `GPT.forward(tokens, labels)` is the training call and returns per-token losses; `GPT.logits`
-returns logits and `GPT.decode` continues a `KVCache`: one kind of result per method.
+returns logits: one kind of result per method. Decoding with a KV cache runs over the same
+parameters in `mds_model.decoding` (`Decoder`).
 
 Same layers as the pipeline (`pipeline.py`): Megatron's embedding (vocab-parallel words + learned
 positions [+ BLOOM's embed LayerNorm]), N transformer layers on (S, B, H), a final LayerNorm and the
@@ -17,7 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import KVCache, StaticKVCache
 from .config import GPTConfig
 from .layers import LayerNorm, VocabParallelEmbedding, _master_slice
 from .parallel import (
@@ -165,8 +165,7 @@ def check_groups(config: GPTConfig, groups: ParallelGroups) -> None:
 
 class GPT(nn.Module):
     """Decoder-only GPT: `forward(tokens, labels)` -> per-token losses (B, S) (the call DDP or a
-    DeepSpeed engine wraps); `logits(tokens)` -> vocab-parallel logits (B, S, V/TP);
-    `decode(tokens, cache=...)` -> logits of the new tokens, continuing a `KVCache`."""
+    DeepSpeed engine wraps); `logits(tokens)` -> vocab-parallel logits (B, S, V/TP)."""
 
     def __init__(
         self,
@@ -227,94 +226,6 @@ class GPT(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self._head(to_batch_first(x, groups=self.groups, sequence_parallel=sp))
-
-    def decode(self, tokens: torch.Tensor, *, cache: KVCache) -> torch.Tensor:
-        """tokens (B, S_new) at positions cache.num_positions onwards -> their vocab-parallel
-        logits (B, S_new, V/TP); appends their keys and values to cache.
-
-        Start with `KVCache(config.num_layers)` and the whole prompt, then feed one token at a
-        time. Needs sequence_parallel off (decoding runs on the whole, short sequence).
-        """
-        if len(cache.layers) != len(self.layers):
-            raise ValueError(
-                f"the cache has {len(cache.layers)} layers, the model {len(self.layers)}"
-            )
-        x = self.embedding(tokens, position_offset=cache.num_positions).transpose(0, 1)
-        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = layer.decode(x, cache=layer_cache)  # (S_new, B, H)
-        return self._head(x.transpose(0, 1))
-
-    def decode_static(
-        self,
-        tokens: torch.Tensor,
-        *,
-        positions: torch.Tensor,
-        cache: StaticKVCache,
-        output_index: torch.Tensor | None = None,
-        num_slots: int | None = None,
-    ) -> torch.Tensor:
-        """tokens (B, S_new) at per-row positions (B, S_new) -> vocab-parallel logits
-        (B, S_new, V/TP), or (B, 1, V/TP) at each row's `output_index` (B,) when given.
-
-        Writes the tokens' keys and values into the preallocated cache at slots `positions`;
-        each token attends to its row's slots up to its own position. A batch of prompts of
-        different lengths is right-padded and prefilled with positions 0..S-1 (padding past a
-        row's end is written but never seen), then each step feeds one token per row at that
-        row's next position. Shapes never change between steps, so a step can be captured in a
-        CUDA graph. Positions must be < cache.max_length (not checked: that would wait on the
-        device). num_slots: see `decode_static_hidden`.
-        """
-        x = self.decode_static_hidden(
-            tokens,
-            positions=positions,
-            cache=cache,
-            output_index=output_index,
-            num_slots=num_slots,
-        )
-        return lm_logits(x, self.embedding.word_embeddings.weight, self.groups)
-
-    def decode_static_hidden(
-        self,
-        tokens: torch.Tensor,
-        *,
-        positions: torch.Tensor,
-        cache: StaticKVCache,
-        output_index: torch.Tensor | None = None,
-        num_slots: int | None = None,
-    ) -> torch.Tensor:
-        """`decode_static` up to the LM head: the final LayerNorm's output (B, S_new, H), or
-        (B, 1, H) at `output_index`, for a caller that applies the tied head its own way.
-
-        num_slots: attend to the cache's first num_slots slots only (every position must be
-        below it), so a short context does not pay for the whole cache; a new value changes the
-        shapes (not for CUDA graphs). None: every slot.
-        """
-        if len(cache.layers) != len(self.layers):
-            raise ValueError(
-                f"the cache has {len(cache.layers)} layers, the model {len(self.layers)}"
-            )
-        if tokens.shape[0] != cache.batch_size or positions.shape != tokens.shape:
-            raise ValueError(
-                f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must both "
-                f"be (batch {cache.batch_size}, S_new)"
-            )
-        bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
-        x = self.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
-        # Each layer's last residual add is left to the next LayerNorm (the next layer's input
-        # norm, fused into its QKV product for one token per row, or the final norm).
-        first, *others = zip(self.layers, cache.layers, strict=True)
-        out, summed = first[0].decode_static_residual(
-            first[0].input_layernorm(x), x, cache=first[1], positions=positions, bias=bias
-        )
-        for layer, layer_cache in others:
-            out, summed = layer.decode_static_step(
-                out, summed, cache=layer_cache, positions=positions, bias=bias
-            )
-        normed, _ = self.final_layernorm.add_norm(out, summed)
-        x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
-        if output_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), output_index].unsqueeze(1)
-        return x
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""

@@ -8,20 +8,16 @@ bias+GeLU go through the kernel API (fused in Triton, or their pure-torch refere
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .attention import LayerKVCache, ParallelSelfAttention, StaticLayerCache
+from .attention import ParallelSelfAttention
 from .config import GPTConfig
-from .layers import (
-    ColumnParallelLinear,
-    LayerNorm,
-    RowParallelLinear,
-    decode_add_norm_linear,
-    decode_linear,
-)
+from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint, init_rng
 
@@ -76,33 +72,23 @@ class ParallelTransformerLayer(nn.Module):
     ) -> None:
         """layer_number counts from 1 as in Megatron; init_seed + layer_number seeds the weights."""
         super().__init__()
-        eps, use_kernel, dtype = (
-            config.layernorm_epsilon,
-            config.use_fused_kernels,
-            config.torch_dtype,
-        )
         self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
         # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
         self.sequence_parallel = config.sequence_parallel_active
-        sp_group = groups.tp_group if self.sequence_parallel else None
+        layer_norm = functools.partial(
+            LayerNorm,
+            config.hidden_size,
+            eps=config.layernorm_epsilon,
+            use_kernel=config.use_fused_kernels,
+            dtype=config.torch_dtype,
+            sequence_parallel_group=groups.tp_group if self.sequence_parallel else None,
+        )
         with init_rng(None if init_seed is None else init_seed + layer_number):
-            self.input_layernorm = LayerNorm(
-                config.hidden_size,
-                eps=eps,
-                use_kernel=use_kernel,
-                dtype=dtype,
-                sequence_parallel_group=sp_group,
-            )
+            self.input_layernorm = layer_norm()
             self.self_attention = ParallelSelfAttention(
                 config, groups=groups, rng_tracker=rng_tracker
             )
-            self.post_attention_layernorm = LayerNorm(
-                config.hidden_size,
-                eps=eps,
-                use_kernel=use_kernel,
-                dtype=dtype,
-                sequence_parallel_group=sp_group,
-            )
+            self.post_attention_layernorm = layer_norm()
             self.mlp = ParallelMLP(config, groups=groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,101 +97,9 @@ class ParallelTransformerLayer(nn.Module):
             return checkpoint(self._block, x, rng_tracker=self.rng_tracker)
         return self._block(x)
 
-    def decode(self, x: torch.Tensor, *, cache: LayerKVCache) -> torch.Tensor:
-        """x (S_new, B, H) at positions cache.num_positions onwards; appends to cache."""
-        if self.sequence_parallel:
-            raise ValueError("decoding needs a config with sequence_parallel=False")
-        return self._block(x, cache=cache)
-
-    def decode_static(
-        self,
-        x: torch.Tensor,
-        *,
-        cache: StaticLayerCache,
-        positions: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> torch.Tensor:
-        """x (S_new, B, H) at per-row positions (B, S_new); writes their keys and values into
-        cache (see `ParallelSelfAttention.decode_static`)."""
-        out, summed = self.decode_static_residual(
-            self.input_layernorm(x), x, cache=cache, positions=positions, bias=bias
-        )
-        return summed + out
-
-    def decode_static_residual(
-        self,
-        normed: torch.Tensor,
-        residual: torch.Tensor,
-        *,
-        cache: StaticLayerCache,
-        positions: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`decode_static` without its first LayerNorm and last add, which the caller fuses with
-        the neighbouring layers' (one kernel fewer each): normed = input_layernorm(residual) ->
-        (mlp_out, summed), the layer's output being summed + mlp_out. Inference only."""
-        if self.sequence_parallel:
-            raise ValueError("decoding needs a config with sequence_parallel=False")
-        attn = self.self_attention.decode_static(
-            normed, cache=cache, positions=positions, bias=bias
-        )
-        return self._decode_mlp(attn, residual)
-
-    def decode_static_step(
-        self,
-        out: torch.Tensor,
-        residual: torch.Tensor,
-        *,
-        cache: StaticLayerCache,
-        positions: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`decode_static_residual` from the previous layer's (mlp_out, summed), whose add and
-        this layer's input LayerNorm run inside the QKV product's kernel for one token per row
-        (`decode_add_norm_linear`): the layer's input is residual + out. Inference only."""
-        if self.sequence_parallel:
-            raise ValueError("decoding needs a config with sequence_parallel=False")
-        attention = self.self_attention
-        if attention.rotary is not None:  # the rotation sits between projection and attention
-            normed, summed = self.input_layernorm.add_norm(out, residual)
-            return self.decode_static_residual(
-                normed, summed, cache=cache, positions=positions, bias=bias
-            )
-        qkv, summed = decode_add_norm_linear(
-            self.input_layernorm,
-            out,
-            residual,
-            attention.query_key_value,
-            use_kernel=self.config.use_fused_kernels,
-        )
-        attn = attention.decode_static_qkv(qkv, cache=cache, positions=positions, bias=bias)
-        return self._decode_mlp(attn, summed)
-
-    def _decode_mlp(
-        self, attn: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp_out, summed) after attention: summed = residual + attn, its LayerNorm fused into
-        the first MLP product where it can be."""
-        mlp = self.mlp
-        hidden, summed = decode_add_norm_linear(
-            self.post_attention_layernorm,
-            attn,
-            residual,
-            mlp.dense_h_to_4h,
-            use_kernel=mlp.use_kernel,
-            gelu=True,
-            approximate=mlp.gelu_approximate,
-        )
-        return decode_linear(mlp.dense_4h_to_h, hidden, use_kernel=mlp.use_kernel), summed
-
-    def _block(self, x: torch.Tensor, cache: LayerKVCache | None = None) -> torch.Tensor:
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0
-        normed = self.input_layernorm(x)
-        if cache is None:
-            attn = self.self_attention(normed)
-        else:
-            attn = self.self_attention.decode(normed, cache=cache)
-        attn = self._dropout(attn, p)
+        attn = self._dropout(self.self_attention(self.input_layernorm(x)), p)
         normed, summed = self.post_attention_layernorm.add_norm(attn, x)  # summed = x + attn
         out = self._dropout(self.mlp(normed), p)
         return summed + out

@@ -7,7 +7,9 @@ Errors name the flag to fix. Flag spellings follow Megatron's `tools/preprocess_
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_tokenize.interface import GPT2_BPE, TokenizerSpec
+from mds_common.flags import flag
+
+from mds_tokenize.flags import TokenizerFlags
 
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".zst")
 
@@ -55,22 +57,52 @@ def _check_json_keys(json_keys: tuple[str, ...]) -> None:
             )
 
 
+_JSON_KEYS_HELP = "Keys to tokenize, one dataset each: --json-keys text title."
+
+
 @dataclass(frozen=True, kw_only=True)
-class TokenizeConfig:
-    input: Path
-    output_prefix: str
-    # The tokenizer flags (interface.TokenizerSpec): GPT-2 files, or a Hugging Face tokenizer.
-    vocab_file: Path | None = None
-    merge_file: Path | None = None
-    tokenizer_type: str = GPT2_BPE
-    tokenizer_name_or_path: str | None = None
-    eod_token: str | None = None
-    json_keys: tuple[str, ...] = ("text",)
-    append_eod: bool = False
-    workers: int = 1
-    partition: tuple[int, int] | None = None
-    skip_bad_lines: bool = False
-    log_interval: int | None = None
+class TokenizeConfig(TokenizerFlags):
+    """`mds-tokenize encode`: the tokenizer flags (mds_tokenize.flags) and these."""
+
+    input: Path = flag(
+        "--input",
+        required=True,
+        help="jsonl file, one JSON object per line; .gz/.xz/.zst are decompressed by extension.",
+    )
+    # A prefix, not a path: Megatron appends to the string as given (Path would drop a final "/").
+    output_prefix: str = flag(
+        "--output-prefix",
+        required=True,
+        help="Writes {prefix}_{key}_document.bin/.idx per JSON key.",
+    )
+    json_keys: tuple[str, ...] = flag(
+        "--json-keys", multiple=True, default=("text",), help=_JSON_KEYS_HELP
+    )
+    append_eod: bool = flag(
+        "--append-eod",
+        default=False,
+        help="Append the EOD (<|endoftext|>) to every non-empty document.",
+    )
+    workers: int = flag(
+        "--workers", default=1, help="Encoding processes; output is identical for any number."
+    )
+    partition: tuple[int, int] | None = flag(
+        "--partition",
+        cli_type=str | None,
+        parse=parse_partition,
+        help="K/N, K 0-based: tokenize only the K-th of N byte ranges "
+        "(e.g. $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT); join with `mds-tokenize merge`.",
+    )
+    skip_bad_lines: bool = flag(
+        "--skip-bad-lines",
+        default=False,
+        help="Skip and count malformed lines instead of stopping at the first.",
+    )
+    log_interval: int | None = flag(
+        "--log-interval",
+        help="Without a terminal, log progress every N documents",
+        shown_default="every 10 s",
+    )
     block_bytes: int = 1 << 20
 
     def __post_init__(self):
@@ -79,7 +111,7 @@ class TokenizeConfig:
                 f"--input: {self.input} is not a file; pass a .jsonl file "
                 "(or .jsonl.gz / .jsonl.xz / .jsonl.zst)"
             )
-        self.tokenizer_spec()  # validates the tokenizer flags
+        self.spec()  # validates the tokenizer flags
         if not self.output_prefix or self.output_prefix.endswith("/"):
             raise ValueError(
                 f"--output-prefix {self.output_prefix!r}: give a path prefix such as data/my-gpt2 "
@@ -104,15 +136,6 @@ class TokenizeConfig:
         if self.block_bytes < 1:
             raise ValueError("block_bytes must be positive")
 
-    def tokenizer_spec(self) -> TokenizerSpec:
-        return TokenizerSpec(
-            tokenizer_type=self.tokenizer_type,
-            vocab_file=self.vocab_file,
-            merge_file=self.merge_file,
-            tokenizer_name_or_path=self.tokenizer_name_or_path,
-            eod_token=self.eod_token,
-        )
-
     @property
     def is_compressed(self) -> bool:
         return Path(self.input).suffix in COMPRESSED_SUFFIXES
@@ -127,9 +150,20 @@ class TokenizeConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MergeConfig:
-    output_prefix: str
-    json_keys: tuple[str, ...] = ("text",)
-    keep_parts: bool = False
+    """`mds-tokenize merge`."""
+
+    output_prefix: str = flag(
+        "--output-prefix",
+        required=True,
+        help="The --output-prefix the partitioned runs used; writes "
+        "{prefix}_{key}_document.bin/.idx.",
+    )
+    json_keys: tuple[str, ...] = flag(
+        "--json-keys", multiple=True, default=("text",), help="Keys whose shards to merge."
+    )
+    keep_parts: bool = flag(
+        "--keep-parts", default=False, help="Keep the shard files after merging."
+    )
 
     def __post_init__(self):
         if not self.output_prefix:

@@ -1,56 +1,75 @@
-"""The tokenizer flags as typer options, for every command that reads or writes token ids:
-`--tokenizer-type`, `--vocab-file`/`--merge-file` (GPT-2 BPE) or `--tokenizer-name-or-path`
-(a Hugging Face tokenizer.json) and `--eod-token`. Another tool declares the same five parameters
-with these annotations and passes them to `tokenizer_spec`:
+"""The tokenizer flags, declared once for every mds tool that reads or writes token ids
+(mds_common.flags): `--tokenizer-type`, `--vocab-file`/`--merge-file` (GPT-2 BPE) or
+`--tokenizer-name-or-path` (a Hugging Face tokenizer.json) and `--eod-token`. A tool's config
+inherits `TokenizerFlags`, and its command checks the flags with `tokenizer_spec` (a usage error,
+exit 2, as for a missing flag):
 
-    def generate(..., tokenizer_type: TokenizerType = GPT2_BPE, vocab_file: VocabFile = None,
-                 merge_file: MergeFile = None, tokenizer_name_or_path: TokenizerNameOrPath = None,
-                 eod_token: EodToken = None):
-        tokenizer = load_tokenizer(tokenizer_spec(tokenizer_type, vocab_file, merge_file,
-                                                  tokenizer_name_or_path, eod_token))
+    @dataclass(frozen=True, kw_only=True)
+    class DataSection(TokenizerFlags):
+        ...
+    tokenizer = load_tokenizer(tokenizer_spec(config.data))
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import typer
+from mds_common.flags import flag
 
 from mds_tokenize.interface import GPT2_BPE, TokenizerFlagError, TokenizerSpec
 
-# A plain string, so that a Megatron type we lack (BertWordPieceLowerCase, ...) gets
-# TokenizerSpec's message, which says what to use instead.
-TokenizerType = Annotated[
-    str,
-    typer.Option(
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerFlags:
+    # A plain string, not choices: a Megatron type we lack (BertWordPieceLowerCase, ...) gets
+    # TokenizerSpec's message, which says what to use instead.
+    tokenizer_type: str | None = flag(
         "--tokenizer-type",
+        default=GPT2_BPE,
         help="GPT2BPETokenizer (--vocab-file, --merge-file: GPT-2's or a learned pair) or "
         "PretrainedFromHF (--tokenizer-name-or-path: any Hugging Face tokenizer.json).",
-    ),
-]
-VocabFile = Annotated[
-    Path | None,
-    typer.Option("--vocab-file", "--vocab", help="GPT-2 vocab.json (token -> id)."),
-]
-MergeFile = Annotated[
-    Path | None,
-    typer.Option("--merge-file", help="GPT-2 merges.txt ('#version' header, one pair per line)."),
-]
-TokenizerNameOrPath = Annotated[
-    str | None,
-    typer.Option(
+    )
+    vocab_file: Path | None = flag(
+        "--vocab-file", "--vocab", help="GPT-2 vocab.json (token -> id)."
+    )
+    merge_file: Path | None = flag(
+        "--merge-file", help="GPT-2 merges.txt ('#version' header, one pair per line)."
+    )
+    tokenizer_name_or_path: str | None = flag(
         "--tokenizer-name-or-path",
         help="PretrainedFromHF: a folder holding tokenizer.json, the file itself, or a hub name "
         "(hub names need transformers and the network).",
-    ),
-]
-EodToken = Annotated[
-    str | None,
-    typer.Option(
+    )
+    eod_token: str | None = flag(
         "--eod-token",
         help="PretrainedFromHF: the token that ends documents [default: the eos token of "
         "tokenizer_config.json, else <|endoftext|>, </s>, <|end_of_text|> or <eos>].",
-    ),
-]
+    )
+
+    @property
+    def names_files(self) -> bool:
+        """Whether any flag but the type was given (a tokenizer to load, not the default's)."""
+        return any(
+            value is not None
+            for value in (
+                self.vocab_file,
+                self.merge_file,
+                self.tokenizer_name_or_path,
+                self.eod_token,
+            )
+        )
+
+    def spec(self) -> TokenizerSpec:
+        """The validated flags (TokenizerFlagError, a ValueError, names the flag to fix)."""
+        return TokenizerSpec(
+            tokenizer_type=self.tokenizer_type,
+            vocab_file=self.vocab_file,
+            merge_file=self.merge_file,
+            tokenizer_name_or_path=self.tokenizer_name_or_path,
+            eod_token=self.eod_token,
+        )
 
 
 class TokenizerFlagUsage(typer.BadParameter):
@@ -60,32 +79,12 @@ class TokenizerFlagUsage(typer.BadParameter):
         return self.message
 
 
-def tokenizer_spec(
-    tokenizer_type: str,
-    vocab_file: Path | None,
-    merge_file: Path | None,
-    tokenizer_name_or_path: str | None,
-    eod_token: str | None,
-) -> TokenizerSpec:
-    """The validated flags; a missing or misplaced flag is a usage error (exit 2)."""
+def tokenizer_spec(flags: TokenizerFlags) -> TokenizerSpec:
+    """The command line's tokenizer; a missing or misplaced flag is a usage error (exit 2)."""
     try:
-        return TokenizerSpec(
-            tokenizer_type=tokenizer_type,
-            vocab_file=vocab_file,
-            merge_file=merge_file,
-            tokenizer_name_or_path=tokenizer_name_or_path,
-            eod_token=eod_token,
-        )
+        return flags.spec()
     except TokenizerFlagError as error:
         raise TokenizerFlagUsage(str(error)) from None
 
 
-__all__ = [
-    "GPT2_BPE",
-    "EodToken",
-    "MergeFile",
-    "TokenizerNameOrPath",
-    "TokenizerType",
-    "VocabFile",
-    "tokenizer_spec",
-]
+__all__ = ["GPT2_BPE", "TokenizerFlags", "tokenizer_spec"]

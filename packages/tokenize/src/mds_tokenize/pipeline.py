@@ -115,7 +115,7 @@ def run(config: TokenizeConfig, *, tokenizer: Tokenizer | None = None) -> Tokeni
     """Tokenizes `config.input`; raises ValueError (naming file/line/flag) for user mistakes."""
     started = time.monotonic()
     if tokenizer is None:
-        tokenizer = load_tokenizer(config.tokenizer_spec())
+        tokenizer = load_tokenizer(config.spec())
     if config.append_eod and not tokenizer.has_eod:
         try:
             tokenizer.eod  # noqa: B018 - its error says how to name an EOD

@@ -11,7 +11,6 @@ mds-merge-mp reshaped to this topology loads its topology-free optimizer state t
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from mds_checkpoint.layout import (
     rng_file,
     tag_for,
 )
+from mds_checkpoint.meta import UPSTREAM_LAYOUT, CheckpointMeta, Progress, meta_text, read_meta
 from mds_common.files import (
     WriteFailed,
     fsync_directory,
@@ -55,10 +55,6 @@ from .state import (
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "mds-train checkpoint"
-CHECKPOINT_VERSION = 1
-# meta["layout"] of upstream's own files that the engine loads as they are (upstream.py).
-UPSTREAM_LAYOUT = "upstream"
 # meta.json's model fields that must match to load weights (TP/PP are checked separately).
 SHAPE_FIELDS = (
     "num_layers",
@@ -91,7 +87,7 @@ class CheckpointContext:
     world_size: int
     barrier: Callable[[], None]
     rng_tracker: Any
-    meta: dict[str, Any]  # the run's description; progress is added per save
+    meta: CheckpointMeta  # the run's description; progress is added per save
     groups: Any = None  # mds_model.ParallelGroups: a reshaped checkpoint's TP slices
     optimizer: Any = None  # the base optimizer (whose param groups carry the learning rate)
 
@@ -122,9 +118,9 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     context.barrier()
     final = save_dir / tag
     if context.rank == 0:
-        meta = {**context.meta, **state.to_dict(), "tag": tag}
+        meta = context.meta.replace(progress=Progress.from_dict(state.to_dict()), tag=tag)
         with _reporting_save_failures(save_dir, tag):
-            write_text_atomically(partial / META, json.dumps(meta, indent=2) + "\n")
+            write_text_atomically(partial / META, meta_text(meta))
             replace_directory(partial, final)  # saving the same iteration again replaces it whole
             write_text_atomically(save_dir / LATEST, tag)
             fsync_directory(save_dir)
@@ -133,23 +129,22 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     return final
 
 
-def upstream_client_state(meta: dict[str, Any], state: TrainingState) -> dict[str, Any]:
+def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[str, Any]:
     """What Megatron-DeepSpeed's own save_checkpoint puts beside the model, so that its readers
     (upstream, DeepSpeed's ds_to_universal, Megatron's converters) read mds-train's files as
     they are: `checkpoint_version` 3.0 above all (read as 0 when missing, which reorders the
     query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
     vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`, the
     scheduler's state (save_checkpoint adds the RNG states)."""
-    from mds_checkpoint.describe import config_from_meta
     from mds_checkpoint.upstream_state import upstream_keys
 
     return upstream_keys(
-        config_from_meta(meta["model"], where="this run"),
-        pipeline_parallel=meta["parallel"]["pipeline_parallel"],
+        meta.config(where="this run"),
+        pipeline_parallel=meta.pipeline_model_parallel_size,
         progress=state.to_dict(),
-        tokenizer=TokenizerRecord.from_json(meta.get("tokenizer") or {}),
+        tokenizer=meta.tokenizer or TokenizerRecord(),
         layout="mds",
-        lr_schedule=meta.get("lr_schedule"),  # replaces DeepSpeed's own `lr_scheduler` (None)
+        lr_schedule=meta.lr_schedule,  # replaces DeepSpeed's own `lr_scheduler` (None)
     )
 
 
@@ -194,7 +189,7 @@ def _reporting_save_failures(save_dir: Path, tag: str) -> Iterator[None]:
 
 def find_checkpoint(
     load_dir: Path, *, save_dir: Path | None = None
-) -> tuple[Path, dict[str, Any] | None] | None:
+) -> tuple[Path, CheckpointMeta | None] | None:
     """The checkpoint --load means, as mds-merge-mp and mds-generate read a path (a save folder's
     `latest` one, or one `global_stepN` folder), and its meta.json (None: a checkpoint without
     one, which Megatron-DeepSpeed or Megatron wrote). None only for a --load folder that is also
@@ -212,23 +207,15 @@ def find_checkpoint(
         logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
         return None
     path = locate_checkpoint(load_dir).folder
-    meta_path = path / META
-    if not meta_path.is_file():
-        return path, None  # Megatron-DeepSpeed's or Megatron's own files (upstream.py)
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{meta_path}: not an mds-train checkpoint description")
-    return path, meta
+    # None: Megatron-DeepSpeed's or Megatron's own files (upstream.py)
+    return path, read_meta(path)
 
 
-def with_checkpoint_padding(gpt_config: GPTConfig, meta: dict[str, Any]) -> GPTConfig:
+def with_checkpoint_padding(gpt_config: GPTConfig, meta: CheckpointMeta) -> GPTConfig:
     """The run's model padded to the checkpoint's vocabulary rows where no --pad-vocab-size-to
     was given: mds-merge-mp keeps a checkpoint's rows (Megatron trains its padding rows) when it
     reshapes to another TP that divides them (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
-    model = meta["model"]
+    model = meta.model
     rows = model.get("pad_vocab_size_to")
     if rows is None and model.get("vocab_size") == model.get("padded_vocab_size"):
         # Plain Megatron records no unpadded size: its rows stood in for it, and this run's
@@ -280,16 +267,16 @@ def _earlier_checkpoints(path: Path) -> list[str]:
     return [name for number, name in sorted(found) if limit is None or number < limit]
 
 
-def reshaped_optimizer(meta: dict[str, Any]) -> bool:
+def reshaped_optimizer(meta: CheckpointMeta) -> bool:
     """mds-merge-mp wrote the optimizer state topology-free (loadable at any DP)."""
-    return (meta.get("optimizer") or {}).get("layout") == "universal"
+    return meta.optimizer_layout == "universal"
 
 
 def check_compatible(
-    meta: dict[str, Any], run_meta: dict[str, Any], *, path: Path, loads_optimizer: bool
+    meta: CheckpointMeta, run_meta: CheckpointMeta, *, path: Path, loads_optimizer: bool
 ) -> None:
     """The checkpoint's model and topology against this run's; one line says what differs."""
-    if "reshaped" in meta and loads_optimizer:
+    if meta.reshaped is not None and loads_optimizer:
         if not reshaped_optimizer(meta):
             raise ValueError(
                 f"{path}: reshaped by mds-merge-mp without --with-optimizer, so it holds no "
@@ -297,43 +284,42 @@ def check_compatible(
                 "--with-optimizer"
             )
     check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
-    saved, current = meta["parallel"], run_meta["parallel"]
-    for key, flag in (
-        ("tensor_parallel", "--tensor-model-parallel-size"),
-        ("pipeline_parallel", "--pipeline-model-parallel-size"),
-    ):
-        if saved[key] != current[key]:
-            tp, pp = current["tensor_parallel"], current["pipeline_parallel"]
+    saved, current = meta.parallel, run_meta.parallel
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        if getattr(saved, key) != getattr(current, key):
+            flag = "--" + key.replace("_", "-")
+            tp, pp = current.tensor_model_parallel_size, current.pipeline_model_parallel_size
             raise ValueError(
-                f"{path}: saved with TP={saved['tensor_parallel']}, PP={saved['pipeline_parallel']}"
-                f" but this run has TP={tp}, PP={pp}; reshape it with mds-merge-mp merge "
+                f"{path}: saved with TP={saved.tensor_model_parallel_size}, "
+                f"PP={saved.pipeline_model_parallel_size} but this run has TP={tp}, PP={pp}; "
+                "reshape it with mds-merge-mp merge "
                 f"--target-tensor-model-parallel-size {tp} --target-pipeline-model-parallel-size "
                 f"{pp} --with-optimizer, or change {flag}"
             )
     check_model_fields(meta, run_meta, TP_DEPENDENT_FIELDS, path)
-    saved_stage, current_stage = saved.get("zero_stage", 0), current.get("zero_stage", 0)
-    if "reshaped" not in meta and (saved_stage == 3) != (current_stage == 3):
+    saved_stage, current_stage = saved.zero_stage, current.zero_stage
+    if meta.reshaped is None and (saved_stage == 3) != (current_stage == 3):
         _check_zero3_crossing(saved_stage, current_stage, path, loads_optimizer)
     if (
         loads_optimizer
         and not reshaped_optimizer(meta)
-        and saved["zero_stage"] > 0
-        and saved["data_parallel"] != current["data_parallel"]
+        and saved.zero_stage > 0
+        and saved.data_parallel_size != current.data_parallel_size
     ):
         raise ValueError(
-            f"{path}: its ZeRO optimizer state is split over {saved['data_parallel']} "
-            f"data-parallel ranks, this run has {current['data_parallel']}; add --no-load-optim "
+            f"{path}: its ZeRO optimizer state is split over {saved.data_parallel_size} "
+            f"data-parallel ranks, this run has {current.data_parallel_size}; add --no-load-optim "
             "or reshape it "
             "with mds-merge-mp --with-optimizer"
         )
 
 
 def check_model_fields(
-    meta: dict[str, Any], run_meta: dict[str, Any], names: tuple[str, ...], path: Path
+    meta: CheckpointMeta, run_meta: CheckpointMeta, names: tuple[str, ...], path: Path
 ) -> None:
     for name in names:
         default = FIELD_DEFAULTS.get(name)
-        theirs, ours = meta["model"].get(name, default), run_meta["model"].get(name, default)
+        theirs, ours = meta.model.get(name, default), run_meta.model.get(name, default)
         if theirs != ours:
             fix = "train with the checkpoint's model flags"
             if name == "activation" and theirs in _ACTIVATION_FLAGS:
@@ -363,7 +349,7 @@ def _check_zero3_crossing(saved: int, current: int, path: Path, loads_optimizer:
 
 def load_checkpoint(
     context: CheckpointContext,
-    found: tuple[Path, dict[str, Any]],
+    found: tuple[Path, CheckpointMeta],
     *,
     load_optimizer: bool,
     load_rng: bool,
@@ -378,13 +364,13 @@ def load_checkpoint(
     # reshaped.py puts the weights into the partitions as well.
     universal = load_optimizer and reshaped_optimizer(meta)
     # A stage 0-2 checkpoint's mp_rank files hold its weights as a reshaped one's do.
-    into_zero3 = "reshaped" in meta or meta["parallel"].get("zero_stage", 0) != 3
-    if into_zero3 and context.meta["parallel"]["zero_stage"] == 3:
+    into_zero3 = meta.reshaped is not None or meta.parallel.zero_stage != 3
+    if into_zero3 and context.meta.parallel.zero_stage == 3:
         client_state = restore_zero3(
             context.engine,
             context.groups,
             path,
-            num_layers=meta["model"]["num_layers"],
+            num_layers=meta.model["num_layers"],
             with_optimizer=universal,
         )
         what = "weights and optimizer state" if universal else "weights"
@@ -396,9 +382,9 @@ def load_checkpoint(
     if finetune:
         logger.info("loaded weights of %s for fine-tuning; iteration and data start at 0", path)
         return TrainingState()
-    upstream = meta.get("layout") == UPSTREAM_LAYOUT
+    upstream = meta.layout == UPSTREAM_LAYOUT
     if upstream:  # progress as mds_checkpoint read it from upstream's iteration, args and tokens
-        state = TrainingState.from_dict(meta)
+        state = TrainingState.from_dict(meta.progress.to_dict())
         logger.info(
             "%s: Megatron-DeepSpeed's files at this run's layout, loaded as they are%s",
             path,
@@ -411,7 +397,7 @@ def load_checkpoint(
     if universal:  # as DeepSpeed's own optimizer load would have set them
         context.engine.global_steps = state.iteration
         context.engine.global_samples = state.consumed_train_samples
-        record = meta["optimizer"].get("loss_scaler")
+        record = meta.optimizer.get("loss_scaler")
         if restore_loss_scaler(context.engine.optimizer, record):
             logger.info(
                 "fp16 loss scale %s restored (iteration %d of the scaler, last overflow at %d)",
@@ -419,7 +405,7 @@ def load_checkpoint(
                 record["cur_iter"],
                 record["last_overflow_iter"],
             )
-    if load_rng and "reshaped" in meta:
+    if load_rng and meta.reshaped is not None:
         logger.warning(
             "%s was reshaped by mds-merge-mp: per-rank RNG states do not carry over to another "
             "topology; dropout and other random draws continue from the seed",
@@ -432,10 +418,10 @@ def load_checkpoint(
         restore_upstream_rng_state(client_state["rng_state"], context.rng_tracker)
     elif load_rng:
         rng_path = path / rng_file(context.rank)
-        if meta["parallel"]["world_size"] != context.world_size or not rng_path.is_file():
+        if meta.parallel.world_size != context.world_size or not rng_path.is_file():
             raise ValueError(
                 f"{path}: no RNG state for rank {context.rank} of {context.world_size} (saved by "
-                f"{meta['parallel']['world_size']} ranks); add --no-load-rng"
+                f"{meta.parallel.world_size} ranks); add --no-load-rng"
             )
         restore_rng_states(torch.load(rng_path, weights_only=False), context.rng_tracker)
     logger.info("resumed from %s at iteration %d", path, state.iteration)
@@ -445,7 +431,7 @@ def load_checkpoint(
 def _load_through_deepspeed(
     context: CheckpointContext,
     path: Path,
-    meta: dict[str, Any],
+    meta: CheckpointMeta,
     *,
     load_optimizer: bool,
     universal: bool,
@@ -470,7 +456,7 @@ def _load_through_deepspeed(
             context.optimizer,
             context.groups,
             path,
-            num_layers=meta["model"]["num_layers"],
+            num_layers=meta.model["num_layers"],
         )
         logger.info("optimizer state of %s restored at step %d (reshaped)", path, step)
     return client_state

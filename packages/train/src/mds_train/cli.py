@@ -15,14 +15,10 @@ from typing import Annotated, Any
 
 import typer
 from mds_common.cli import new_app, run_app
+from mds_common.flags import command_function, group_from_values
 
 from .config import SECTIONS, TrainConfig
-from .options import (
-    megatron_flags_given,
-    megatron_parameters,
-    section_from_values,
-    typer_parameters,
-)
+from .megatron_flags import megatron_flags_given, megatron_parameters
 
 PRESET_FLAG = "--config"
 
@@ -54,7 +50,7 @@ def _preset(ctx: typer.Context, path: Path | None) -> Path | None:
 
 def build_config(values: dict[str, Any]) -> TrainConfig:
     return TrainConfig(
-        **{name: section_from_values(section, values) for name, section in SECTIONS.items()}
+        **{name: group_from_values(section, values) for name, section in SECTIONS.items()}
     )
 
 
@@ -79,15 +75,8 @@ def _train(**values: Any) -> int:
     values.pop("preset", None)
     notes = megatron_flags_given(values)  # a refused flag: one usage line, before anything
     config = build_config(values)
-    data = config.data
     # A missing or misplaced tokenizer flag is a usage error (exit 2), as in the other tools.
-    tokenizer_spec(
-        data.tokenizer_type,
-        data.vocab_file,
-        data.merge_file,
-        data.tokenizer_name_or_path,
-        data.eod_token,
-    )
+    tokenizer_spec(config.data)
     return run(config, warnings=notes, given=given)
 
 
@@ -107,19 +96,14 @@ def make_app() -> typer.Typer:
         ],
     )
     context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    parameters = [context, preset]
-    for section in SECTIONS.values():
-        parameters += typer_parameters(section)
-    parameters += megatron_parameters()
-
-    def train(**values: Any) -> int:
-        return _train(**values)
-
-    train.__signature__ = inspect.Signature(parameters)
-    train.__annotations__ = {p.name: p.annotation for p in parameters}
-    train.__doc__ = (
-        "Train a GPT with DeepSpeed: TP, PP (pipeline engine), ZeRO 0-3. Flags are "
-        "Megatron-DeepSpeed's pretrain_gpt.py spellings."
+    train = command_function(
+        _train,
+        SECTIONS.values(),
+        name="train",
+        doc="Train a GPT with DeepSpeed: TP, PP (pipeline engine), ZeRO 0-3. Flags are "
+        "Megatron-DeepSpeed's pretrain_gpt.py spellings.",
+        before=[context, preset],
+        after=megatron_parameters(),
     )
     app = new_app(help=train.__doc__)
     app.command(context_settings={"max_content_width": 100})(train)

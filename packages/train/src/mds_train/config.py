@@ -11,9 +11,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from mds_common.flags import flag, restate
 from mds_model import GPTConfig
+from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
+from mds_tokenize.flags import TokenizerFlags
 
-from .options import flag
 from .schedule import (
     DECAY_STYLES,
     BatchSizeSchedule,
@@ -21,44 +23,18 @@ from .schedule import (
     TokenLearningRateSchedule,
 )
 
-POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
-
-
-def _check_at_least(section, minimum: int, *names: str) -> None:
-    """Each named field that is set is at least `minimum`; the error names its flag. A size of
-    0 would otherwise surface deep in the run (a ZeroDivisionError, DeepSpeed's assertion) or,
-    for `--global-batch-size 0`, silently fall back to the default."""
-    for name in names:
-        value = getattr(section, name)
-        if value is not None and value < minimum:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
-
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSection:
-    num_layers: int = flag("--num-layers", required=True, help="Transformer layers.")
-    hidden_size: int = flag("--hidden-size", required=True, help="Hidden size.")
-    num_attention_heads: int = flag("--num-attention-heads", required=True, help="Attention heads.")
-    ffn_hidden_size: int | None = flag("--ffn-hidden-size", help="MLP width (4 x hidden).")
-    seq_length: int = flag("--seq-length", required=True, help="Tokens per sample.")
-    max_position_embeddings: int | None = flag(
-        "--max-position-embeddings", help="Learned position table size (seq length)."
-    )
-    make_vocab_size_divisible_by: int = flag(
-        "--make-vocab-size-divisible-by", default=128, help="Vocabulary padding multiple (x TP)."
-    )
-    pad_vocab_size_to: int | None = flag("--pad-vocab-size-to", help="Pad the vocabulary to this.")
+class ModelSection(GPTFlags):
+    num_layers: int = restate(GPTFlags, "num_layers", required=True)
+    hidden_size: int = restate(GPTFlags, "hidden_size", required=True)
+    num_attention_heads: int = restate(GPTFlags, "num_attention_heads", required=True)
+    seq_length: int = restate(GPTFlags, "seq_length", required=True)
     layernorm_epsilon: float = flag("--layernorm-epsilon", default=1e-5, help="LayerNorm eps.")
     init_method_std: float = flag("--init-method-std", default=0.02, help="Weight init std.")
     hidden_dropout: float = flag("--hidden-dropout", default=0.1, help="Dropout on hidden states.")
     attention_dropout: float = flag(
         "--attention-dropout", default=0.1, help="Dropout on attention probabilities."
-    )
-    position_embedding_type: str = flag(
-        "--position-embedding-type",
-        default="learned",
-        choices=POSITION_TYPES,
-        help="Positions: learned (Megatron's 'absolute'), rotary or alibi.",
     )
     embed_layernorm: bool = flag(
         "--embed-layernorm", default=False, help="LayerNorm after the word embeddings (BLOOM)."
@@ -73,9 +49,6 @@ class ModelSection:
     )
     use_flash_attn: bool = flag(
         "--use-flash-attn", default=False, help="Attention through flash-attn (must be installed)."
-    )
-    sequence_parallel: bool = flag(
-        "--sequence-parallel", default=False, help="Split norms and dropout along the sequence."
     )
     no_fused_kernels: bool = flag(
         "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
@@ -106,20 +79,6 @@ class ModelSection:
             return "gelu"
         return "gelu" if self.no_bias_gelu_fusion else "gelu_tanh"
 
-    def __post_init__(self) -> None:
-        _check_at_least(
-            self,
-            1,
-            "num_layers",
-            "hidden_size",
-            "num_attention_heads",
-            "ffn_hidden_size",
-            "seq_length",
-            "max_position_embeddings",
-            "make_vocab_size_divisible_by",
-            "pad_vocab_size_to",
-        )
-
     def gpt_config(
         self,
         *,
@@ -133,44 +92,24 @@ class ModelSection:
             "full" if self.checkpoint_activations else "none"
         )
         return GPTConfig(
-            num_layers=self.num_layers,
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
+            **self.gpt_fields(),
             vocab_size=vocab_size,
-            seq_length=self.seq_length,
-            ffn_hidden_size=self.ffn_hidden_size,
-            max_position_embeddings=self.max_position_embeddings,
-            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
             tensor_model_parallel_size=tensor_model_parallel_size,
-            pad_vocab_size_to=self.pad_vocab_size_to,
             layernorm_epsilon=self.layernorm_epsilon,
             hidden_dropout=self.hidden_dropout,
             attention_dropout=self.attention_dropout,
             init_method_std=self.init_method_std,
-            position_embedding_type=(
-                "learned"
-                if self.position_embedding_type == "absolute"
-                else self.position_embedding_type
-            ),
             embed_layernorm=self.embed_layernorm,
             activation=self.activation,
             use_fused_kernels=kernels_available and not self.no_fused_kernels,
             attention_backend="flash" if self.use_flash_attn else "auto",
             activation_checkpointing=checkpointing,
             params_dtype=params_dtype,
-            sequence_parallel=self.sequence_parallel,
         )
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelSection:
-    tensor_model_parallel_size: int = flag(
-        "--tensor-model-parallel-size", default=1, help="Tensor-parallel ranks (TP)."
-    )
-    pipeline_model_parallel_size: int = flag(
-        "--pipeline-model-parallel-size", default=1, help="Pipeline stages (PP)."
-    )
-    zero_stage: int = flag("--zero-stage", default=0, help="ZeRO stage 0-3 (PP > 1: 0 or 1).")
+class ParallelSection(ParallelFlags):
     distributed_backend: str | None = flag(
         "--distributed-backend",
         choices=("nccl", "gloo"),
@@ -205,8 +144,8 @@ class BatchSection:
     )
 
     def __post_init__(self) -> None:
-        _check_at_least(self, 1, "micro_batch_size", "global_batch_size")
-        _check_at_least(self, 0, "train_iters", "train_samples")
+        check_at_least(self, 1, "micro_batch_size", "global_batch_size")
+        check_at_least(self, 0, "train_iters", "train_samples")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +203,7 @@ class PrecisionSection:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataSection:
+class DataSection(TokenizerFlags):
     data_path: tuple[str, ...] = flag(
         "--data-path",
         multiple=True,
@@ -272,22 +211,6 @@ class DataSection:
         help="Dataset prefix, or weight/prefix pairs: --data-path 0.3 A 0.7 B.",
     )
     split: str = flag("--split", default="969, 30, 1", help="Train/valid/test document split.")
-    # The tokenizer flags of every mds tool (mds_tokenize.TokenizerSpec checks them).
-    vocab_file: Path | None = flag("--vocab-file", help="GPT-2 style vocab.json.")
-    merge_file: Path | None = flag("--merge-file", help="GPT-2 style merges.txt.")
-    tokenizer_type: str = flag(
-        "--tokenizer-type",
-        default="GPT2BPETokenizer",
-        choices=("GPT2BPETokenizer", "PretrainedFromHF"),
-        help="Tokenizer of the dataset: GPT-2 files or a Hugging Face tokenizer.json.",
-    )
-    tokenizer_name_or_path: str | None = flag(
-        "--tokenizer-name-or-path",
-        help="PretrainedFromHF: folder holding tokenizer.json, the file, or a hub name.",
-    )
-    eod_token: str | None = flag(
-        "--eod-token", help="PretrainedFromHF: the end-of-document token (default: its eos)."
-    )
     data_cache_path: Path | None = flag(
         "--data-cache-path", help="Where sample-index caches live (beside the data)."
     )
@@ -365,8 +288,8 @@ class LoggingSection:
     )
 
     def __post_init__(self) -> None:
-        _check_at_least(self, 1, "log_interval", "eval_interval")
-        _check_at_least(self, 0, "eval_iters")
+        check_at_least(self, 1, "log_interval", "eval_interval")
+        check_at_least(self, 0, "eval_iters")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,7 +308,7 @@ class ExitSection:
     )
 
     def __post_init__(self) -> None:
-        _check_at_least(self, 1, "max_nan_iterations")
+        check_at_least(self, 1, "max_nan_iterations")
 
 
 SECTIONS = {

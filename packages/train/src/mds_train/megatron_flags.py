@@ -9,8 +9,8 @@ when another one is on (the MoE and distillation details) is ignored, and its sw
 
 from __future__ import annotations
 
-import dataclasses
-from typing import NamedTuple
+import inspect
+from typing import Any, NamedTuple
 
 from mds_common.ignored_flags import MANY, IgnoredFlags, RefusedFlags, ignored, refused
 
@@ -208,6 +208,17 @@ REFUSED = RefusedFlags(
 )
 
 
+def megatron_parameters() -> list[inspect.Parameter]:
+    """Hidden options for the Megatron flags mds-train ignores or refuses."""
+    return [*IGNORED.parameters(), *REFUSED.parameters()]
+
+
+def megatron_flags_given(values: dict[str, Any]) -> list[str]:
+    """The notes for the ignored flags given; a refused one given ends the command line with a
+    usage error (exit 2) naming it and what mds-train does instead."""
+    return [*REFUSED.check(values), *IGNORED.notes(values)]
+
+
 class Classification(NamedTuple):
     status: str  # "works", "ignored", "refused" or "unknown"
     detail: str  # the ignored note's reason or the refusal, else ""
@@ -219,16 +230,15 @@ def _key(name: str) -> str:
 
 def declared_flags() -> set[str]:
     """Every spelling of mds-train's own flags (config sections and --config), as keys."""
+    from mds_common.flags import flag_fields
+
     from .cli import PRESET_FLAG
     from .config import SECTIONS
-    from .options import flag_spec
 
     names = {_key(PRESET_FLAG)}
     for section in SECTIONS.values():
-        for field in dataclasses.fields(section):
-            spec = flag_spec(field)
-            if spec is not None:
-                names.update(_key(name) for name in spec.names)
+        for _, spec in flag_fields(section):
+            names.update(_key(name) for name in spec.names)
     return names
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mds_checkpoint.meta import CheckpointMeta, Parallel, model_fields
 from mds_common.files import write_text_atomically
 from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path
@@ -17,8 +18,6 @@ from mds_model import GPTConfig
 from mds_tokenize import check_dataset_tokenizer
 
 from .checkpointing import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
     CheckpointContext,
     check_compatible,
     check_readable,
@@ -53,35 +52,25 @@ EXIT_FAILED = 1  # mds_common.cli's code for a run that failed
 
 def run_description(
     config: TrainConfig, topology: Topology, model: GPTConfig, vocab: Vocabulary
-) -> dict:
+) -> CheckpointMeta:
     """meta.json's fixed part: what the checkpoint is, whatever iteration it holds."""
-    model_fields = dataclasses.asdict(model)
-    model_fields.update(
-        ffn_size=model.ffn_size,
-        padded_vocab_size=model.padded_vocab_size,
-        max_positions=model.max_positions,
+    return CheckpointMeta(
+        tool="mds-train",
+        version=distribution_version("mds-train"),
+        versions={name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")},
+        model=model_fields(model),
+        parallel=Parallel(
+            world_size=topology.world_size,
+            tensor_model_parallel_size=topology.tensor_parallel,
+            pipeline_model_parallel_size=topology.pipeline_parallel,
+            data_parallel_size=topology.data_parallel,
+            zero_stage=effective_zero_stage(config, topology),
+            engine="pipeline" if topology.pipeline_parallel > 1 else "plain",
+        ),
+        precision=config.params_dtype,
+        tokenizer=vocab.meta_record(),
+        data_path=list(config.data.data_path),
     )
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "checkpoint_version": CHECKPOINT_VERSION,
-        "tool": "mds-train",
-        "version": distribution_version("mds-train"),
-        "versions": {
-            name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")
-        },
-        "model": model_fields,
-        "parallel": {
-            "world_size": topology.world_size,
-            "tensor_parallel": topology.tensor_parallel,
-            "pipeline_parallel": topology.pipeline_parallel,
-            "data_parallel": topology.data_parallel,
-            "zero_stage": effective_zero_stage(config, topology),
-            "engine": "pipeline" if topology.pipeline_parallel > 1 else "plain",
-        },
-        "precision": config.params_dtype,
-        "tokenizer": vocab.meta_record().to_json(),
-        "data_path": list(config.data.data_path),
-    }
 
 
 def _configure_logging(rank: int) -> None:
@@ -254,7 +243,8 @@ def _run_joined(
     if found is not None:
         gpt_config = with_checkpoint_padding(gpt_config, found[1])
     description = run_description(config, topology, gpt_config, vocab)
-    if found is not None and found[1].get("universal"):
+    universal = found is not None and config.checkpoint.universal_checkpoint
+    if universal:
         check_universal_compatible(found[1], description, found[0])
     elif found is not None:  # before the model is built: a mismatch fails at once
         check_compatible(
@@ -262,10 +252,11 @@ def _run_joined(
         )
         if launch.rank == 0:  # the others stop quietly when it does
             check_readable(found[0])
-    recorded = found[1].get("lr_schedule") if found is not None else None
-    lr_schedule, description["lr_schedule"] = resolve_schedule(
+    recorded = found[1].lr_schedule if found is not None else None
+    lr_schedule, schedule_record = resolve_schedule(
         config, topology, recorded, source=str(found[0]) if found else ""
     )
+    description = description.replace(lr_schedule=schedule_record)
     # Every rank creates it, before the model's groups: the exit checks' all-reduce (loop.py).
     exit_group = dist.new_group(backend="gloo") if launch.world_size > 1 else None
     setup = build_training_setup(config, topology, gpt_config, user_ds)
@@ -280,7 +271,7 @@ def _run_joined(
         optimizer=setup.optimizer,
     )
     state = TrainingState()
-    if found is not None and found[1].get("universal"):
+    if universal:
         state = load_universal(
             checkpoint,
             found,
@@ -349,11 +340,12 @@ def _fp16_supported() -> bool:
 
 
 def _write_resolved_config(
-    output_dir: Path, config: TrainConfig, description: dict, ds_config: dict
+    output_dir: Path, config: TrainConfig, description: CheckpointMeta, ds_config: dict
 ) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
+    written = description.to_json()
     resolved = {
-        **{key: description[key] for key in ("tool", "version", "versions", "parallel")},
+        **{key: written[key] for key in ("tool", "version", "versions", "parallel")},
         "config": config.to_dict(),
         "deepspeed_config": ds_config,
         "argv": sys.argv,

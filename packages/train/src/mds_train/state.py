@@ -6,44 +6,20 @@ iteration, consumed samples and tokens, the schedule's sample count and the NaN/
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from mds_checkpoint.meta import Progress
 from mds_model import RNGStatesTracker
 
 
 @dataclass
-class TrainingState:
-    iteration: int = 0
-    consumed_train_samples: int = 0
-    consumed_valid_samples: int = 0
-    consumed_train_tokens: int = 0
-    lr_samples: int = 0  # AnnealingLR's num_steps: samples of the steps that were applied
-    # OptimizerParamScheduler's num_tokens: the tokens consumed before the last applied step's
-    # iteration (upstream's step() reads them before its loop counts the iteration's).
-    lr_tokens: int = 0
-    # Its lr_warmup_tokens as recorded when a warmup in samples ends (a token decay reads it).
-    lr_warmup_end_tokens: int | None = None
-    skipped_iterations: int = 0
-    nan_iterations: int = 0
-
-    def to_dict(self) -> dict[str, int | None]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainingState:
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(
-            **{
-                key: None if value is None else int(value)
-                for key, value in values.items()
-                if key in names
-            }
-        )
+class TrainingState(Progress):
+    """The counters of meta.json's progress (`mds_checkpoint.meta.Progress`), updated in place
+    as the run goes; saved whole in every checkpoint."""
 
 
 def capture_rng_states(tracker: RNGStatesTracker | None) -> dict[str, Any]:

@@ -16,15 +16,14 @@ carry over to another topology.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from mds_checkpoint.layout import CLIENT_KEY
+from mds_checkpoint.meta import CheckpointMeta, read_meta
 
 from .checkpointing import (
-    META,
     SHAPE_FIELDS,
     CheckpointContext,
     check_model_fields,
@@ -62,19 +61,10 @@ def find_universal_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]]:
         )
     if not (path / FOLDER / GLOBAL_STATE).is_file():
         raise ValueError(f"{path}: no {FOLDER}/{GLOBAL_STATE}; not a universal checkpoint")
-    meta_path = path / META
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{meta_path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    else:
-        meta = universal_meta(path)
-    meta["universal"] = True  # read by load_checkpoint's callers, never written
-    return path, meta
+    return path, read_meta(path) or universal_meta(path)
 
 
-def check_universal_compatible(meta: dict[str, Any], run_meta: dict[str, Any], path: Path) -> None:
+def check_universal_compatible(meta: CheckpointMeta, run_meta: CheckpointMeta, path: Path) -> None:
     """Only the model's shape must agree: TP, PP, DP and the vocabulary padding are the loader's
     (DeepSpeed's and reshaped.py alike cut and pad every parameter for this run)."""
     check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
@@ -82,7 +72,7 @@ def check_universal_compatible(meta: dict[str, Any], run_meta: dict[str, Any], p
 
 def load_universal(
     context: CheckpointContext,
-    found: tuple[Path, dict[str, Any]],
+    found: tuple[Path, CheckpointMeta],
     *,
     deepspeed_loads: bool,
     num_layers: int,
@@ -102,7 +92,7 @@ def load_universal(
                 load_module_only=False,
             )
         how = "DeepSpeed's universal loader"
-    elif context.meta["parallel"]["zero_stage"] == 3:
+    elif context.meta.parallel.zero_stage == 3:
         client_state = restore_zero3(
             engine, context.groups, path, num_layers=num_layers, with_optimizer=True
         )
@@ -116,7 +106,7 @@ def load_universal(
     state = _progress(client_state or {}, meta)
     engine.global_steps = state.iteration
     engine.global_samples = state.consumed_train_samples
-    record = (meta.get("optimizer") or {}).get("loss_scaler")
+    record = (meta.optimizer or {}).get("loss_scaler")
     if restore_loss_scaler(engine.optimizer, record):
         logger.info("fp16 loss scale %s restored", record["cur_scale"])
     logger.warning(
@@ -157,10 +147,10 @@ def _client_state(path: Path) -> dict[str, Any]:
     return load_rank_file(files[0], mmap=True)
 
 
-def _progress(client_state: dict[str, Any], meta: dict[str, Any]) -> TrainingState:
+def _progress(client_state: dict[str, Any], meta: CheckpointMeta) -> TrainingState:
     """mds-train's progress record, else upstream's (`iteration`, consumed samples and tokens,
     as the description read them from `args`)."""
     record = client_state.get(CLIENT_KEY)
     if isinstance(record, dict) and "state" in record:
         return TrainingState.from_dict(record["state"])
-    return TrainingState.from_dict(meta)
+    return TrainingState.from_dict(meta.progress.to_dict())

@@ -18,22 +18,24 @@ flags and `scheduler_record.scheduler_progress` turns into the run's schedule co
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from mds_checkpoint.layout import LATEST
+from mds_checkpoint.meta import MDS_LAYOUT, UPSTREAM_LAYOUT, CheckpointMeta, read_meta
 
 logger = logging.getLogger(__name__)
 
 CONVERTED_PREFIX = ".upstream-"
 
 
-def needs_conversion(meta: dict[str, Any] | None) -> bool:
+def needs_conversion(meta: CheckpointMeta | None) -> bool:
     """No meta.json (upstream's own files), or mds-merge-mp's output in another `--target-layout`
     than mds-train's own, whose names DeepSpeed's loader would not find."""
-    return meta is None or meta.get("layout", "mds") != "mds"
+    return meta is None or meta.layout != MDS_LAYOUT
 
 
 def loadable_as_is(
@@ -44,8 +46,8 @@ def loadable_as_is(
     data_parallel: int,
     zero_stage: int,
     loads_optimizer: bool,
-) -> dict[str, Any] | None:
-    """The description (meta.json's shape) of an upstream DeepSpeed checkpoint this run's engine
+) -> CheckpointMeta | None:
+    """The description of an upstream DeepSpeed checkpoint this run's engine
     loads as it is, or None when it must be converted: another TP or PP; a pipeline checkpoint
     at PP = 1 (mds-train runs the plain engine there); query/key/value rows not per head
     (checkpoint_version < 2, or FPDT's blocks); or, when the optimizer is loaded, ZeRO
@@ -53,8 +55,6 @@ def loadable_as_is(
     from mds_checkpoint import ptfile
     from mds_checkpoint.source import open_source
     from mds_checkpoint.sources import QKV_PER_HEAD
-
-    from .checkpointing import UPSTREAM_LAYOUT
 
     source = open_source(folder)
     if (
@@ -70,8 +70,10 @@ def loadable_as_is(
     saved_dp = int(state.get("dp_world_size") or 1)
     if loads_optimizer and (stage, saved_dp) != (zero_stage, data_parallel):
         return None
-    parallel = {**source.meta["parallel"], "data_parallel": saved_dp, "zero_stage": stage}
-    return {**source.meta, "parallel": parallel, "layout": UPSTREAM_LAYOUT}
+    parallel = dataclasses.replace(
+        source.meta.parallel, data_parallel_size=saved_dp, zero_stage=stage
+    )
+    return source.meta.replace(parallel=parallel, layout=UPSTREAM_LAYOUT)
 
 
 def converted_folder(save_dir: Path, source: Path) -> Path:
@@ -87,7 +89,7 @@ def convert_upstream(
     with_optimizer: bool,
     rank: int,
     barrier: Callable[[], None],
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, CheckpointMeta]:
     """Rank 0 converts `source` (one checkpoint folder) while the others wait; every rank gets
     the converted checkpoint folder and its meta.json."""
     if save_dir is None:
@@ -118,8 +120,8 @@ def convert_upstream(
             result.seconds,
         )
     barrier()
-    folder = base / (base / "latest").read_text().strip()
-    return folder, json.loads((folder / "meta.json").read_text())
+    folder = base / (base / LATEST).read_text().strip()
+    return folder, read_meta(folder)
 
 
 def remove_converted(folder: Path, *, rank: int, barrier: Callable[[], None]) -> None:
