@@ -295,6 +295,23 @@ def test_the_default_process_group_timeout():
     assert inspect.signature(deepspeed.init_distributed).parameters["timeout"].default == timeout
 
 
+def test_fp32_mode_steps_a_bf16_model_s_client_optimizer_as_it_is():
+    """No fp16/bf16 section, ZeRO-0: DeepSpeed wraps nothing, so MasterWeightAdamW over bf16
+    weights is the engine's optimizer and its fp32 masters take the step."""
+    from mds_train.master_weights import MasterWeightAdamW
+
+    model = tiny_model().bfloat16()
+    groups = [{"params": list(model.parameters()), "weight_decay": 0.0, "lr": 0.1}]
+    client = MasterWeightAdamW(groups, betas=(0.9, 0.95), eps=1e-8)
+    engine = engine_of(model, client=lambda _: client)
+    assert engine.optimizer is client
+    before = [master.clone() for master in client.masters[0]]
+    train_step(engine)
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters())
+    changed = [not torch.equal(a, b) for a, b in zip(before, client.masters[0], strict=True)]
+    assert all(changed)
+
+
 # --- ZeRO-1/2 and the BF16 optimizer ---
 
 FRAGMENT_ENGINES = {

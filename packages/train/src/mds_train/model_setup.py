@@ -4,6 +4,8 @@ PP > 1 uses DeepSpeed's pipeline engine over `build_gpt_pipe` (ZeRO 0-1); PP = 1
 over the GPT (ZeRO 0-3, CPU offload). Parameter groups follow Megatron: no weight decay on biases
 and LayerNorm parameters. The optimizer is torch's AdamW (fused on GPUs) unless the user's
 DeepSpeed config names one, or DeepSpeed's CPU Adam when the optimizer is offloaded.
+`build_training_setup` is a fixed sequence of steps (torchtitan's `apply_*` style), each of which
+says when it applies; DeepSpeed's internals are reached through deepspeed_engine.py only.
 """
 
 from __future__ import annotations
@@ -186,11 +188,15 @@ def build_training_setup(
     module = build_module(
         gpt_config, groups, tracker, seed=config.precision.seed, is_pipeline=is_pipeline
     )
-    ds_config = build_deepspeed_config(config, topology, gpt_config, user_ds, is_pipeline)
+    ds_config = build_deepspeed_config(
+        config, topology, gpt_config, user_ds, is_pipeline=is_pipeline
+    )
     params = parameter_groups(module, config.optimizer.weight_decay)
     optimizer = build_client_optimizer(config, topology, params, ds_config, user_ds)
     apply_zero3_external_parameters(module, ds_config, is_pipeline=is_pipeline)
-    engine = initialize_engine(module, optimizer, params, ds_config, groups, is_pipeline)
+    engine = initialize_engine(
+        module, optimizer, params, ds_config, groups, is_pipeline=is_pipeline
+    )
     apply_fp32_clipping(engine, ds_config, groups, is_pipeline=is_pipeline)
     apply_gradient_reduction_in_backward(engine, optimizer, module, config, groups)
     apply_single_replica_shortcut(engine, ds_config, groups, is_pipeline=is_pipeline)
@@ -235,6 +241,7 @@ def build_deepspeed_config(
     topology: Topology,
     gpt_config: GPTConfig,
     user_ds: dict[str, Any],
+    *,
     is_pipeline: bool,
 ) -> dict[str, Any]:
     """The derived DeepSpeed config with the user's file over it."""
@@ -285,6 +292,7 @@ def initialize_engine(
     params: list[dict],
     ds_config: dict[str, Any],
     groups: ParallelGroups,
+    *,
     is_pipeline: bool,
 ):
     """DeepSpeed's engine; the plain engine with TP > 1 sees our groups through DeepSpeedMPU
