@@ -43,6 +43,7 @@ from mds_common.files import (
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
 
+from .deepspeed_engine import refresh_master_weights, set_progress
 from .rank_files import unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import (
@@ -395,8 +396,11 @@ def load_checkpoint(
     else:
         state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
     if universal:  # as DeepSpeed's own optimizer load would have set them
-        context.engine.global_steps = state.iteration
-        context.engine.global_samples = state.consumed_train_samples
+        set_progress(
+            context.engine,
+            iteration=state.iteration,
+            consumed_samples=state.consumed_train_samples,
+        )
         record = meta.optimizer.get("loss_scaler")
         if restore_loss_scaler(context.engine.optimizer, record):
             logger.info(
@@ -447,9 +451,7 @@ def _load_through_deepspeed(
             load_module_only=not load_optimizer or universal,
         )
     if not load_optimizer:  # fp32 master copies follow the loaded weights
-        refresh = getattr(context.engine.optimizer, "refresh_fp32_params", None)
-        if refresh is not None:
-            refresh()
+        refresh_master_weights(context.engine)
     if universal:
         step = restore_optimizer_state(
             context.engine,

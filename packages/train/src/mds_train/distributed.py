@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import torch
 
+from .deepspeed_engine import default_process_group_timeout
+
 
 @dataclass(frozen=True)
 class LaunchInfo:
@@ -79,7 +81,6 @@ def init_distributed(backend: str, *, timeout_minutes: int | None = None) -> Lau
     --distributed-timeout-minutes) waiting for a rank; when None, DeepSpeed's default (10,
     as Megatron's, or the DEEPSPEED_TIMEOUT environment variable)."""
     import deepspeed
-    from deepspeed.constants import default_pg_timeout
 
     info = launch_environment()  # idempotent: a second call reads what the first filled in
     if torch.cuda.is_available():
@@ -89,7 +90,7 @@ def init_distributed(backend: str, *, timeout_minutes: int | None = None) -> Lau
             deepspeed.init_distributed(
                 dist_backend=backend,
                 verbose=False,
-                timeout=default_pg_timeout
+                timeout=default_process_group_timeout()
                 if timeout_minutes is None
                 else timedelta(minutes=timeout_minutes),
             )

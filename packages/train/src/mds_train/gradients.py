@@ -8,15 +8,15 @@ parameters) and throws the norm away. This counts every parameter once, as Megat
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.distributed as dist
+
+from .deepspeed_engine import replace_fp32_clipping, replicated_by_pipeline
 
 
 def counts_once(param: torch.nn.Parameter, *, tp_rank: int) -> bool:
     """Whether this rank's copy of a parameter enters the model's gradient norm."""
-    if getattr(param, "ds_pipe_replicated", False):  # the last stage's tied embedding copy
+    if replicated_by_pipeline(param):  # the last stage's tied embedding copy
         return False
     return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
 
@@ -44,15 +44,15 @@ def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None
     """Replaces the engine's fp32 clipping with one that counts every parameter once and records
     the norm. With MasterWeightAdamW the gradients are clipped on its fp32 copies."""
 
-    def clip_fp32_gradients(self) -> None:
-        prepare = getattr(self.optimizer, "master_gradients", None)
+    def clip() -> torch.Tensor:
+        prepare = getattr(engine.optimizer, "master_gradients", None)
         if prepare is not None:  # fp32 copies of bf16 gradients, each paired with its parameter
             pairs = prepare()
         else:
-            pairs = [(p, p.grad.detach()) for p in self.module.parameters() if p.grad is not None]
+            pairs = [(p, p.grad.detach()) for p in engine.module.parameters() if p.grad is not None]
         counted = [grad for param, grad in pairs if counts_once(param, tp_rank=tp_rank)]
         norm = norm_of(counted, model_parallel_group)
-        clip_([grad for _, grad in pairs], norm, self.gradient_clipping())
-        self._global_grad_norm = norm
+        clip_([grad for _, grad in pairs], norm, engine.gradient_clipping())
+        return norm
 
-    engine.clip_fp32_gradients = types.MethodType(clip_fp32_gradients, engine)
+    replace_fp32_clipping(engine, clip)

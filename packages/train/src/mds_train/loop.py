@@ -23,6 +23,7 @@ import torch.distributed as dist
 from .checkpointing import CheckpointContext, save_checkpoint
 from .config import Topology, TrainConfig
 from .data import MicroBatches, pipeline_batches
+from .deepspeed_engine import current_loss_scale
 from .metrics import (
     IntervalStats,
     MetricsWriter,
@@ -445,6 +446,4 @@ def _as_float(value) -> float | None:
 def _loss_scale(engine) -> float | None:
     if not engine.fp16_enabled():
         return None
-    optimizer = engine.optimizer
-    scale = getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
-    return _as_float(scale)
+    return current_loss_scale(engine)

@@ -4,6 +4,8 @@ PP > 1 uses DeepSpeed's pipeline engine over `build_gpt_pipe` (ZeRO 0-1); PP = 1
 over the GPT (ZeRO 0-3, CPU offload). Parameter groups follow Megatron: no weight decay on biases
 and LayerNorm parameters. The optimizer is torch's AdamW (fused on GPUs) unless the user's
 DeepSpeed config names one, or DeepSpeed's CPU Adam when the optimizer is offloaded.
+`build_training_setup` is a fixed sequence of steps (torchtitan's `apply_*` style), each of which
+says when it applies; DeepSpeed's internals are reached through deepspeed_engine.py only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from mds_model import (
 )
 
 from .config import Topology, TrainConfig
+from .deepspeed_engine import (
+    built_optimizer,
+    pipeline_model_parallel_group,
+    skip_backward_allreduce,
+)
 from .ds_config import (
     derive_deepspeed_config,
     merge_deepspeed_config,
@@ -169,49 +176,129 @@ def _client_optimizer(
 
 def build_training_setup(
     config: TrainConfig, topology: Topology, gpt_config: GPTConfig, user_ds: dict[str, Any]
-):
-    """`user_ds`: the user's DeepSpeed file, already folded into `config` (ds_file.py)."""
-    import deepspeed  # loaded here, after the flags and files were checked
-    from mds_model import build_gpt_pipe, pipeline_deepspeed_config
-
-    seed = config.precision.seed
+) -> TrainingSetup:
+    """The model, its optimizer and the engine, in a fixed order of steps; each step says when it
+    applies. `user_ds`: the user's DeepSpeed file, already folded into `config` (ds_file.py)."""
     groups = ParallelGroups.build(
         tensor_parallel_size=topology.tensor_parallel,
         pipeline_parallel_size=topology.pipeline_parallel,
     )
+    tracker = seed_everything(config.precision.seed, groups)
+    is_pipeline = topology.pipeline_parallel > 1
+    module = build_module(
+        gpt_config, groups, tracker, seed=config.precision.seed, is_pipeline=is_pipeline
+    )
+    ds_config = build_deepspeed_config(
+        config, topology, gpt_config, user_ds, is_pipeline=is_pipeline
+    )
+    params = parameter_groups(module, config.optimizer.weight_decay)
+    optimizer = build_client_optimizer(config, topology, params, ds_config, user_ds)
+    apply_zero3_external_parameters(module, ds_config, is_pipeline=is_pipeline)
+    engine = initialize_engine(
+        module, optimizer, params, ds_config, groups, is_pipeline=is_pipeline
+    )
+    apply_fp32_clipping(engine, ds_config, groups, is_pipeline=is_pipeline)
+    apply_gradient_reduction_in_backward(engine, optimizer, module, config, groups)
+    apply_single_replica_shortcut(engine, ds_config, groups, is_pipeline=is_pipeline)
+    return TrainingSetup(
+        engine=engine,
+        optimizer=optimizer or built_optimizer(engine),  # DeepSpeed built it from the file
+        groups=groups,
+        rng_tracker=tracker,
+        gpt_config=gpt_config,
+        ds_config=ds_config,
+        is_pipeline=is_pipeline,
+    )
+
+
+def seed_everything(seed: int, groups: ParallelGroups) -> RNGStatesTracker:
+    """Python's, numpy's and torch's generators, and the model-parallel RNG tracker."""
     random.seed(seed)
     np.random.seed(seed)
-    tracker = model_parallel_seed(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
-    is_pipeline = topology.pipeline_parallel > 1
+    return model_parallel_seed(seed, tp_rank=groups.tp_rank, pp_rank=groups.pp_rank)
+
+
+def build_module(
+    gpt_config: GPTConfig,
+    groups: ParallelGroups,
+    tracker: RNGStatesTracker,
+    *,
+    seed: int,
+    is_pipeline: bool,
+) -> torch.nn.Module:
+    """The pipeline's stages (PP > 1) or the whole GPT, on the GPU where there is one."""
+    from mds_model import build_gpt_pipe
+
     if is_pipeline:
         module = build_gpt_pipe(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)
     else:
         module = TrainingGPT(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)
-    if torch.cuda.is_available():
-        module = module.cuda()
+    return module.cuda() if torch.cuda.is_available() else module
 
-    client = "optimizer" not in user_ds
+
+def build_deepspeed_config(
+    config: TrainConfig,
+    topology: Topology,
+    gpt_config: GPTConfig,
+    user_ds: dict[str, Any],
+    *,
+    is_pipeline: bool,
+) -> dict[str, Any]:
+    """The derived DeepSpeed config with the user's file over it."""
+    from mds_model import pipeline_deepspeed_config
+
     derived = derive_deepspeed_config(
         config,
         topology,
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
-        client_optimizer=client,
+        client_optimizer="optimizer" not in user_ds,
     )
-    ds_config = merge_deepspeed_config(derived, user_ds)
-    params = parameter_groups(module, config.optimizer.weight_decay)
-    optimizer = None
-    if client:
-        optimizer = _client_optimizer(
-            config,
-            params,
-            offload=offloads_optimizer(ds_config),
-            master_weights=uses_master_weights(config, topology),
-        )
-    if not is_pipeline and ds_config["zero_optimization"]["stage"] == 3:
-        # The LM head reads the word embeddings outside their module's forward.
-        deepspeed.zero.register_external_parameter(
-            module, module.gpt.embedding.word_embeddings.weight
-        )
+    return merge_deepspeed_config(derived, user_ds)
+
+
+def build_client_optimizer(
+    config: TrainConfig,
+    topology: Topology,
+    params: list[dict],
+    ds_config: dict[str, Any],
+    user_ds: dict[str, Any],
+) -> torch.optim.Optimizer | None:
+    """Ours, unless the user's DeepSpeed file names one (None: DeepSpeed builds that one)."""
+    if "optimizer" in user_ds:
+        return None
+    return _client_optimizer(
+        config,
+        params,
+        offload=offloads_optimizer(ds_config),
+        master_weights=uses_master_weights(config, topology),
+    )
+
+
+def apply_zero3_external_parameters(
+    module: torch.nn.Module, ds_config: dict[str, Any], *, is_pipeline: bool
+) -> None:
+    """ZeRO-3 without pipelining: the LM head reads the word embeddings outside their module's
+    forward, so ZeRO-3 must gather them for the whole model's."""
+    if is_pipeline or _zero_stage(ds_config) != 3:
+        return
+    import deepspeed
+
+    deepspeed.zero.register_external_parameter(module, module.gpt.embedding.word_embeddings.weight)
+
+
+def initialize_engine(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    params: list[dict],
+    ds_config: dict[str, Any],
+    groups: ParallelGroups,
+    *,
+    is_pipeline: bool,
+):
+    """DeepSpeed's engine; the plain engine with TP > 1 sees our groups through DeepSpeedMPU
+    (the pipeline engine takes its own from the PipelineModule)."""
+    import deepspeed  # loaded here, after the flags and files were checked
+
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         optimizer=optimizer,
@@ -219,38 +306,57 @@ def build_training_setup(
         config=ds_config,
         mpu=DeepSpeedMPU(groups) if not is_pipeline and groups.tp_size > 1 else None,
     )
+    return engine
+
+
+def apply_fp32_clipping(
+    engine, ds_config: dict[str, Any], groups: ParallelGroups, *, is_pipeline: bool
+) -> None:
+    """fp32 without ZeRO (DeepSpeed's fp32 clipping path, MasterWeightAdamW's too): clipping
+    that counts every parameter once and keeps the norm (gradients.py)."""
     half = ds_config.get("fp16", {}).get("enabled") or ds_config.get("bf16", {}).get("enabled")
-    if not (half or ds_config["zero_optimization"]["stage"]):  # DeepSpeed's fp32 clipping path
-        model_parallel_group = engine.mpu.get_model_parallel_group() if is_pipeline else None
-        install_fp32_clipping(
-            engine,
-            tp_rank=groups.tp_rank,
-            model_parallel_group=model_parallel_group or groups.tp_group,
-        )
-    if isinstance(optimizer, MasterWeightAdamW):
-        # Gradients are accumulated in fp32 and averaged during backward, bucket by bucket;
-        # DeepSpeed's own all-reduce would flatten and reduce every gradient after backward.
-        engine.enable_backward_allreduce = False
-        optimizer.reduce_in_backward(
-            [param for param in module.parameters() if param.requires_grad],
-            is_last_micro_batch=engine.is_gradient_accumulation_boundary,
-            data_parallel_group=groups.dp_group,
-            data_parallel_size=groups.dp_size,
-            reduce_dtype=torch.bfloat16 if config.precision.grad_reduce_in_bf16 else torch.float32,
-        )
-    elif not is_pipeline and groups.dp_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
-        # One replica: DeepSpeed would still flatten, "all-reduce" and copy back every gradient.
-        engine.enable_backward_allreduce = False
-    base_optimizer = optimizer or engine.basic_optimizer  # DeepSpeed built it from the file
-    return TrainingSetup(
-        engine=engine,
-        optimizer=base_optimizer,
-        groups=groups,
-        rng_tracker=tracker,
-        gpt_config=gpt_config,
-        ds_config=ds_config,
-        is_pipeline=is_pipeline,
+    if half or _zero_stage(ds_config):
+        return
+    model_parallel_group = pipeline_model_parallel_group(engine) if is_pipeline else None
+    install_fp32_clipping(
+        engine,
+        tp_rank=groups.tp_rank,
+        model_parallel_group=model_parallel_group or groups.tp_group,
     )
+
+
+def apply_gradient_reduction_in_backward(
+    engine,
+    optimizer: torch.optim.Optimizer | None,
+    module: torch.nn.Module,
+    config: TrainConfig,
+    groups: ParallelGroups,
+) -> None:
+    """MasterWeightAdamW: gradients are accumulated in fp32 and averaged during backward, bucket
+    by bucket; DeepSpeed's own all-reduce would flatten and reduce every gradient after backward."""
+    if not isinstance(optimizer, MasterWeightAdamW):
+        return
+    skip_backward_allreduce(engine)
+    optimizer.reduce_in_backward(
+        [param for param in module.parameters() if param.requires_grad],
+        is_last_micro_batch=engine.is_gradient_accumulation_boundary,
+        data_parallel_group=groups.dp_group,
+        data_parallel_size=groups.dp_size,
+        reduce_dtype=torch.bfloat16 if config.precision.grad_reduce_in_bf16 else torch.float32,
+    )
+
+
+def apply_single_replica_shortcut(
+    engine, ds_config: dict[str, Any], groups: ParallelGroups, *, is_pipeline: bool
+) -> None:
+    """One replica of the plain engine at ZeRO-0: DeepSpeed would still flatten, "all-reduce" and
+    copy back every gradient."""
+    if not is_pipeline and groups.dp_size == 1 and _zero_stage(ds_config) == 0:
+        skip_backward_allreduce(engine)
+
+
+def _zero_stage(ds_config: dict[str, Any]) -> int:
+    return ds_config["zero_optimization"]["stage"]
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -7,13 +7,14 @@ inert records (ptfile's `FOREIGN_CLASSES_PICKLE`) and every importable class as 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 from mds_checkpoint.ptfile import FOREIGN_CLASSES_PICKLE
+
+from .deepspeed_engine import checkpoint_engine_loading_with
 
 
 def load_rank_file(path: str | Path, map_location: Any = "cpu", *, mmap: bool = False) -> Any:
@@ -26,18 +27,7 @@ def load_rank_file(path: str | Path, map_location: Any = "cpu", *, mmap: bool = 
     )
 
 
-@contextmanager
-def unpickling_foreign_classes(engine: Any) -> Iterator[None]:
+def unpickling_foreign_classes(engine: Any) -> AbstractContextManager[None]:
     """For a load through DeepSpeed's engine: its checkpoint engine's torch.load is
     `load_rank_file`."""
-    checkpoint_engine = engine.checkpoint_engine
-    original = checkpoint_engine.load
-
-    def load(path: str, map_location: Any = None) -> Any:
-        return load_rank_file(path, map_location)
-
-    checkpoint_engine.load = load
-    try:
-        yield
-    finally:
-        checkpoint_engine.load = original
+    return checkpoint_engine_loading_with(engine, load_rank_file)

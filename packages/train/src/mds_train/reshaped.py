@@ -5,7 +5,8 @@ topology-free (mds_checkpoint's universal layout: whole fp32 masters and Adam mo
 parameter). Each rank takes its tensor-parallel slice of every parameter and puts it where this
 run's optimizer keeps it: torch's AdamW (fp32, ZeRO-0: the parameter is the master), mds-train's
 `MasterWeightAdamW` (bf16, ZeRO-0), or DeepSpeed's ZeRO-1/2 and BF16 optimizers through their
-fragment mappings (`param._hp_mapping`, the ones DeepSpeed's own universal loader fills).
+fragment mappings (`param._hp_mapping`, the ones DeepSpeed's own universal loader fills; every
+DeepSpeed internal used here is wrapped in deepspeed_engine.py).
 At ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`) DeepSpeed cannot load these files at all, so the
 weights go in here too: each rank's DP partition of its TP slice, as DeepSpeed's stage-3 universal
 loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) cuts it. An fp16 source's dynamic
@@ -21,6 +22,21 @@ from typing import Any
 import torch
 from mds_model import ParallelGroups
 
+from .deepspeed_engine import (
+    Zero3SubGroup,
+    dynamic_loss_scaler,
+    fragment_of,
+    has_fragment_mapping,
+    inner_optimizer,
+    is_pipeline_engine,
+    relink_optimizer_state,
+    set_loss_scaler_state,
+    zero3_all_partitioned,
+    zero3_full_shape,
+    zero3_keeps_partitions_on_nvme,
+    zero3_partition,
+    zero3_sub_groups,
+)
 from .master_weights import MasterWeightAdamW
 from .rank_files import load_rank_file
 
@@ -39,7 +55,7 @@ def restore_optimizer_state(
     from mds_checkpoint import UniversalState, plain_parameter_name
 
     state = UniversalState(path)
-    is_pipeline = hasattr(engine.module, "tied_modules")
+    is_pipeline = is_pipeline_engine(engine)
     touched_deepspeed = False
     for engine_name, param in engine.module.named_parameters():
         name = plain_parameter_name(engine_name, num_layers=num_layers, pipeline=is_pipeline)
@@ -52,15 +68,15 @@ def restore_optimizer_state(
                 f"{path}: {name} is {tuple(values['fp32'].shape)} for TP rank {groups.tp_rank}, "
                 f"this run's parameter is {tuple(param.shape)}"
             )
-        if hasattr(param, "_hp_mapping"):
+        if has_fragment_mapping(param):
             _set_deepspeed_fragment(engine.optimizer, param, values, state.step)
             touched_deepspeed = True
         elif isinstance(optimizer, MasterWeightAdamW):
             _set_master(optimizer, param, values, state.step)
         else:
             _set_torch_state(optimizer, param, values, state.step)
-    if touched_deepspeed and hasattr(engine.optimizer, "_hp_optimizer_states_linked"):
-        engine.optimizer._hp_optimizer_states_linked = False  # relink views into the new state
+    if touched_deepspeed:
+        relink_optimizer_state(engine.optimizer)
     if isinstance(optimizer, MasterWeightAdamW):
         optimizer.refresh_model_params()
     return state.step
@@ -75,8 +91,8 @@ def restore_loss_scaler(ds_optimizer: Any, record: dict[str, Any] | None) -> boo
     """
     if record is None:
         return False
-    scaler = getattr(ds_optimizer, "loss_scaler", None)
-    if scaler is None or not getattr(scaler, "dynamic", False):
+    scaler = dynamic_loss_scaler(ds_optimizer)
+    if scaler is None:
         logger.info(
             "the checkpoint's fp16 loss scale %s is not used: this run has no dynamic loss "
             "scaler (static --loss-scale, bf16 or fp32)",
@@ -90,9 +106,7 @@ def restore_loss_scaler(ds_optimizer: Any, record: dict[str, Any] | None) -> boo
     missing = [name for name in STATE_FIELDS if name not in record]
     if missing:
         raise ValueError(f"the checkpoint's loss_scaler record has no {', '.join(missing)}")
-    scaler.cur_scale = float(record["cur_scale"])
-    for name in STATE_FIELDS[1:]:
-        setattr(scaler, name, int(record[name]))
+    set_loss_scaler_state(scaler, **{name: record[name] for name in STATE_FIELDS})
     return True
 
 
@@ -133,28 +147,21 @@ def _set_master(optimizer: MasterWeightAdamW, param, values, step: int) -> None:
 
 @torch.no_grad()
 def _set_deepspeed_fragment(ds_optimizer, param, values, step: int) -> None:
-    mapping = param._hp_mapping
-    if mapping is None:  # no fragment of this parameter in this DP rank's partition
+    fragment = fragment_of(param)
+    if fragment is None:  # no fragment of this parameter in this DP rank's partition
         return
-    lp = mapping.lp_fragment_address
-    hp = mapping.hp_fragment_address
-    mapping.hp_fragment.copy_(values["fp32"].flatten().narrow(0, lp.start, lp.numel))
-    base = ds_optimizer.optimizer
-    flat = base.param_groups[mapping.param_group_index]["params"][0]
+    fragment.master.copy_(values["fp32"].flatten().narrow(0, fragment.start, fragment.numel))
+    base = inner_optimizer(ds_optimizer)
+    group = base.param_groups[fragment.group_index]
+    flat = group["params"][0]
     state = base.state[flat]
     if "exp_avg" not in state:
-        state.update(
-            _adam_state(
-                {"exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)},
-                flat,
-                step,
-                base.param_groups[mapping.param_group_index],
-            )
-        )
+        zeros = {"exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)}
+        state.update(_adam_state(zeros, flat, step, group))
     state["step"].fill_(float(step))
     for key in ("exp_avg", "exp_avg_sq"):
-        fragment = values[key].flatten().narrow(0, lp.start, lp.numel)
-        state[key].narrow(0, hp.start, hp.numel).copy_(fragment)
+        piece = values[key].flatten().narrow(0, fragment.start, fragment.numel)
+        state[key].narrow(0, fragment.partition_start, fragment.numel).copy_(piece)
 
 
 def restore_zero3(
@@ -173,9 +180,7 @@ def restore_zero3(
     from mds_checkpoint.engine_names import megatron_flat
 
     ds_optimizer = engine.optimizer
-    if getattr(ds_optimizer, "swap_optimizer", False) or any(
-        flat is None for flat in ds_optimizer.fp16_partitioned_groups_flat
-    ):
+    if zero3_keeps_partitions_on_nvme(ds_optimizer):
         raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
     mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
     checkpoint = load_rank_file(mp_file, mmap=True)
@@ -190,7 +195,7 @@ def restore_zero3(
     }
 
     def values_of(param) -> dict[str, torch.Tensor]:
-        name, shape = names[param], tuple(param.ds_shape)
+        name, shape = names[param], zero3_full_shape(param)
         if state is None:
             values = {"fp32": weights[name]}
         else:
@@ -206,37 +211,36 @@ def restore_zero3(
         return values
 
     step = None if state is None else state.step
-    ds_optimizer.checkpoint_event_prologue()  # every parameter partitioned, none gathered
-    for g, sub_group in enumerate(ds_optimizer.fp16_groups):
-        _fill_zero3_sub_group(ds_optimizer, g, sub_group, values_of, step)
-    ds_optimizer.checkpoint_event_epilogue()  # gathers the persistent parameters again
+    with zero3_all_partitioned(ds_optimizer):
+        for g, sub_group in enumerate(zero3_sub_groups(ds_optimizer)):
+            _fill_zero3_sub_group(ds_optimizer, g, sub_group, values_of, step)
     return checkpoint
 
 
 @torch.no_grad()
-def _fill_zero3_sub_group(ds_optimizer, g: int, sub_group, values_of, step: int | None) -> None:
-    master = ds_optimizer.fp32_partitioned_groups_flat[g]
-    base = ds_optimizer.optimizer
+def _fill_zero3_sub_group(
+    ds_optimizer, g: int, sub_group: Zero3SubGroup, values_of, step: int | None
+) -> None:
+    master = sub_group.master
+    base = inner_optimizer(ds_optimizer)
     if step is not None:
         moments = base.state.setdefault(master, {})
         if "exp_avg" not in moments:
             # outside its step DeepSpeed keeps the masters out of the groups' params
-            group = base.param_groups[ds_optimizer.sub_group_to_group_id[g]]
             zeros = {"exp_avg": torch.zeros_like(master), "exp_avg_sq": torch.zeros_like(master)}
-            moments.update(_adam_state(zeros, master, step, group))
+            moments.update(_adam_state(zeros, master, step, sub_group.param_group))
         moments["step"].fill_(float(step))
     offset = 0
-    for param in sub_group:
-        size = param.partition_numel()
-        rank = ds_optimizer._get_param_partition_rank(param)
-        world = ds_optimizer._get_param_partition_world_size(param)
+    for param in sub_group.params:
+        part = zero3_partition(ds_optimizer, param)
+        size = part.numel
         for key, tensor in values_of(param).items():
             flat = tensor.detach().flatten().to(master.device, torch.float32)
-            padded = torch.zeros(size * world, dtype=flat.dtype, device=flat.device)
+            padded = torch.zeros(size * part.world_size, dtype=flat.dtype, device=flat.device)
             padded[: flat.numel()] = flat
-            partition = padded.narrow(0, rank * size, size)
+            partition = padded.narrow(0, part.rank * size, size)
             if key == "fp32":
-                param.ds_tensor.copy_(partition.to(param.ds_tensor.dtype))
+                part.local.copy_(partition.to(part.local.dtype))
                 master.narrow(0, offset, size).copy_(partition)
             else:
                 base.state[master][key].narrow(0, offset, size).copy_(partition)

@@ -27,6 +27,7 @@ from .checkpointing import (
 )
 from .config import Topology, TrainConfig
 from .data import Vocabulary, build_datasets, read_vocabulary
+from .deepspeed_engine import check_version as check_deepspeed_version
 from .distributed import (
     LaunchInfo,
     another_process_left,
@@ -174,7 +175,9 @@ def run(
     """`warnings`: notes for rank 0 to log (ignored flags); `given`: the config fields the user
     gave (cli.given_fields), which a `--deepspeed_config` file may not contradict."""
     # Flags, vocabulary and datasets are checked before DeepSpeed loads or any process group
-    # forms, so a mistake is one line on stderr and nothing else.
+    # forms, so a mistake is one line on stderr and nothing else; first of all, that the
+    # installed DeepSpeed is one whose internals mds-train was checked against.
+    check_deepspeed_version()
     launch = launch_environment()
     topology = config.topology(launch.world_size)
     user_ds: dict = {}

@@ -28,6 +28,7 @@ from .checkpointing import (
     CheckpointContext,
     check_model_fields,
 )
+from .deepspeed_engine import set_progress
 from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .state import TrainingState
@@ -104,8 +105,7 @@ def load_universal(
         client_state = _client_state(path)
         how = "reshaped.py"
     state = _progress(client_state or {}, meta)
-    engine.global_steps = state.iteration
-    engine.global_samples = state.consumed_train_samples
+    set_progress(engine, iteration=state.iteration, consumed_samples=state.consumed_train_samples)
     record = (meta.optimizer or {}).get("loss_scaler")
     if restore_loss_scaler(engine.optimizer, record):
         logger.info("fp16 loss scale %s restored", record["cur_scale"])

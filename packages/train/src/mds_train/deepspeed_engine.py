@@ -1,0 +1,279 @@
+"""The one module that reaches into DeepSpeed's undocumented internals, and the versions checked.
+
+Each function wraps one private attribute, method or monkey-patch that mds-train relies on, with why
+it needs it; tests/train/test_deepspeed_contract.py checks each against the installed DeepSpeed and
+packages/train/README.md ("DeepSpeed internals") lists them. DeepSpeed's documented API
+(`deepspeed.initialize`, the engine's `backward`/`step`/`train_batch`/`save_checkpoint`/
+`load_checkpoint`, `get_global_grad_norm`, ...) is used directly elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib import metadata
+from typing import Any
+
+import torch
+
+# The DeepSpeed releases (major.minor) whose internals this module was checked against.
+TESTED_VERSIONS = ("0.19",)
+# Set to 1 to run on another release anyway (after tests/train/test_deepspeed_contract.py passes).
+UNTESTED_OVERRIDE = "MDS_ALLOW_UNTESTED_DEEPSPEED"
+
+
+def check_version(version: str | None = None, *, environ: dict[str, str] | None = None) -> None:
+    """Refuses (ValueError, one line) a DeepSpeed whose major.minor is not in TESTED_VERSIONS;
+    `version`: the installed distribution's when None. Read from the package metadata, so the
+    refusal comes before DeepSpeed is imported."""
+    environ = os.environ if environ is None else environ
+    if version is None:
+        try:
+            version = metadata.version("deepspeed")
+        except metadata.PackageNotFoundError:
+            raise ValueError("DeepSpeed is not installed; pip install deepspeed==0.19.*") from None
+    major_minor = ".".join(version.split(".")[:2])
+    if major_minor in TESTED_VERSIONS or environ.get(UNTESTED_OVERRIDE) == "1":
+        return
+    tested = ", ".join(f"{v}.x" for v in TESTED_VERSIONS)
+    raise ValueError(
+        f"DeepSpeed {version} is installed; mds-train relies on DeepSpeed internals checked on "
+        f"{tested} only: install one of those, or run tests/train/test_deepspeed_contract.py "
+        f"against {version} and set {UNTESTED_OVERRIDE}=1 to try it"
+    )
+
+
+def default_process_group_timeout() -> timedelta:
+    """`init_distributed`'s own default (`deepspeed.constants.default_pg_timeout`: 10 minutes,
+    or DEEPSPEED_TIMEOUT), for runs without --distributed-timeout-minutes."""
+    from deepspeed.constants import default_pg_timeout
+
+    return default_pg_timeout
+
+
+# --- the engine (DeepSpeedEngine, PipelineEngine) ---
+
+
+def replace_fp32_clipping(engine: Any, clip: Callable[[], torch.Tensor]) -> None:
+    """Makes `clip()` the engine's fp32 clipping: `_take_model_step` calls `clip_fp32_gradients`
+    before the optimizer step (gradient_clipping > 0, no fp16/bf16, no ZeRO), and its norm
+    becomes `get_global_grad_norm()`. mds needs it because DeepSpeed's own counts the pipeline's
+    tied embedding copy twice and discards the norm (gradients.py)."""
+
+    def clip_fp32_gradients(self) -> None:
+        self._global_grad_norm = clip()
+
+    engine.clip_fp32_gradients = types.MethodType(clip_fp32_gradients, engine)
+
+
+def skip_backward_allreduce(engine: Any) -> None:
+    """`backward` reduces no gradients (`enable_backward_allreduce`): MasterWeightAdamW averages
+    them itself during backward, and one replica needs no flatten-reduce-copy of every gradient."""
+    engine.enable_backward_allreduce = False
+
+
+def built_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """The torch optimizer DeepSpeed built from the config's `optimizer` section (before any ZeRO
+    or fp16 wrapper): its param groups carry the learning rate the schedule sets."""
+    return engine.basic_optimizer
+
+
+def pipeline_model_parallel_group(engine: Any):
+    """The pipeline engine's TP x PP group (its `mpu` is the PipelineModule's grid): the group a
+    gradient norm is summed over."""
+    return engine.mpu.get_model_parallel_group()
+
+
+def set_progress(engine: Any, *, iteration: int, consumed_samples: int) -> None:
+    """The engine's step and sample counters, as DeepSpeed's own optimizer load sets them, for
+    loads that fill the optimizer outside it (reshaped and universal checkpoints)."""
+    engine.global_steps = iteration
+    engine.global_samples = consumed_samples
+
+
+@contextmanager
+def checkpoint_engine_loading_with(engine: Any, load: Callable[..., Any]) -> Iterator[None]:
+    """While inside, DeepSpeed's checkpoint loads read files with `load(path, map_location)`
+    (its `checkpoint_engine.load`): upstream's files pickle Megatron classes (rank_files.py)."""
+    checkpoint_engine = engine.checkpoint_engine
+    original = checkpoint_engine.load
+    checkpoint_engine.load = lambda path, map_location=None: load(path, map_location)
+    try:
+        yield
+    finally:
+        checkpoint_engine.load = original
+
+
+def refresh_master_weights(engine: Any) -> None:
+    """The optimizer's fp32 masters from the model's weights, where it keeps any
+    (`refresh_fp32_params`, which DeepSpeed's module-only load calls too)."""
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+
+
+def is_pipeline_engine(engine: Any) -> bool:
+    """Whether the engine trains a PipelineModule (whose `tied_modules` hold the shared
+    embedding): its parameters are named by layer index."""
+    return hasattr(engine.module, "tied_modules")
+
+
+def replicated_by_pipeline(param: torch.nn.Parameter) -> bool:
+    """Whether this is the last stage's copy of a tied parameter (`ds_pipe_replicated`, which
+    DeepSpeed's half-precision norms skip): a gradient norm counts it once, on the first stage."""
+    return bool(getattr(param, "ds_pipe_replicated", False))
+
+
+def current_loss_scale(engine: Any) -> float | None:
+    """The fp16 optimizer's current loss scale (`cur_scale` of its fp16 wrappers, `loss_scale`
+    of its ZeRO optimizers), for the log line; None when it keeps none."""
+    optimizer = engine.optimizer
+    scale = getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
+    if scale is None:
+        return None
+    return float(scale.item() if torch.is_tensor(scale) else scale)
+
+
+def dynamic_loss_scaler(ds_optimizer: Any) -> Any | None:
+    """The optimizer's `DynamicLossScaler` (its `loss_scaler`, `dynamic`), or None (static
+    scale, bf16, fp32): a reshaped fp16 checkpoint's scaler state goes into it."""
+    scaler = getattr(ds_optimizer, "loss_scaler", None)
+    if scaler is None or not getattr(scaler, "dynamic", False):
+        return None
+    return scaler
+
+
+def set_loss_scaler_state(scaler: Any, *, cur_scale: float, **counters: int) -> None:
+    """The fields a `DynamicLossScaler` changes as it runs (`cur_scale`, `cur_iter`,
+    `last_overflow_iter`, `cur_hysteresis`; mds_checkpoint.loss_scale.STATE_FIELDS)."""
+    scaler.cur_scale = float(cur_scale)
+    for name, value in counters.items():
+        if not hasattr(scaler, name):
+            raise AttributeError(f"DeepSpeed's loss scaler has no {name}")
+        setattr(scaler, name, int(value))
+
+
+# --- ZeRO-1/2 and the BF16 optimizer: a parameter's fragment of the flat fp32 partition ---
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """This DP rank's piece of one parameter in its optimizer's flat fp32 partition."""
+
+    start: int  # where the piece begins in the flattened parameter
+    numel: int
+    master: torch.Tensor  # its fp32 values (a view into the partition)
+    partition_start: int  # where it begins in the partition (and in the Adam moments)
+    group_index: int  # the partition's param group in the inner optimizer
+
+
+def has_fragment_mapping(param: torch.nn.Parameter) -> bool:
+    """Whether DeepSpeed's ZeRO-1/2 or BF16 optimizer maps this parameter (`_hp_mapping`, what
+    DeepSpeed's universal loader fills)."""
+    return hasattr(param, "_hp_mapping")
+
+
+def fragment_of(param: torch.nn.Parameter) -> Fragment | None:
+    """The parameter's fragment (`_hp_mapping`), or None where this DP rank's partition holds
+    none of it: reshaped.py writes a reshaped checkpoint's values there."""
+    mapping = param._hp_mapping
+    if mapping is None:
+        return None
+    lp = mapping.lp_fragment_address
+    hp = mapping.hp_fragment_address
+    return Fragment(
+        start=lp.start,
+        numel=lp.numel,
+        master=mapping.hp_fragment,
+        partition_start=hp.start,
+        group_index=mapping.param_group_index,
+    )
+
+
+def inner_optimizer(ds_optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer a DeepSpeed optimizer wraps (its `optimizer`): its state holds the
+    Adam moments of the flat fp32 partitions."""
+    return ds_optimizer.optimizer
+
+
+def relink_optimizer_state(ds_optimizer: Any) -> None:
+    """After the inner optimizer's state was replaced, the fragments' views into it are rebuilt
+    at the next use (`_hp_optimizer_states_linked`)."""
+    if hasattr(ds_optimizer, "_hp_optimizer_states_linked"):
+        ds_optimizer._hp_optimizer_states_linked = False
+
+
+# --- ZeRO-3 (DeepSpeedZeroOptimizer_Stage3): partitioned parameters ---
+
+
+@dataclass(frozen=True)
+class Zero3SubGroup:
+    """One sub-group: its parameters' partitions lie end to end in `master` (fp32)."""
+
+    params: list[torch.nn.Parameter]
+    master: torch.Tensor
+    param_group: dict[str, Any]  # the inner optimizer's group, for its fused/capturable flags
+
+
+def zero3_keeps_partitions_on_nvme(ds_optimizer: Any) -> bool:
+    """Whether the optimizer swaps its partitions to NVMe (`swap_optimizer`, or flat partitions
+    that are None): reshaped.py cannot write them there."""
+    return bool(getattr(ds_optimizer, "swap_optimizer", False)) or any(
+        flat is None for flat in ds_optimizer.fp16_partitioned_groups_flat
+    )
+
+
+def zero3_sub_groups(ds_optimizer: Any) -> list[Zero3SubGroup]:
+    """The sub-groups (`fp16_groups`, `fp32_partitioned_groups_flat`, `sub_group_to_group_id`)
+    that reshaped.py fills with a reshaped checkpoint's partitions."""
+    base = ds_optimizer.optimizer
+    return [
+        Zero3SubGroup(
+            params=list(params),
+            master=ds_optimizer.fp32_partitioned_groups_flat[g],
+            param_group=base.param_groups[ds_optimizer.sub_group_to_group_id[g]],
+        )
+        for g, params in enumerate(ds_optimizer.fp16_groups)
+    ]
+
+
+@dataclass(frozen=True)
+class Zero3Partition:
+    """A parameter's partition: `numel` values from `rank * numel` of its flattened (zero-padded)
+    tensor, held in `local` (its `ds_tensor`)."""
+
+    shape: tuple[int, ...]  # the whole parameter's (`ds_shape`)
+    rank: int
+    world_size: int
+    numel: int
+    local: torch.Tensor
+
+
+def zero3_partition(ds_optimizer: Any, param: torch.nn.Parameter) -> Zero3Partition:
+    """Where the optimizer keeps this rank's piece of a ZeRO-3 parameter (`ds_shape`,
+    `ds_tensor`, `partition_numel`, `_get_param_partition_rank/_world_size`)."""
+    return Zero3Partition(
+        shape=tuple(param.ds_shape),
+        rank=ds_optimizer._get_param_partition_rank(param),
+        world_size=ds_optimizer._get_param_partition_world_size(param),
+        numel=param.partition_numel(),
+        local=param.ds_tensor,
+    )
+
+
+def zero3_full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
+    """A partitioned parameter's whole shape (`ds_shape`; its `shape` is empty)."""
+    return tuple(param.ds_shape)
+
+
+@contextmanager
+def zero3_all_partitioned(ds_optimizer: Any) -> Iterator[None]:
+    """Inside, every parameter is partitioned and none gathered; after, the persistent ones are
+    gathered again (`checkpoint_event_prologue/epilogue`, as DeepSpeed's own checkpoint load)."""
+    ds_optimizer.checkpoint_event_prologue()
+    yield
+    ds_optimizer.checkpoint_event_epilogue()
