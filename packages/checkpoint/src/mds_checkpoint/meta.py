@@ -153,7 +153,8 @@ class CheckpointMeta:
 
     def to_json(self) -> dict[str, Any]:
         """meta.json's content (the current version); records that are None are left out,
-        except the tokenizer's (None: the checkpoint names none)."""
+        except the tokenizer's (None: the checkpoint names none) and, in mds-merge-mp's outputs,
+        the optimizer's (None: weights only)."""
         content: dict[str, Any] = {
             "format": FORMAT,
             "checkpoint_version": VERSION,
@@ -173,7 +174,7 @@ class CheckpointMeta:
             "reshaped": self.reshaped,
             "optimizer": self.optimizer,
         }
-        kept = ("tokenizer", "lr_warmup_end_tokens")
+        kept = ("tokenizer", "lr_warmup_end_tokens", *(("optimizer",) if self.reshaped else ()))
         return {key: value for key, value in content.items() if value is not None or key in kept}
 
     @classmethod
