@@ -109,7 +109,7 @@ def merge(
         typer.Option(
             "--verify",
             help="Run source and output on a fixed batch on CPU; print the largest "
-            "logit difference.",
+            "logit difference and the loss on that batch.",
         ),
     ] = False,
     tensor_model_parallel_size: Annotated[
@@ -179,8 +179,8 @@ def merge(
         f"{result.num_tensors} tensors ({result.num_bytes / 2**20:.1f} MiB) in "
         f"{result.seconds:.1f} s" + (" with optimizer state" if with_optimizer else "")
     )
-    if result.logit_difference is not None:
-        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+    if result.verification is not None:
+        typer.echo(f"verify: {result.verification.summary()}")
 
 
 def _check_source(config, tp: int | None, pp: int | None, model_flags: tuple) -> None:
@@ -237,8 +237,8 @@ def export_hf(
         )
     )
     typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")
-    if result.logit_difference is not None:
-        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+    if result.verification is not None:
+        typer.echo(f"verify: {result.verification.summary()}")
 
 
 @app.command("import-hf")
