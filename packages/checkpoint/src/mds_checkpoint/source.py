@@ -26,7 +26,7 @@ from mds_model.naming import (
 from . import ptfile
 from .describe import config_from_megatron_args
 from .engine_names import megatron_to_plain, pipeline_to_plain
-from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE
+from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE, ZERO3_MODEL_FILE
 from .locate import locate_checkpoint
 from .meta import CheckpointMeta, Parallel, Progress, model_fields, read_meta
 from .partition import BufferPool, merge_shards
@@ -138,6 +138,11 @@ def _plain(value: Any) -> Any:
 def _deepspeed_source(folder: Path) -> Source:
     names = [p.name for p in folder.iterdir()]
     mp_files = sorted(n for n in names if MP_RANK_FILE.fullmatch(n))
+    # At ZeRO-3 DeepSpeed writes the module's placeholders and the client state (upstream's args)
+    # into one zero_pp_rank_D_mp_rank_TT_model_states.pt per rank instead of mp_rank_TT files.
+    zero3_files = sorted(
+        n for n in names if (match := ZERO3_MODEL_FILE.fullmatch(n)) and match.group(1) == "0"
+    )
     has_layers = any(LAYER_FILE.fullmatch(n) for n in names)
     meta = read_meta(folder)
     if meta is not None:
@@ -145,12 +150,13 @@ def _deepspeed_source(folder: Path) -> Source:
         tp, pp = meta.tensor_model_parallel_size, meta.pipeline_model_parallel_size
         order = QKV_PER_HEAD
     else:
-        if not mp_files:
+        described_by = mp_files or zero3_files
+        if not described_by:
             raise ValueError(f"{folder}: no {META} and no mp_rank_*_model_states.pt describe it")
-        state = ptfile.load(folder / mp_files[0])
+        state = ptfile.load(folder / described_by[0])
         if state.get("args") is None:
             raise ValueError(
-                f"{folder}: neither {META} (mds-train) nor Megatron's args in {mp_files[0]}; "
+                f"{folder}: neither {META} (mds-train) nor Megatron's args in {described_by[0]}; "
                 "cannot tell the model's shape"
             )
         tp = int(getattr(state["args"], "tensor_model_parallel_size", 1) or 1)
@@ -159,10 +165,23 @@ def _deepspeed_source(folder: Path) -> Source:
             state["args"],
             checkpoint_info=vocabulary_info(state),
             tensor_parallel=tp,
-            where=str(folder / mp_files[0]),
+            where=str(folder / described_by[0]),
         )
         meta = megatron_meta(state, config, tp, pp)
-        order = qkv_order(state, where=str(folder / mp_files[0]))
+        order = qkv_order(state, where=str(folder / described_by[0]))
+        if not mp_files:  # upstream's ZeRO-3 files: the weights are in the fp32 partitions
+            parallel = dataclasses.replace(
+                meta.parallel,
+                zero_stage=3,
+                data_parallel_size=int(state.get("dp_world_size") or 1),
+            )
+            meta = meta.replace(parallel=parallel)
+            if order != QKV_PER_HEAD:
+                raise ValueError(
+                    f"{folder / described_by[0]}: ZeRO-3 partitions with query_key_value rows "
+                    f"ordered {order}, not per head; mds reads such rows from mp_rank or layer "
+                    "files only"
+                )
     heads = config.num_attention_heads
     if has_layers:
         reader = LayerFiles(folder, heads=heads, qkv_order=order)
