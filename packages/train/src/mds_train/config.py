@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.flags import flag, restate
+from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
 from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
 from mds_tokenize.flags import TokenizerFlags
@@ -129,16 +130,16 @@ class ParallelSection(ParallelFlags):
 @dataclass(frozen=True, kw_only=True)
 class BatchSection:
     micro_batch_size: int = flag("--micro-batch-size", required=True, help="Samples per GPU step.")
-    global_batch_size: int | None = flag(
-        "--global-batch-size", help="Samples per iteration (micro x DP when omitted)."
+    global_batch_size: int | None = restate(
+        LengthFlags, "global_batch_size", note="Micro x DP when omitted."
     )
     rampup_batch_size: tuple[int, int, int] | None = flag(
         "--rampup-batch-size",
         nargs=3,
         help="START INCREMENT SAMPLES: grow the global batch linearly (with --train-samples).",
     )
-    train_iters: int | None = flag("--train-iters", help="Iterations to train.")
-    train_samples: int | None = flag("--train-samples", help="Samples to train.")
+    train_iters: int | None = restate(LengthFlags, "train_iters")
+    train_samples: int | None = restate(LengthFlags, "train_samples")
     train_tokens: int | None = flag(
         "--train-tokens", help="Also stop once this many tokens are consumed (of all runs)."
     )
@@ -199,21 +200,11 @@ class PrecisionSection:
         default=False,
         help="Average data-parallel gradients in bf16 (half the traffic; default fp32).",
     )
-    seed: int = flag("--seed", default=1234, help="Seed of weights, dropout and data order.")
+    seed: int = restate(SeedFlags, "seed", note="Also of the weights and dropout.")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataSection(TokenizerFlags):
-    data_path: tuple[str, ...] = flag(
-        "--data-path",
-        multiple=True,
-        required=True,
-        help="Dataset prefix, or weight/prefix pairs: --data-path 0.3 A 0.7 B.",
-    )
-    split: str = flag("--split", default="969, 30, 1", help="Train/valid/test document split.")
-    data_cache_path: Path | None = flag(
-        "--data-cache-path", help="Where sample-index caches live (beside the data)."
-    )
+class DataSection(DataFlags, TokenizerFlags):
     eod_mask_loss: bool = flag(
         "--eod-mask-loss", default=False, help="No loss on end-of-document positions."
     )
@@ -260,8 +251,8 @@ class CheckpointSection:
 @dataclass(frozen=True, kw_only=True)
 class LoggingSection:
     log_interval: int = flag("--log-interval", default=100, help="Iterations between log lines.")
-    eval_interval: int = flag("--eval-interval", default=1000, help="Iterations between evals.")
-    eval_iters: int = flag("--eval-iters", default=100, help="Batches per evaluation.")
+    eval_interval: int = restate(LengthFlags, "eval_interval")
+    eval_iters: int = restate(LengthFlags, "eval_iters")
     tensorboard_dir: Path | None = flag("--tensorboard-dir", help="Write TensorBoard events here.")
     tensorboard_queue_size: int = flag(
         "--tensorboard-queue-size", default=1000, help="Events queued before a flush."
