@@ -114,3 +114,18 @@ class ParallelFlags:
         "--pipeline-model-parallel-size", default=1, help="Pipeline stages (PP)."
     )
     zero_stage: int = flag("--zero-stage", default=0, help="ZeRO stage 0-3 (PP > 1: 0 or 1).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatchFlags:
+    micro_batch_size: int = flag(
+        "--micro-batch-size", default=1, help="Sequences per micro-batch per GPU."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HalfFlags:
+    """Megatron's half-precision switches (mds-train trains in them, mds-generate runs in them)."""
+
+    fp16: bool = flag("--fp16", default=False, help="float16 weights and activations.")
+    bf16: bool = flag("--bf16", default=False, help="bfloat16 weights and activations.")

@@ -14,7 +14,13 @@ from pathlib import Path
 from mds_common.flags import flag, restate
 from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
-from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
+from mds_model.flags import (
+    GPTFlags,
+    HalfFlags,
+    MicroBatchFlags,
+    ParallelFlags,
+    check_at_least,
+)
 from mds_tokenize.flags import TokenizerFlags
 
 from .schedule import (
@@ -129,7 +135,7 @@ class ParallelSection(ParallelFlags):
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSection:
-    micro_batch_size: int = flag("--micro-batch-size", required=True, help="Samples per GPU step.")
+    micro_batch_size: int = restate(MicroBatchFlags, "micro_batch_size", required=True)
     global_batch_size: int | None = restate(
         LengthFlags, "global_batch_size", note="Micro x DP when omitted."
     )
@@ -182,8 +188,8 @@ class OptimizerSection:
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionSection:
-    fp16: bool = flag("--fp16", default=False, help="fp16 with dynamic loss scaling.")
-    bf16: bool = flag("--bf16", default=False, help="bf16 with fp32 master weights.")
+    fp16: bool = restate(HalfFlags, "fp16", note="Dynamic loss scaling.")
+    bf16: bool = restate(HalfFlags, "bf16", note="fp32 master weights.")
     loss_scale: float | None = flag(
         "--loss-scale", help="Static fp16 loss scale (dynamic if unset)."
     )
