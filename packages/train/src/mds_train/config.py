@@ -326,12 +326,14 @@ class Topology:
     """Where the ranks go: world = pp x dp x tp."""
 
     world_size: int
-    tensor_parallel: int
-    pipeline_parallel: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
 
     @property
-    def data_parallel(self) -> int:
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+    def data_parallel_size(self) -> int:
+        return self.world_size // (
+            self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,16 +362,21 @@ class TrainConfig:
                 f"the world of {world_size} processes is not divisible by "
                 f"--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp})"
             )
-        return Topology(world_size=world_size, tensor_parallel=tp, pipeline_parallel=pp)
+        return Topology(
+            world_size=world_size, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
 
     def global_batch_size(self, topology: Topology) -> int:
-        return self.batch.global_batch_size or self.batch.micro_batch_size * topology.data_parallel
+        return (
+            self.batch.global_batch_size
+            or self.batch.micro_batch_size * topology.data_parallel_size
+        )
 
     def batch_schedule(self, topology: Topology) -> BatchSizeSchedule:
         return BatchSizeSchedule(
             global_batch_size=self.global_batch_size(topology),
             micro_batch_size=self.batch.micro_batch_size,
-            data_parallel_size=topology.data_parallel,
+            data_parallel_size=topology.data_parallel_size,
             rampup=self.batch.rampup_batch_size,
         )
 
@@ -441,7 +448,9 @@ class TrainConfig:
         if precision.fp16 and precision.bf16:
             raise ValueError("give --fp16 or --bf16, not both")
         own_reduction = (  # ds_config.uses_master_weights
-            precision.bf16 and self.parallel.zero_stage == 0 and topology.pipeline_parallel == 1
+            precision.bf16
+            and self.parallel.zero_stage == 0
+            and topology.pipeline_model_parallel_size == 1
         )
         if precision.grad_reduce_in_bf16 and not own_reduction:
             raise ValueError(
@@ -450,15 +459,15 @@ class TrainConfig:
             )
         if self.parallel.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
-        if topology.pipeline_parallel > 1 and self.parallel.zero_stage > 1:
+        if topology.pipeline_model_parallel_size > 1 and self.parallel.zero_stage > 1:
             raise ValueError(
                 "the pipeline engine supports --zero-stage 0 or 1; "
                 "use --pipeline-model-parallel-size 1 for ZeRO-2/3"
             )
-        if topology.pipeline_parallel > self.model.num_layers:
+        if topology.pipeline_model_parallel_size > self.model.num_layers:
             raise ValueError(
-                f"--pipeline-model-parallel-size ({topology.pipeline_parallel}) is larger than "
-                f"--num-layers ({self.model.num_layers})"
+                f"--pipeline-model-parallel-size ({topology.pipeline_model_parallel_size}) is "
+                f"larger than --num-layers ({self.model.num_layers})"
             )
         if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
             raise ValueError("--save-interval needs --save")
