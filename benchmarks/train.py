@@ -1,14 +1,20 @@
-"""mds-train's tokens/s on the seeds' 345M GPT against `reference_gpt.py --compile`, same call.
+"""mds-train's tokens/s on GPT-2 345M or GPT-3 XL 1.3B against `reference_gpt.py --compile`.
 
 Runs the reference (plain PyTorch, fp32 weights under bf16 autocast, fused AdamW, torch.compile;
-its own timing) and then `mds-train` itself, as a user would launch it, for each variant: bf16,
-24 layers, hidden 1024, 16 heads, seq 1024, micro-batch 16, GPT-2 vocabulary, no dropout, on a
-tokenized dataset. Our figure is the median of the interval lines' iteration times after the
-warm-up, read from metrics.jsonl (so it includes the host waits a real run has); peak memory is
-the run's `max_memory_allocated`, printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
-(Megatron's TFLOPs formula over --peak-tflops) and the ratios.
+its own timing) and then `mds-train` itself, as a user would launch it, for each variant, both at
+the same shape (`--shape`), precision (bf16) and micro-batch, GPT-2 vocabulary, no dropout, on a
+tokenized dataset:
+  345m   the seeds' GPT-2 345M: 24 layers, hidden 1024, 16 heads, seq 1024, micro-batch 16
+  1.3b   GPT-3 XL: 24 layers, hidden 2048, 16 heads, seq 2048, micro-batch 8 (`mds-model info`
+         estimates 51.5 GiB at mds-train's default without recompute: an 80 GiB H100 or an H200)
+Our figure is the median of the interval lines' iteration times after the warm-up, read from
+metrics.jsonl (so it includes the host waits a real run has); peak memory is the run's
+`max_memory_allocated`, printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
+(Megatron's TFLOPs formula over --peak-tflops; with recompute its f = 4 counts the recomputed
+forward, so compare tokens/s across variants) and the ratios.
 
-Variants (`--variants`, comma-separated) differ only in the optimizer path (and DeepSpeed's timer):
+Variants (`--variants`, comma-separated) differ only in the optimizer path, DeepSpeed's timer or
+the activation recompute:
   default          --zero-stage 0: mds-train's fp32 master weights (MasterWeightAdamW) with
                    DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer); gradients
                    accumulated in fp32 and averaged over DP in fp32 buckets during backward
@@ -19,6 +25,10 @@ Variants (`--variants`, comma-separated) differ only in the optimizer path (and 
   zero3            ZeRO-3 (parameters sharded too)
   fp16             default in fp16 instead of bf16 (DeepSpeed's dynamic loss scaling)
   ds-timers        default with DeepSpeed's throughput timer on (its default; off in mds-train)
+  selective        default with --recompute-granularity selective (attention's core recomputed)
+  full             default with --recompute-granularity full (every layer recomputed)
+`--contend N` keeps N host cores busy with spinning processes from before the reference starts
+until the last variant ends, so both sides run on the same contended host (the header says so).
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
@@ -27,14 +37,16 @@ model-parallel sizes); the global batch is micro-batch x DP.
 without CUDA) print as n/a.
 
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
-           [--reference PATH] [--variants default,bf16-optimizer] [--iterations 40] [--nproc 1]
-           [--tiny]
+           [--reference PATH] [--shape 345m|1.3b] [--variants default,bf16-optimizer]
+           [--contend N] [--iterations 40] [--nproc 1] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -42,10 +54,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHAPE = dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024)
+SHAPES = {
+    "345m": dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024),
+    "1.3b": dict(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048),
+}
 TINY_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64)
-# Defaults of the run's size: the 345M benchmark's, and --tiny's (any given flag wins).
-SIZE_DEFAULTS = dict(iterations=40, log_interval=10, warmup=10, micro_batch=16)
+# Defaults of the run's size per shape, and --tiny's (any given flag wins). 1.3B's micro-batch 8:
+# `mds-model info ... --micro-batch-size 8 --params-dtype bfloat16` estimates 51.5 GiB per GPU.
+SIZE_DEFAULTS = {
+    "345m": dict(iterations=40, log_interval=10, warmup=10, micro_batch=16),
+    "1.3b": dict(iterations=30, log_interval=5, warmup=10, micro_batch=8),
+}
 TINY_SIZE_DEFAULTS = dict(iterations=6, log_interval=1, warmup=2, micro_batch=2)
 VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one, flags)
     "default": (0, {}, []),
@@ -57,11 +76,38 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "fp16": (0, {}, ["--fp16"]),
     # DeepSpeed's throughput timer back on (its default): a device sync per forward and per step.
     "ds-timers": (0, {"timers": {"throughput": {"enabled": True}}}, []),
+    "selective": (0, {}, ["--recompute-granularity", "selective"]),
+    "full": (0, {}, ["--recompute-granularity", "full"]),
 }
 
 
-def run_reference(path: Path, micro_batch: int, peak: float) -> float:
+def recompute_of(variant: str) -> str:
+    """GPTConfig.activation_checkpointing that a variant's flags select."""
+    flags = VARIANT_CONFIGS[variant][2]
+    if "--recompute-granularity" in flags:
+        return flags[flags.index("--recompute-granularity") + 1]
+    return "none"
+
+
+@contextlib.contextmanager
+def contended_host(num_spinners: int):
+    """num_spinners processes that each keep one host core busy until the block ends (0: none)."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(num_spinners)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def run_reference(path: Path, shape: dict, micro_batch: int, peak: float) -> float:
     command = [sys.executable, str(path), "--compile", "--mbs", str(micro_batch), "--steps", "20"]
+    command += ["--layers", str(shape["num_layers"]), "--hidden", str(shape["hidden_size"])]
+    command += ["--heads", str(shape["num_attention_heads"]), "--seq", str(shape["seq_length"])]
     command += ["--peak", str(peak * 1e12)]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     print(output.strip(), flush=True)
@@ -134,7 +180,7 @@ def run_ours(args, variant: str, work: Path) -> dict:
     }
 
 
-def estimated_memory_gib(args, zero: int) -> float:
+def estimated_memory_gib(args, zero: int, recompute: str) -> float:
     from mds_model import GPTConfig, Plan, estimate
 
     config = GPTConfig(
@@ -142,6 +188,7 @@ def estimated_memory_gib(args, zero: int) -> float:
         vocab_size=50257,
         tensor_model_parallel_size=args.tp,
         params_dtype="bfloat16",
+        activation_checkpointing=recompute,
     )
     plan = Plan(
         pipeline_model_parallel_size=args.pp,
@@ -158,11 +205,17 @@ def main() -> None:
     parser.add_argument("--vocab-file", required=True)
     parser.add_argument("--merge-file", required=True)
     parser.add_argument("--reference", type=Path)
+    parser.add_argument(
+        "--shape", dest="shape_name", choices=sorted(SHAPES), default="345m", help="model shape"
+    )
     parser.add_argument("--variants", default="default")
-    parser.add_argument("--iterations", type=int, help="default 40 (--tiny: 6)")
-    parser.add_argument("--log-interval", type=int, help="default 10 (--tiny: 1)")
+    parser.add_argument(
+        "--contend", type=int, default=0, help="host cores kept busy during every run (default 0)"
+    )
+    parser.add_argument("--iterations", type=int, help="default 40, 1.3b 30 (--tiny: 6)")
+    parser.add_argument("--log-interval", type=int, help="default 10, 1.3b 5 (--tiny: 1)")
     parser.add_argument("--warmup", type=int, help="iterations left out of timing; default 10 (2)")
-    parser.add_argument("--micro-batch", type=int, help="default 16 (--tiny: 2)")
+    parser.add_argument("--micro-batch", type=int, help="default 16, 1.3b 8 (--tiny: 2)")
     parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
@@ -174,13 +227,39 @@ def main() -> None:
         parser.error(
             "--tiny is a smoke run of another shape than the reference's: leave out --reference"
         )
-    args.shape = TINY_SHAPE if args.tiny else SHAPE
-    for name, default in (TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS).items():
+    if args.contend < 0:
+        parser.error("--contend counts host cores to keep busy: give 0 or more")
+    unknown = [v for v in args.variants.split(",") if v not in VARIANT_CONFIGS]
+    if unknown:
+        parser.error(
+            f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANT_CONFIGS)}"
+        )
+    args.shape = TINY_SHAPE if args.tiny else SHAPES[args.shape_name]
+    for name, default in (
+        TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS[args.shape_name]
+    ).items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    print(header(args), flush=True)
+    with contended_host(args.contend):
+        measure(args)
+
+
+def header(args) -> str:
+    shape = "tiny" if args.tiny else args.shape_name
+    s = args.shape
+    return (
+        f"shape {shape} ({s['num_layers']} layers, hidden {s['hidden_size']}, "
+        f"{s['num_attention_heads']} heads, seq {s['seq_length']}), "
+        f"micro-batch {args.micro_batch}; host: {args.contend} of {os.cpu_count()} cores kept "
+        f"busy by spinning processes during every run (--contend {args.contend})"
+    )
+
+
+def measure(args) -> None:
     reference = None
     if args.reference is not None:
-        reference = run_reference(args.reference, args.micro_batch, args.peak_tflops)
+        reference = run_reference(args.reference, args.shape, args.micro_batch, args.peak_tflops)
         print(f"reference_gpt.py --compile: {reference:,.0f} tokens/s (measured, this call)")
     with tempfile.TemporaryDirectory() as work:
         for variant in args.variants.split(","):
@@ -196,7 +275,7 @@ def main() -> None:
             else:
                 memory = (
                     f"peak {figures['memory_gib']:.1f} GiB, mds-model info estimate "
-                    f"{estimated_memory_gib(args, zero):.1f} GiB"
+                    f"{estimated_memory_gib(args, zero, recompute_of(variant)):.1f} GiB"
                 )
             mfu = "n/a" if figures["mfu"] is None else f"{figures['mfu']:.1%}"
             scaling = ""

@@ -29,7 +29,11 @@ def exported(merge_mp, tp2pp2_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "gpt2"
     result = merge_mp("export-hf", "--load", tp2pp2_checkpoint, "--save", out, "--verify")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "verify: largest logit difference 0"
+    # The export drops the padding rows Megatron trains (Hugging Face's vocabulary is the
+    # tokenizer's), so the same logits of the real vocabulary give another loss.
+    verified = result.stdout.splitlines()[-1]
+    assert verified.startswith("verify: largest logit difference 0; loss on the fixed batch ")
+    assert "(the source's " in verified and not verified.endswith("too)")
     return out
 
 

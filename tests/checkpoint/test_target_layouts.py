@@ -425,9 +425,9 @@ def test_universal_checkpoint_info_patterns_match_the_files_own_names(golden, tm
     """DeepSpeed's ds_to_universal (deepspeed/checkpoint/ds_to_universal.py) classifies each
     parameter by `re.match` of these patterns against the names in the files; a pattern of
     another naming would silently treat a replicated or row-parallel parameter as column-split.
-    Every name of the TP=2 plain-engine output is classified as mds_checkpoint.names splits it."""
+    Every name of the TP=2 plain-engine output is classified as mds_model.naming splits it."""
     from mds_checkpoint.engine_names import megatron_to_plain
-    from mds_checkpoint.names import split_of
+    from mds_model.naming import split_of
 
     folder = reshape(golden, tmp_path / layout, tp=2, pp=1, layout=layout) / "global_step10"
     state = torch_load(folder / "mp_rank_00_model_states.pt")

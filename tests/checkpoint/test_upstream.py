@@ -122,6 +122,11 @@ def test_merge_mp_reshapes_and_verifies_upstream_checkpoint(merge_mp, golden, tm
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert_golden_logits(out, golden)
+    # TP=1 keeps the 50432 rows TP=2 padded to (not TP=1's 50304): the trained padding rows stay
+    # in the softmax, so the loss on --verify's batch is the source's to the bit.
+    line = result.stdout.splitlines()[-1]
+    assert line.startswith("verify: largest logit difference 0; loss on the fixed batch ")
+    assert line.endswith("(the source's too)"), line
 
 
 def test_a_reshape_carries_upstream_s_scheduler_state(merge_mp, golden, golden_states, tmp_path):

@@ -423,3 +423,64 @@ def test_a_warmup_in_the_other_unit_is_refused(length, warmup, message):
         config.validate(
             Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
         )
+
+
+TINY = [
+    *DATA,
+    *"--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8".split(),
+    *"--micro-batch-size 2 --lr 1e-3 --train-iters 5".split(),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "checkpointing"),
+    [
+        ("", "none"),
+        ("--checkpoint-activations", "full"),
+        ("--recompute-granularity selective", "selective"),
+        ("--recompute-granularity full", "full"),
+        # upstream's rebase/ds_pretrain_gpt_1.3B_megatron_checkpointing.sh: every layer on its own
+        (
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+            "full",
+        ),
+        # upstream recomputes nothing without a granularity, whatever the method says
+        ("--recompute-method uniform", "none"),
+    ],
+)
+def test_recompute_flags_choose_the_models_checkpointing(given, checkpointing):
+    model = build_config(parse([*TINY, *given.split()])).model
+    config = model.gpt_config(vocab_size=64, tensor_model_parallel_size=1, params_dtype="float32")
+    assert config.activation_checkpointing == checkpointing
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            "--recompute-granularity selective --recompute-method uniform",
+            "--recompute-method applies to --recompute-granularity full, not selective; drop it",
+        ),
+        (
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 4",
+            "--recompute-method block (recompute only the first --recompute-num-layers layers of "
+            "each stage) is not supported: mds_model recomputes every layer; use "
+            "--recompute-method uniform --recompute-num-layers 1, or --recompute-granularity "
+            "selective to save less memory for less recompute",
+        ),
+        (
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+            "--recompute-num-layers 2: mds_model recomputes each layer on its own (upstream's "
+            "uniform method with units of 1 layer); use --recompute-num-layers 1",
+        ),
+    ],
+)
+def test_recompute_methods_other_than_each_layer_get_one_line(capsys, given, message):
+    """These were accepted and ignored: a run asking for fewer recomputed layers (block) or
+    larger recomputed units (uniform N > 1) silently got a different memory and speed trade-off."""
+    from mds_train.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, *given.split()])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"mds-train: error: {message}\n"

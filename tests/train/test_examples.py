@@ -1,6 +1,6 @@
 """The scripts in examples/ hold mds-train command lines that parse and validate as written: the
 seeds' GPT-2 345M walk-through (with its ZeRO-3 offload file), bigscience's tiny run, the GPT-3
-175B layout, and the SLURM batch script."""
+175B layout, GPT-3 XL (1.3B) on 8 GPUs, and the SLURM batch script."""
 
 import re
 import shlex
@@ -20,6 +20,7 @@ WORLDS = {
     "gpt2_345m.sh": 8,
     "bigscience_tiny.sh": 2,
     "gpt3_175b.sh": 128,
+    "gpt3_xl_1.3b.sh": 8,
     "pretrain_gpt_345m.sbatch": 16,
 }
 

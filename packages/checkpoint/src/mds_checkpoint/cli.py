@@ -78,8 +78,8 @@ def _merge(**values: Any) -> None:
         f"{result.num_tensors} tensors ({result.num_bytes / 2**20:.1f} MiB) in "
         f"{result.seconds:.1f} s" + (" with optimizer state" if config.with_optimizer else "")
     )
-    if result.logit_difference is not None:
-        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+    if result.verification is not None:
+        typer.echo(f"verify: {result.verification.summary()}")
 
 
 def _check_source(config: ReshapeConfig, checks: SourceChecks) -> None:
@@ -109,8 +109,8 @@ def _export_hf(**values: Any) -> None:
 
     result = export_hf(config)
     typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")
-    if result.logit_difference is not None:
-        typer.echo(f"verify: largest logit difference {result.logit_difference:.3g}")
+    if result.verification is not None:
+        typer.echo(f"verify: {result.verification.summary()}")
 
 
 def _import_hf(**values: Any) -> None:

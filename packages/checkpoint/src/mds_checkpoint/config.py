@@ -34,7 +34,8 @@ class VerifyFlags:
     verify: bool = flag(
         "--verify",
         default=False,
-        help="Run source and output on a fixed batch on CPU; print the largest logit difference.",
+        help="Run source and output on a fixed batch on CPU; print the largest logit difference "
+        "and the loss on that batch.",
     )
 
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from mds_model import GPTConfig
+from mds_model.naming import WORD_EMBEDDINGS
 
 from .arrays import as_tensor
 from .meta import CheckpointMeta
-from .names import WORD_EMBEDDINGS
 from .partition import resize_vocab
 from .source import Source, merged_part, open_source
 

@@ -5,7 +5,7 @@ and mds-train's (`mds_train.model_setup.TrainingGPT`) by Megatron's nested names
 (`language_model.encoder.layers.I.X`); mds-train before it by the plain GPT's own (`layers.I.X`).
 The pipeline engine's `PipelineModule` names a stage's tied embedding `tied_modules.embed.X` and
 every other layer `{spec index}.X`, numbered as each fork's `GPTModelPipe` lists its specs
-(`mds_model.pipe_numbering`; mds-train's is deepspeedai's); its stages are cut with DeepSpeed's
+(`mds_model.naming`; mds-train's is deepspeedai's); its stages are cut with DeepSpeed's
 `partition_balanced` over the transformer layers ("type:transformer").
 mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (decayed), then the
 1-D biases and norms, each in module order.
@@ -16,23 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from mds_model import GPTConfig
-from mds_model.pipe_numbering import EMBEDDING_INDEX, OWN_NUMBERING, pipe_layer_indices
-
-from .names import (
+from mds_model.naming import (
+    EMBEDDING_INDEX,
     FINAL_NORM,
     LAYER_NAMES,
+    MEGATRON_PREFIXES,
+    OWN_NUMBERING,
+    TIED_PREFIX,
     canonical_layer_key,
     embedding_names,
     layer_name,
     layer_of,
+    pipe_layer_indices,
 )
-
-TIED_PREFIX = "tied_modules.embed."
-MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
-    "language_model.embedding.": "embedding.",
-    "language_model.encoder.": "",
-    "language_model.transformer.": "",  # checkpoint_version 0's spelling
-}
 
 
 def pipeline_file_key(name: str, num_layers: int, numbering: str) -> tuple[int, str]:

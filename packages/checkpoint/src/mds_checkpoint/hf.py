@@ -16,6 +16,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mds_common.files import atomic_directory, reporting_write_failures
 from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
@@ -46,6 +47,9 @@ from .source import open_source
 from .upstream_state import tokenizer_eod_id
 from .writer import new_save_folder
 
+if TYPE_CHECKING:  # the model and its kernels load only with --verify
+    from .verify import Verification
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,7 +57,7 @@ logger = logging.getLogger(__name__)
 class ExportResult:
     folder: Path
     num_tensors: int
-    logit_difference: float | None
+    verification: Verification | None  # with --verify
 
 
 def _refuse_non_gpt2(config: GPTConfig, where: Path) -> None:
@@ -83,7 +87,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
     hf_config["torch_dtype"] = model.config.params_dtype
     state = to_hf_gpt2_state_dict(model.state_dict, model.config)
     _check_hf_folder(config.save)
-    difference = None
+    verification = None
     with atomic_directory(config.save) as staging:
         # Inside the atomic folder: a failed write is measured before its partial files go.
         with reporting_write_failures(
@@ -96,10 +100,10 @@ def export_hf(config: ExportConfig) -> ExportResult:
             save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
             _copy_tokenizer(tokenizer, staging)
         if config.verify:
-            from .verify import check_logits
+            from .verify import verify
 
-            difference = check_logits(model, _consolidated_from_hf(staging))
-    return ExportResult(config.save, len(state), difference)
+            verification = verify(model, _consolidated_from_hf(staging))
+    return ExportResult(config.save, len(state), verification)
 
 
 def _export_tokenizer(config: ExportConfig, recorded: TokenizerRecord) -> TokenizerRecord:

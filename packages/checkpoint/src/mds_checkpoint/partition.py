@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+from mds_model.naming import split_of
 
 from .arrays import bitwise_equal, to_float32
-from .names import split_of
 
 
 def merge_shards(

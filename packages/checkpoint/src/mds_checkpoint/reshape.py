@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mds_common.progress import Meter, eta_seconds, format_duration
@@ -36,6 +37,9 @@ from .partition import BufferPool
 from .source import Source, merged_part, open_source
 from .writer import new_save_folder, write_trackers
 
+if TYPE_CHECKING:  # the model and its kernels load only with --verify
+    from .verify import Verification
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,7 +49,7 @@ class ReshapeResult:
     num_tensors: int
     num_bytes: int
     seconds: float
-    logit_difference: float | None  # with --verify
+    verification: Verification | None  # with --verify
 
 
 def reshape(config: ReshapeConfig) -> ReshapeResult:
@@ -59,7 +63,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
     check_save_folder(config.save)
     tag = tag_for(source.iteration, config.target_layout)
     num_tensors = num_bytes = 0
-    difference = None
+    verification = None
     with new_save_folder(
         config.save,
         tag,
@@ -138,15 +142,15 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         if optimizer is not None:  # DeepSpeed's load_universal reads its tag from here
             (staging / LATEST_UNIVERSAL).write_text(tag)
         if config.verify:
-            from .verify import check_logits  # the model and its Triton kernels: only here
+            from .verify import verify  # the model and its Triton kernels: only here
 
-            difference = check_logits(consolidate(source), consolidate(open_source(folder)))
+            verification = verify(consolidate(source), consolidate(open_source(folder)))
     return ReshapeResult(
         folder=config.save / tag,
         num_tensors=num_tensors,
         num_bytes=num_bytes,
         seconds=time.perf_counter() - start,
-        logit_difference=difference,
+        verification=verification,
     )
 
 

@@ -15,6 +15,13 @@ from typing import Any
 import numpy as np
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.naming import (
+    FINAL_NORM,
+    LAYER_NAMES,
+    QKV_PER_HEAD,
+    embedding_names,
+    layer_name,
+)
 
 from . import ptfile
 from .describe import config_from_megatron_args
@@ -22,12 +29,10 @@ from .engine_names import megatron_to_plain, pipeline_to_plain
 from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE
 from .locate import locate_checkpoint
 from .meta import CheckpointMeta, Parallel, Progress, model_fields, read_meta
-from .names import FINAL_NORM, LAYER_NAMES, embedding_names, layer_name
 from .partition import BufferPool, merge_shards
 from .sources import (
     EMBEDDING,
     FINAL,
-    QKV_PER_HEAD,
     LayerFiles,
     MegatronFiles,
     PlainEngineFiles,

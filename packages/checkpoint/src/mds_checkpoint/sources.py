@@ -1,7 +1,7 @@
 """Readers of the source layouts, one model part at a time: "embedding", "layers.I", "final".
 
 Each reader answers `read_part(part)` with one dict per tensor-parallel rank, keyed by plain-GPT
-names (`names.py`); `merge.py` joins them. Layouts (README: "Layouts read"):
+names (`mds_model.naming`); `merge.py` joins them. Layouts (README: "Layouts read"):
 - DeepSpeed pipeline files (mds-train with PP > 1, Megatron-DeepSpeed): `layer_XX-model_YY-model_
   states.pt`, XX the GPTModelPipe index, YY the TP rank. bigscience's GPTModelPipe numbers them
   01 embedding, 03.. layers, N+4 final norm (its two transpose lambdas take 02 and N+3);
@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mds_model.pipe_numbering import pipe_numbering
+from mds_model.naming import (
+    FINAL_NORM,
+    QKV_BLOCKS,
+    QKV_PER_HEAD,
+    canonical_layer_key,
+    layer_name,
+    pipe_numbering,
+    qkv_order_of_version,
+)
 
 from . import ptfile
 from .layout import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
-from .names import FINAL_NORM, canonical_layer_key, layer_name
 
 EMBEDDING, FINAL = "embedding", "final"
 Shards = list[dict[str, np.ndarray]]
@@ -174,23 +181,13 @@ class PlainEngineFiles:
         return f"{self.folder}/{self.file(0)}"
 
 
-# How one TP rank's query_key_value rows are ordered (np heads on the rank, hn the head size).
-# mds's, and Megatron's from checkpoint_version 2.0, is per head [np, 3, hn]. Megatron's
-# `fix_query_key_value_ordering` (megatron/checkpointing.py) defines the older ones: version 0
-# [3, np, hn], version 1.0 [np, hn, 3]. deepspeedai/Megatron-DeepSpeed from commit 676a482 (FPDT,
-# 2024-12-04) builds the rows as [Q | K | V] blocks, [3, np, hn], still writing version 3.0.
-QKV_PER_HEAD, QKV_BLOCKS, QKV_HEAD_DIM_FIRST = "np,3,hn", "3,np,hn", "np,hn,3"
-
-
 def qkv_order(state: dict[str, Any], *, where: str) -> str:
     """The QKV row order of a Megatron or Megatron-DeepSpeed file, from its checkpoint_version
     (missing is 0, as Megatron reads it) and, at version >= 2, its args: only commits from
     676a482 on have the `ds_sequence_parallel_fpdt*` arguments, and only they write blocks."""
     version = float(state.get("checkpoint_version") or 0)
-    if version == 0:
-        return QKV_BLOCKS
-    if version < 2:
-        return QKV_HEAD_DIM_FIRST
+    if qkv_order_of_version(version) != QKV_PER_HEAD:
+        return qkv_order_of_version(version)
     args = state.get("args")
     if args is None:
         raise ValueError(
@@ -203,16 +200,16 @@ def qkv_order(state: dict[str, Any], *, where: str) -> str:
 
 
 def to_per_head_qkv(tensor: np.ndarray, order: str, heads: int) -> np.ndarray:
-    """One TP rank's query_key_value weight or bias in `order`, as [np, 3, hn] rows."""
+    """One TP rank's query_key_value weight or bias with rows in `order` (an entry of
+    mds_model.naming.QKV_ORDERS: its axes), as [np, 3, hn] rows."""
     if order == QKV_PER_HEAD:
         return tensor
-    rest = tensor.shape[1:]
-    head_dim = tensor.shape[0] // (3 * heads)
-    if order == QKV_BLOCKS:
-        grouped = tensor.reshape(3, heads, head_dim, *rest).swapaxes(0, 1)
-    else:
-        grouped = tensor.reshape(heads, head_dim, 3, *rest).swapaxes(1, 2)
-    return np.ascontiguousarray(grouped).reshape(tensor.shape)
+    axes = order.split(",")
+    sizes = {"np": heads, "3": 3, "hn": tensor.shape[0] // (3 * heads)}
+    grouped = tensor.reshape(*(sizes[axis] for axis in axes), *tensor.shape[1:])
+    into = [axes.index(axis) for axis in QKV_PER_HEAD.split(",")]
+    moved = grouped.transpose(*into, *range(3, grouped.ndim))
+    return np.ascontiguousarray(moved).reshape(tensor.shape)
 
 
 def flatten_language_model(

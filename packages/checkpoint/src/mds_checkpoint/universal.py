@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mds_common.sidecar import distribution_version
-from mds_model.pipe_numbering import EMBEDDING_INDEX, pipe_numbering
+from mds_model.naming import EMBEDDING_INDEX, TIED_PREFIX, pipe_numbering, split_of
 
 from . import ptfile
 from .arrays import as_tensor, to_float32
-from .engine_names import TIED_PREFIX, megatron_to_plain, pipeline_to_plain
+from .engine_names import megatron_to_plain, pipeline_to_plain
 from .layout import CLIENT_KEY
 from .meta import CheckpointMeta
-from .names import split_of
 from .partition import resize_vocab, shard_for_rank
 
 if TYPE_CHECKING:

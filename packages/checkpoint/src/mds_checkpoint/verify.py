@@ -1,14 +1,18 @@
-"""`--verify`: the source and the written model on one fixed batch on CPU, logits compared.
+"""`--verify`: the source and the written model on one fixed batch on CPU, logits and loss.
 
 Both are run as TP=1 `mds_model.GPT`s in fp32 on the same 2 x 32 tokens (seeded); the logits of
-the real vocabulary are compared (padding rows may legitimately differ when TP changes the
-padded size). A difference above fp32 rounding is an error: the output is not kept.
+the real vocabulary are compared, and a difference above fp32 rounding is an error: the output is
+not kept. The loss (next-token cross entropy over every row of the padded vocabulary, as training
+computes it) is reported beside: Megatron trains the padding rows and they take part in its
+softmax, so a written model whose padding differs (a Hugging Face export has none) computes
+another loss from the same logits of the real vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 
 import torch
 from mds_model import GPT
@@ -19,7 +23,28 @@ logger = logging.getLogger(__name__)
 BATCH, SEED = 2, 1234
 
 
+@dataclass(frozen=True)
+class Verification:
+    logit_difference: float  # largest, over the real vocabulary
+    source_loss: float
+    written_loss: float
+
+    def summary(self) -> str:
+        same = self.written_loss == self.source_loss
+        source = "the source's too" if same else f"the source's {self.source_loss:.6f}"
+        return (
+            f"largest logit difference {self.logit_difference:.3g}; loss on the fixed batch "
+            f"{self.written_loss:.6f} ({source})"
+        )
+
+
 def logits_of(model: ConsolidatedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of the real vocabulary (the tokenizer's ids)."""
+    return padded_logits(model, tokens)[..., : model.config.vocab_size]
+
+
+def padded_logits(model: ConsolidatedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits over every row of the model's padded vocabulary, as training's softmax sees them."""
     config = dataclasses.replace(
         model.config, params_dtype="float32", use_fused_kernels=False, hidden_dropout=0.0,
         attention_dropout=0.0, sequence_parallel=False,
@@ -28,7 +53,13 @@ def logits_of(model: ConsolidatedModel, tokens: torch.Tensor) -> torch.Tensor:
     gpt.load_state_dict({name: t.float() for name, t in model.state_dict.items()})
     gpt.eval()
     with torch.no_grad():
-        return gpt.logits(tokens)[..., : config.vocab_size]
+        return gpt.logits(tokens)
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).double(), tokens[:, 1:].flatten()
+    ).item()
 
 
 def fixed_batch(model: ConsolidatedModel) -> torch.Tensor:
@@ -37,10 +68,13 @@ def fixed_batch(model: ConsolidatedModel) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (BATCH, length), generator=generator)
 
 
-def check_logits(source: ConsolidatedModel, target: ConsolidatedModel) -> float:
-    """The largest absolute logit difference; ValueError when it exceeds fp32 rounding."""
+def verify(source: ConsolidatedModel, target: ConsolidatedModel) -> Verification:
+    """Logits and loss of both on the fixed batch; ValueError when the logits of the real
+    vocabulary differ by more than fp32 rounding."""
     tokens = fixed_batch(source)
-    expected, actual = logits_of(source, tokens), logits_of(target, tokens)
+    source_logits, target_logits = padded_logits(source, tokens), padded_logits(target, tokens)
+    vocab = source.config.vocab_size
+    expected, actual = source_logits[..., :vocab], target_logits[..., :vocab]
     difference = (expected - actual).abs().max().item()
     scale = expected.abs().max().item()
     if not difference <= 1e-5 * max(scale, 1.0):
@@ -48,4 +82,8 @@ def check_logits(source: ConsolidatedModel, target: ConsolidatedModel) -> float:
             f"--verify: the written model's logits differ from the source's by {difference:.3g} "
             f"(largest logit {scale:.3g}); the output was not kept"
         )
-    return difference
+    return Verification(
+        logit_difference=difference,
+        source_loss=next_token_loss(source_logits, tokens),
+        written_loss=next_token_loss(target_logits, tokens),
+    )

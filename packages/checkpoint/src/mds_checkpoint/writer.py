@@ -29,6 +29,7 @@ from mds_common.files import atomic_directory, reporting_write_failures
 from mds_common.sidecar import distribution_version
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.naming import WORD_EMBEDDINGS, layer_of
 
 from . import ptfile
 from .config import TARGET_LAYOUTS as LAYOUTS
@@ -41,7 +42,6 @@ from .layout import (
     MEGATRON_RELEASE,
     MEGATRON_TRACKER,
 )
-from .names import WORD_EMBEDDINGS, layer_of
 from .partition import split_whole
 from .upstream_state import upstream_keys
 from .writeback import WriteBack

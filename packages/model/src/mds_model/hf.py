@@ -14,21 +14,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from .config import GPTConfig
+from .naming import HF_LAYER_NAMES, HF_QKV
 
-# Per-layer parameters: our name -> (HF name, transpose (out, in) <-> (in, out)).
-_LAYER_NAMES = {
-    "input_layernorm.weight": ("ln_1.weight", False),
-    "input_layernorm.bias": ("ln_1.bias", False),
-    "self_attention.dense.weight": ("attn.c_proj.weight", True),
-    "self_attention.dense.bias": ("attn.c_proj.bias", False),
-    "post_attention_layernorm.weight": ("ln_2.weight", False),
-    "post_attention_layernorm.bias": ("ln_2.bias", False),
-    "mlp.dense_h_to_4h.weight": ("mlp.c_fc.weight", True),
-    "mlp.dense_h_to_4h.bias": ("mlp.c_fc.bias", False),
-    "mlp.dense_4h_to_h.weight": ("mlp.c_proj.weight", True),
-    "mlp.dense_4h_to_h.bias": ("mlp.c_proj.bias", False),
-}
-_QKV = "self_attention.query_key_value"
 # GPTConfig.activation -> transformers' activation_function: "gelu_new" is Megatron's tanh formula
 # (what Hugging Face's Megatron converter writes for openai_gelu), "gelu" torch's exact F.gelu.
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
@@ -125,12 +112,12 @@ def to_hf_gpt2_state_dict(
     }
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
-        for name, (hf_name, transpose) in _LAYER_NAMES.items():
+        for name, (hf_name, transpose) in HF_LAYER_NAMES.items():
             tensor = _get(state_dict, ours + name, shapes.get(name, (h,)))
             out[theirs + hf_name] = (tensor.t() if transpose else tensor).contiguous().clone()
         # Rows [heads, 3, head_dim] -> [3, heads, head_dim]: all q, then all k, then all v.
-        weight = _get(state_dict, f"{ours}{_QKV}.weight", (3 * h, h))
-        bias = _get(state_dict, f"{ours}{_QKV}.bias", (3 * h,))
+        weight = _get(state_dict, f"{ours}{HF_QKV}.weight", (3 * h, h))
+        bias = _get(state_dict, f"{ours}{HF_QKV}.bias", (3 * h,))
         weight = weight.view(heads, 3, head_dim, h).transpose(0, 1).reshape(3 * h, h)
         out[theirs + "attn.c_attn.weight"] = weight.t().contiguous()
         out[theirs + "attn.c_attn.bias"] = bias.view(heads, 3, head_dim).transpose(0, 1).flatten()
@@ -179,14 +166,14 @@ def from_hf_gpt2_parts(
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
         layer = {}
-        for name, (hf_name, transpose) in _LAYER_NAMES.items():
+        for name, (hf_name, transpose) in HF_LAYER_NAMES.items():
             tensor = _get(hf_state_dict, theirs + hf_name, hf_shapes.get(hf_name, (h,)))
             layer[ours + name] = (tensor.t() if transpose else tensor).contiguous().clone()
         weight = _get(hf_state_dict, theirs + "attn.c_attn.weight", (h, 3 * h)).t()
         bias = _get(hf_state_dict, theirs + "attn.c_attn.bias", (3 * h,))
         weight = weight.reshape(3, heads, head_dim, h).transpose(0, 1).reshape(3 * h, h)
-        layer[f"{ours}{_QKV}.weight"] = weight.contiguous()
-        layer[f"{ours}{_QKV}.bias"] = bias.view(3, heads, head_dim).transpose(0, 1).flatten()
+        layer[f"{ours}{HF_QKV}.weight"] = weight.contiguous()
+        layer[f"{ours}{HF_QKV}.bias"] = bias.view(3, heads, head_dim).transpose(0, 1).flatten()
         yield layer
     yield {
         "final_layernorm.weight": _get(hf_state_dict, "transformer.ln_f.weight", (h,)).clone(),

@@ -33,8 +33,8 @@ from .gpt import (
     to_sequence_first,
 )
 from .layers import LayerNorm
+from .naming import OWN_NUMBERING, pipe_numbering, renumber
 from .parallel import ParallelGroups
-from .pipe_numbering import OWN_NUMBERING, pipe_numbering, renumber
 from .rng import RNGStatesTracker
 from .transformer import ParallelTransformerLayer
 

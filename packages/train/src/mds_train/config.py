@@ -54,6 +54,18 @@ class ModelSection(GPTFlags):
         choices=("full", "selective"),
         help="Activation recomputation: full layers, or only attention's core.",
     )
+    # Upstream's knobs for full recompute; mds_model checkpoints each layer on its own, which is
+    # upstream's `uniform` with units of 1 layer (its default): other values are refused.
+    recompute_method: str | None = flag(
+        "--recompute-method",
+        choices=("uniform", "block"),
+        help="With --recompute-granularity full: uniform (each layer; the only method here).",
+    )
+    recompute_num_layers: int = flag(
+        "--recompute-num-layers",
+        default=1,
+        help="Layers per recomputed unit with --recompute-method uniform (1, the only one here).",
+    )
     use_flash_attn: bool = flag(
         "--use-flash-attn", default=False, help="Attention through flash-attn (must be installed)."
     )
@@ -73,6 +85,26 @@ class ModelSection(GPTFlags):
         default=False,
         help="Exact (erf) GeLU, upstream's unfused F.gelu; default: its fused tanh bias_gelu.",
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        method, num_layers = self.recompute_method, self.recompute_num_layers
+        if method is not None and self.recompute_granularity == "selective":
+            raise ValueError(  # upstream's validate_args asserts the same
+                "--recompute-method applies to --recompute-granularity full, not selective; drop it"
+            )
+        if method == "block":
+            raise ValueError(
+                "--recompute-method block (recompute only the first --recompute-num-layers layers "
+                "of each stage) is not supported: mds_model recomputes every layer; use "
+                "--recompute-method uniform --recompute-num-layers 1, or --recompute-granularity "
+                "selective to save less memory for less recompute"
+            )
+        if num_layers != 1:
+            raise ValueError(
+                f"--recompute-num-layers {num_layers}: mds_model recomputes each layer on its own "
+                "(upstream's uniform method with units of 1 layer); use --recompute-num-layers 1"
+            )
 
     @property
     def activation(self) -> str:

@@ -44,14 +44,6 @@ IGNORED = IgnoredFlags(
         ignored("--contigious-checkpointing", why=_ACTIVATIONS, nargs=0),
         ignored("--checkpoint-in-cpu", why=_ACTIVATIONS, nargs=0),
         ignored("--synchronize-each-layer", why=_ACTIVATIONS, nargs=0),
-        ignored(
-            "--recompute-method",
-            why="mds_model recomputes every layer (--recompute-granularity full)",
-        ),
-        ignored(
-            "--recompute-num-layers",
-            why="mds_model recomputes every layer (--recompute-granularity full)",
-        ),
         ignored("--no-masked-softmax-fusion", why=_FUSION, nargs=0),
         ignored("--no-bias-dropout-fusion", why=_FUSION, nargs=0),
         ignored("--no-gradient-accumulation-fusion", why=_KERNEL, nargs=0),

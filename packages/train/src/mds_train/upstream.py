@@ -54,7 +54,7 @@ def loadable_as_is(
     partitions for another stage or DP size."""
     from mds_checkpoint import ptfile
     from mds_checkpoint.source import open_source
-    from mds_checkpoint.sources import QKV_PER_HEAD
+    from mds_model.naming import QKV_PER_HEAD
 
     source = open_source(folder)
     if (

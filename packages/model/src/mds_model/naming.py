@@ -1,0 +1,212 @@
+"""Every name a GPT parameter has in the layouts mds reads and writes, and how each lies over
+tensor-parallel ranks and pipeline stages: one torch-free table for the model, its pipeline and its
+Hugging Face conversion (this package) and for every checkpoint reader and writer (mds_checkpoint,
+`engine_names.py` translates with it). A new layout is an entry here.
+
+Namings, each translated to and from the plain one:
+- plain: `mds_model.GPT`'s own (`layers.3.mlp.dense_4h_to_h.weight`), below.
+- Megatron's nested module (`MEGATRON_PREFIXES`): `language_model.embedding.X`,
+  `language_model.encoder.layers.I.X` (version 0: `language_model.transformer.`, older layers
+  `attention.` for `self_attention.`: `LAYER_ALIASES`), as GPTModel's
+  state_dict_for_save_checkpoint writes it and DeepSpeed's plain engine names its parameters.
+- DeepSpeed's PipelineModule: `tied_modules.embed.X` (`TIED_PREFIX`) and `{spec index}.X`, the spec
+  indices of each fork's GPTModelPipe (`PIPE_GAPS`, `pipe_layer_indices`).
+- Hugging Face's GPT2LMHeadModel: `HF_LAYER_NAMES` (`transformer.h.I.` + name; Conv1D weights
+  transposed), `HF_QKV`.
+Tensor-parallel split: `split_of` (Megatron's `mpu/layers.py`: column-parallel weights on dim 0,
+row-parallel on dim 1, the padded vocabulary rows on dim 0, the rest replicated). The
+query_key_value rows of one TP rank: `QKV_ORDERS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# --- The plain GPT's names and their tensor-parallel split --------------------------------------
+
+WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
+POSITION_EMBEDDINGS = "embedding.position_embeddings.weight"
+EMBED_NORM = ("embedding.word_embeddings.norm.weight", "embedding.word_embeddings.norm.bias")
+FINAL_NORM = ("final_layernorm.weight", "final_layernorm.bias")
+
+# Names inside one transformer layer, in the order the module registers them.
+LAYER_NAMES = (
+    "input_layernorm.weight",
+    "input_layernorm.bias",
+    "self_attention.query_key_value.weight",
+    "self_attention.query_key_value.bias",
+    "self_attention.dense.weight",
+    "self_attention.dense.bias",
+    "post_attention_layernorm.weight",
+    "post_attention_layernorm.bias",
+    "mlp.dense_h_to_4h.weight",
+    "mlp.dense_h_to_4h.bias",
+    "mlp.dense_4h_to_h.weight",
+    "mlp.dense_4h_to_h.bias",
+)
+_COLUMN = {
+    "self_attention.query_key_value.weight",
+    "self_attention.query_key_value.bias",
+    "mlp.dense_h_to_4h.weight",
+    "mlp.dense_h_to_4h.bias",
+}
+_ROW = {"self_attention.dense.weight", "mlp.dense_4h_to_h.weight"}
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+# Older Megatron spellings inside a layer.
+LAYER_ALIASES = {"attention.": "self_attention."}
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one parameter lies over TP ranks: `dim` None is replicated; `vocab` marks the padded
+    word-embedding rows (re-padded when TP changes)."""
+
+    dim: int | None
+    vocab: bool = False
+
+
+def split_of(name: str) -> Split:
+    """The split rule of a plain-GPT parameter name."""
+    if name == WORD_EMBEDDINGS:
+        return Split(0, vocab=True)
+    match = _LAYER.fullmatch(name)
+    if match:
+        local = match.group(2)
+        if local in _COLUMN:
+            return Split(0)
+        if local in _ROW:
+            return Split(1)
+    return Split(None)
+
+
+def layer_name(index: int, local: str) -> str:
+    return f"layers.{index}.{local}"
+
+
+def layer_of(name: str) -> tuple[int, str] | None:
+    """(layer index, name inside the layer) of `layers.I.X`, else None."""
+    match = _LAYER.fullmatch(name)
+    return None if match is None else (int(match.group(1)), match.group(2))
+
+
+def canonical_layer_key(key: str) -> str:
+    """A name inside a layer file or Megatron encoder, in today's spelling."""
+    for old, new in LAYER_ALIASES.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
+def embedding_names(*, learned_positions: bool, embed_layernorm: bool) -> tuple[str, ...]:
+    names = [WORD_EMBEDDINGS]
+    if embed_layernorm:
+        names += EMBED_NORM
+    if learned_positions:
+        names.append(POSITION_EMBEDDINGS)
+    return tuple(names)
+
+
+def model_names(num_layers: int, *, learned_positions: bool, embed_layernorm: bool) -> list[str]:
+    """Every parameter of the plain GPT, in `GPT.named_parameters()` order."""
+    names = list(
+        embedding_names(learned_positions=learned_positions, embed_layernorm=embed_layernorm)
+    )
+    for i in range(num_layers):
+        names += [layer_name(i, local) for local in LAYER_NAMES]
+    return names + list(FINAL_NORM)
+
+
+# --- DeepSpeed pipeline numbering -------------------------------------------------------------
+
+# Where each fork's GPTModelPipe puts the embedding, the transformer layers and the final norm
+# in its spec list: the `layer_XX` numbers of its checkpoint files and the `{XX}.name` parameter
+# names of DeepSpeed's pipeline engine. Torch-free, so checkpoint readers use it without DeepSpeed.
+#
+# Spec 0 is a cast, 1 the embedding; then the transformer layers one after another and the final
+# norm, each block `gap` after the one before. bigscience's fork puts a transpose lambda between
+# them (gap 2: layers 3..N+2, norm N+4); deepspeedai/Megatron-DeepSpeed's
+# (megatron/model/gpt_model.py) does not (gap 1: layers 2..N+1, norm N+2). mds_model's pipeline
+# numbers as deepspeedai's does, so that fork's `pretrain_gpt.py --load` reads mds-train's files.
+
+PIPE_GAPS = {"bigscience": 2, "deepspeedai": 1}
+EMBEDDING_INDEX = 1
+OWN_NUMBERING = "deepspeedai"
+
+
+def pipe_layer_indices(num_layers: int, numbering: str = OWN_NUMBERING) -> tuple[int, int]:
+    """(spec index of the first transformer layer, of the final norm) in a fork's numbering."""
+    gap = PIPE_GAPS[numbering]
+    first = EMBEDDING_INDEX + gap
+    return first, first + num_layers - 1 + gap
+
+
+def pipe_numbering(indices: list[int]) -> str | None:
+    """Which fork's GPTModelPipe numbered these layer files (embedding, layers, final norm, in
+    order); None when neither did."""
+    num_layers = len(indices) - 2
+    for numbering in PIPE_GAPS:
+        first, final = pipe_layer_indices(num_layers, numbering)
+        if indices == [EMBEDDING_INDEX, *range(first, first + num_layers), final]:
+            return numbering
+    return None
+
+
+def renumber(index: int, num_layers: int, *, source: str, target: str) -> int:
+    """A spec index holding parameters in `source`'s numbering -> the same part's in `target`'s."""
+    first, final = pipe_layer_indices(num_layers, source)
+    target_first, target_final = pipe_layer_indices(num_layers, target)
+    if index == EMBEDDING_INDEX:
+        return EMBEDDING_INDEX
+    if first <= index < first + num_layers:
+        return target_first + index - first
+    if index == final:
+        return target_final
+    raise ValueError(f"spec index {index} holds no parameters of a {num_layers}-layer GPTModelPipe")
+
+
+# --- Megatron's nested module and DeepSpeed's engines --------------------------------------------
+
+MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
+    "language_model.embedding.": "embedding.",
+    "language_model.encoder.": "",
+    "language_model.transformer.": "",  # checkpoint_version 0's spelling
+}
+TIED_PREFIX = "tied_modules.embed."  # the pipeline engine's tied embedding (TiedLayerSpec "embed")
+
+# --- Hugging Face's GPT2LMHeadModel -----------------------------------------------------------
+
+# Per-layer parameters: plain name -> (HF name inside `transformer.h.I.`, transposed: HF's Conv1D
+# stores (in, out) where our linears store (out, in)).
+HF_LAYER_NAMES = {
+    "input_layernorm.weight": ("ln_1.weight", False),
+    "input_layernorm.bias": ("ln_1.bias", False),
+    "self_attention.dense.weight": ("attn.c_proj.weight", True),
+    "self_attention.dense.bias": ("attn.c_proj.bias", False),
+    "post_attention_layernorm.weight": ("ln_2.weight", False),
+    "post_attention_layernorm.bias": ("ln_2.bias", False),
+    "mlp.dense_h_to_4h.weight": ("mlp.c_fc.weight", True),
+    "mlp.dense_h_to_4h.bias": ("mlp.c_fc.bias", False),
+    "mlp.dense_4h_to_h.weight": ("mlp.c_proj.weight", True),
+    "mlp.dense_4h_to_h.bias": ("mlp.c_proj.bias", False),
+}
+# The fused QKV (HF: `attn.c_attn`, columns [all q | all k | all v]; ours rows per head).
+HF_QKV = "self_attention.query_key_value"
+
+# --- query_key_value row orders -------------------------------------------------------------------
+
+# How one TP rank's query_key_value rows are ordered, as axes of np heads on the rank, the 3 of q,
+# k, v and hn the head size. mds's, and Megatron's from checkpoint_version 2.0, is per head
+# [np, 3, hn]. Megatron's `fix_query_key_value_ordering` (megatron/checkpointing.py) defines the
+# older ones: version 0 [3, np, hn], version 1.0 [np, hn, 3]. deepspeedai/Megatron-DeepSpeed from
+# commit 676a482 (FPDT, 2024-12-04) builds the rows as [Q | K | V] blocks, [3, np, hn], still
+# writing version 3.0 (its args tell: `ds_sequence_parallel_fpdt*`).
+QKV_PER_HEAD, QKV_BLOCKS, QKV_HEAD_DIM_FIRST = "np,3,hn", "3,np,hn", "np,hn,3"
+QKV_ORDERS = (QKV_PER_HEAD, QKV_BLOCKS, QKV_HEAD_DIM_FIRST)
+# (first checkpoint_version, its order), newest last: Megatron's versions.
+QKV_ORDER_SINCE_VERSION = ((0.0, QKV_BLOCKS), (1.0, QKV_HEAD_DIM_FIRST), (2.0, QKV_PER_HEAD))
+
+
+def qkv_order_of_version(version: float) -> str:
+    """The row order Megatron's checkpoint_version means (before FPDT's blocks)."""
+    return [order for since, order in QKV_ORDER_SINCE_VERSION if version >= since][-1]
