@@ -79,7 +79,12 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
         writer.finish(progress)
     base = CheckpointMeta(model={}, parallel=Parallel(), progress=Progress.from_dict(progress))
     meta = output_meta(
-        base, config, pipeline_parallel=pp, tag=tag, reshaped={"from": "random"}, optimizer=None
+        base,
+        config,
+        pipeline_model_parallel_size=pp,
+        tag=tag,
+        reshaped={"from": "random"},
+        optimizer=None,
     )
     write_meta(folder / tag, meta)
     (folder / "latest").write_text(tag)
@@ -145,7 +150,11 @@ def main() -> None:
     )  # fmt: skip
     source = args.work / "source"
     start = time.perf_counter()
-    write_source(source, target_config(model, tensor_parallel=2, pipeline_parallel=2), pp=2)
+    write_source(
+        source,
+        target_config(model, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+        pp=2,
+    )
     size = folder_bytes(source)
     print(
         f"source: random GPT-2 345M ({args.num_layers} layers) at TP=2 PP=2, {args.dtype}, "

@@ -70,6 +70,13 @@ def test_targets_that_do_not_divide(capsys, tmp_path, tp2pp2_checkpoint):
     )
 
 
+def test_every_checked_shape_flag_is_checked(capsys, tmp_path, tp2pp2_checkpoint):
+    """merge takes the GPT shape flags mds-generate checks (mds_checkpoint.flags'
+    CheckedShapeFlags), --ffn-hidden-size too: it was an unknown flag (exit 2) before."""
+    message = _fails(capsys, tmp_path, "--load", tp2pp2_checkpoint, "--ffn-hidden-size", "999")
+    assert message.startswith("--ffn-hidden-size 999, but the checkpoint's model has 256;")
+
+
 def _tamper(path, key, value):
     state = torch.load(path)
     state[key] = value

@@ -41,7 +41,14 @@ def test_round_trip_over_every_layout_is_bit_identical(tp2pp2_checkpoint, tmp_pa
     current = tp2pp2_checkpoint
     for tp, pp in LAYOUTS:
         out = tmp_path / f"tp{tp}-pp{pp}"
-        reshape(ReshapeConfig(load=current, save=out, tensor_parallel=tp, pipeline_parallel=pp))
+        reshape(
+            ReshapeConfig(
+                load=current,
+                save=out,
+                target_tensor_model_parallel_size=tp,
+                target_pipeline_model_parallel_size=pp,
+            )
+        )
         folder = out / "global_step2"
         meta = json.loads((folder / "meta.json").read_text())
         assert (
@@ -75,7 +82,7 @@ def test_round_trip_over_every_layout_is_bit_identical(tp2pp2_checkpoint, tmp_pa
 
 def test_tp2_shards_run_as_a_tp2_model_give_the_same_logits(tp2pp2_checkpoint, tmp_path):
     out = tmp_path / "tp2"
-    reshape(ReshapeConfig(load=tp2pp2_checkpoint, save=out, tensor_parallel=2))
+    reshape(ReshapeConfig(load=tp2pp2_checkpoint, save=out, target_tensor_model_parallel_size=2))
     whole = load_consolidated(out)
     tokens = fixed_batch(whole)
     torch.save(tokens, tmp_path / "tokens.pt")
@@ -188,7 +195,7 @@ def test_megatron_deepspeed_layer_files_load(tp2pp2_checkpoint, tmp_path):
     assert_same_weights(start, model, same_config=False)
     assert model.meta.iteration == 2 and model.meta.progress.consumed_train_samples == 16
     out = tmp_path / "reshaped"
-    reshape(ReshapeConfig(load=folder.parent, save=out, tensor_parallel=1, pipeline_parallel=1))
+    reshape(ReshapeConfig(load=folder.parent, save=out))
     assert_same_weights(start, load_consolidated(out), same_config=False)
 
 
@@ -279,7 +286,9 @@ def test_plain_megatron_virtual_pipeline_stages_load(tp2pp2_checkpoint, tmp_path
     model = load_consolidated(tmp_path / "megatron")
     assert_same_weights(start, model, same_config=False)
     out = tmp_path / "reshaped"
-    reshape(ReshapeConfig(load=tmp_path / "megatron", save=out, pipeline_parallel=2))
+    reshape(
+        ReshapeConfig(load=tmp_path / "megatron", save=out, target_pipeline_model_parallel_size=2)
+    )
     reshaped = load_consolidated(out)
     assert_same_weights(start, reshaped, same_config=False)
     tokens = fixed_batch(start)  # without checkpoint_info every padded row counts as a token

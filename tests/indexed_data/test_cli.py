@@ -248,3 +248,12 @@ def test_console_script_runs(tmp_path, make_dataset):
         == f"mds-index info: error: {Path(tmp_path / 'nope.idx')}: index file not found; "
         "pass the prefix without .bin/.idx\n"
     )
+
+
+def test_build_takes_the_training_flags_cache_spelling(capsys, golden_prefix, tmp_path):
+    """mds-index build's data flags are mds-train's (mds_indexed_data.flags.DataFlags): Megatron's
+    --data-cache-path puts the caches where --cache-dir does (it was an unknown flag, exit 2)."""
+    args = ["build", "--data-path", golden_prefix, "--seq-length", 64, "--train-samples", 10]
+    code, _, err = run(capsys, *args, "--split", "100,0,0", "--data-cache-path", tmp_path)
+    assert code == 0, err
+    assert len(list(tmp_path.glob("*.npy"))) == 3

@@ -66,7 +66,9 @@ def parse_given(argv: list[str]) -> tuple[dict, frozenset[str]]:
 def test_seed_command_lines_parse(argv, world, monkeypatch):
     values = parse(argv)
     config = build_config(values)
-    topology = Topology(world_size=world, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(
+        world_size=world, tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+    )
     config.validate(topology)
     # The deepspeed launcher's --local_rank=0 beside its LOCAL_RANK=0: not the user's, no note.
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -82,7 +84,7 @@ def test_seed_command_lines_parse(argv, world, monkeypatch):
 
 def test_walkthrough_values():
     config = build_config(parse(WALKTHROUGH_345M))
-    topology = Topology(world_size=8, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     gpt = config.model.gpt_config(
         vocab_size=50257, tensor_model_parallel_size=1, params_dtype=config.params_dtype
     )
@@ -94,7 +96,7 @@ def test_walkthrough_values():
 
 def test_bigscience_tiny_values():
     config = build_config(parse(BIGSCIENCE_TINY))
-    topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     assert config.batch.rampup_batch_size == (2, 2, 80)
     assert config.data.data_path == ("meg-gpt2_text_document",)
     assert config.lr_schedule(topology).warmup_samples == 5
@@ -107,7 +109,7 @@ def test_cross_flag_errors_name_the_flags():
         *"--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8".split(),
         *"--micro-batch-size 2 --lr 1e-3".split(),
     ]
-    topology = Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     for extra, message in [
         ([], "--train-iters"),
         (["--train-iters", "5", "--train-samples", "9"], "--train-iters"),
@@ -119,7 +121,7 @@ def test_cross_flag_errors_name_the_flags():
             build_config(parse(base + extra)).validate(topology)
     with pytest.raises(ValueError, match="--pipeline-model-parallel-size"):
         build_config(parse(base + ["--train-iters", "5", "--zero-stage", "2"])).validate(
-            Topology(world_size=2, tensor_parallel=1, pipeline_parallel=2)
+            Topology(world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
         )
 
 
@@ -180,7 +182,9 @@ def test_toml_preset_gives_defaults_and_the_command_line_wins(tmp_path: Path):
 
 def derived(argv: list[str], world: int = 2, **kwargs) -> dict:
     config = build_config(parse(argv))
-    topology = Topology(world_size=world, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(
+        world_size=world, tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+    )
     return derive_deepspeed_config(
         config, topology, pipeline_entries={}, client_optimizer=True, **kwargs
     )
@@ -208,7 +212,7 @@ def test_bf16_optimizer_paths():
     assert "communication_data_type" not in ds  # MasterWeightAdamW reduces in fp32 itself
     # A pipeline: DeepSpeed's BF16 optimizer, which needs ZeRO-1 with fp32 accumulation.
     config = build_config(parse(argv))
-    topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=2)
+    topology = Topology(world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     ds = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
     assert ds["bf16"] == {"enabled": True} and ds["zero_optimization"]["stage"] == 1
     assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
@@ -221,7 +225,9 @@ def test_fp16_runs_at_zero_stage_1():
     argv[argv.index("--zero-stage") + 1] = "0"
     for pipeline in (1, 2):
         config = build_config(parse(argv))
-        topology = Topology(world_size=2, tensor_parallel=1, pipeline_parallel=pipeline)
+        topology = Topology(
+            world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=pipeline
+        )
         ds = derive_deepspeed_config(config, topology, pipeline_entries={}, client_optimizer=True)
         assert ds["fp16"]["enabled"] and ds["zero_optimization"]["stage"] == 1
 
@@ -229,7 +235,9 @@ def test_fp16_runs_at_zero_stage_1():
 def resolved(argv: list[str], user: dict, world: int = 2, tensor_parallel: int = 1):
     """run()'s steps: the file folded into the config, the derived JSON, the file merged over it."""
     values, given = parse_given(argv)
-    topology = Topology(world_size=world, tensor_parallel=tensor_parallel, pipeline_parallel=1)
+    topology = Topology(
+        world_size=world, tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=1
+    )
     config = resolve_user_config(
         build_config(values), user, topology, given=given, source="ds.json"
     )
@@ -412,7 +420,9 @@ def test_a_warmup_in_the_other_unit_is_refused(length, warmup, message):
         del flags[at : at + (4 if name == "--rampup-batch-size" else 2)]
     config = build_config(parse([*flags, *length.split(), *warmup.split()]))
     with pytest.raises(ValueError, match=message):
-        config.validate(Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1))
+        config.validate(
+            Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        )
 
 
 TINY = [

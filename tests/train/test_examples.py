@@ -46,12 +46,12 @@ def test_example_command_lines_validate(name):
     config = build_config(values)
     topology = config.topology(WORLDS[name])
     config.validate(topology)
-    assert topology.data_parallel >= 1
+    assert topology.data_parallel_size >= 1
 
 
 def test_the_walkthroughs_deepspeed_file_merges():
     config = build_config(parse(mds_train_arguments(EXAMPLES / "gpt2_345m.sh")))
-    topology = Topology(world_size=8, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     user = load_user_config(EXAMPLES / "ds_zero3_offload.json")
     config = resolve_user_config(
         config, user, topology, given=frozenset(), source="ds_zero3_offload"

@@ -124,7 +124,7 @@ def test_exit_on_missing_checkpoint_turns_a_first_run_into_an_error(tmp_path, ex
     if exit_on_missing:
         argv.append("--exit-on-missing-checkpoint")
     config = build_config(parse(argv))
-    topology = Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     if not exit_on_missing:
         assert _checkpoint_to_load(config, topology, rank=0) is None
         return

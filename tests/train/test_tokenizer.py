@@ -58,7 +58,7 @@ def test_vocabulary_of_a_tokenizer_json_goes_into_meta_json(word_tokenizer):
     )
     vocab = read_vocabulary(config.data)
     assert (vocab.size, vocab.eod_id) == (5, 4)
-    topology = Topology(world_size=1, tensor_parallel=1, pipeline_parallel=1)
+    topology = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     gpt = config.model.gpt_config(
         vocab_size=vocab.size, tensor_model_parallel_size=1, params_dtype=config.params_dtype
     )

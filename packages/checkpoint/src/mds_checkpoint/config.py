@@ -1,6 +1,9 @@
-"""What each `mds-merge-mp` command is asked to do, as frozen dataclasses checked on creation.
+"""What each `mds-merge-mp` command is asked to do, as frozen dataclasses checked on creation:
+each field is a flag (mds_common.flags), the command's options are generated from them.
 
-Errors name the command-line flag, so the CLI passes them through unchanged.
+The flag groups are declared once by their owners (`mds_checkpoint.flags`: --load, --save, the
+target layout and the checked model flags; `mds_model.flags`: the GPT's; `mds_tokenize.flags`:
+the tokenizer's). Errors name the command-line flag, so the CLI passes them through unchanged.
 """
 
 from __future__ import annotations
@@ -8,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mds_common.flags import flag, restate
+from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
+from mds_tokenize.flags import TokenizerFlags
+
+from .flags import CheckedShapeFlags, LoadFlags, SaveFlags, TargetParallelFlags, checked
+
 TARGET_LAYOUTS = ("mds", "deepspeedai", "bigscience", "megatron")  # writer.py describes them
-
-
-def _positive(value: int, flag: str) -> None:
-    if value < 1:
-        raise ValueError(f"{flag} must be a positive integer, got {value}")
 
 
 def _distinct(load: Path, save: Path) -> None:
@@ -21,73 +25,129 @@ def _distinct(load: Path, save: Path) -> None:
         raise ValueError(f"--save {save} is the --load folder; write the result elsewhere")
 
 
-@dataclass(frozen=True)
-class ReshapeConfig:
+# A config's bases are listed last group first: dataclasses order fields from the last base, and
+# that order is --help's.
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyFlags:
+    verify: bool = flag(
+        "--verify",
+        default=False,
+        help="Run source and output on a fixed batch on CPU; print the largest logit difference "
+        "and the loss on that batch.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshapeConfig(VerifyFlags, TargetParallelFlags, SaveFlags, LoadFlags):
     """`mds-merge-mp --load DIR --save OUT --target-tensor-model-parallel-size T ...`."""
 
-    load: Path
-    save: Path
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    iteration: int | None = None
-    with_optimizer: bool = False
-    verify: bool = False
-    layout: str = "mds"  # --target-layout: mds, deepspeedai, bigscience or megatron
+    with_optimizer: bool = flag(
+        "--with-optimizer",
+        default=False,
+        help="Also reshape fp32 master weights and Adam moments (any DP size) so that "
+        "mds-train --load resumes at the new layout.",
+    )
+    # A plain string, not choices: another name gets the message below (exit 1).
+    target_layout: str = flag(
+        "--target-layout",
+        default="mds",
+        help="Files to write: mds (mds-train's), deepspeedai or bigscience (Megatron-DeepSpeed "
+        "forks' DeepSpeed files), megatron (iter_N/mp_rank_XX/model_optim_rng.pt).",
+    )
 
     def __post_init__(self) -> None:
-        _positive(self.tensor_parallel, "--target-tensor-model-parallel-size")
-        _positive(self.pipeline_parallel, "--target-pipeline-model-parallel-size")
-        if self.iteration is not None and self.iteration < 0:
-            raise ValueError(f"--iteration must be >= 0, got {self.iteration}")
-        if self.layout not in TARGET_LAYOUTS:
+        TargetParallelFlags.__post_init__(self)
+        LoadFlags.__post_init__(self)
+        if self.target_layout not in TARGET_LAYOUTS:
             raise ValueError(
-                f"--target-layout {self.layout}: choose one of {', '.join(TARGET_LAYOUTS)}"
+                f"--target-layout {self.target_layout}: choose one of {', '.join(TARGET_LAYOUTS)}"
             )
-        if self.with_optimizer and self.layout != "mds":
+        if self.with_optimizer and self.target_layout != "mds":
             raise ValueError(
                 f"--with-optimizer writes mds-train's universal optimizer layout; --target-layout "
-                f"{self.layout} takes the weights only (drop one of the two)"
+                f"{self.target_layout} takes the weights only (drop one of the two)"
             )
         _distinct(self.load, self.save)
 
 
-@dataclass(frozen=True)
-class ExportConfig:
-    """`mds-merge-mp export-hf --load DIR --save HFDIR`."""
+_SOURCE = "The source's (merge_mp_partitions' flag); checked against the files."
 
-    load: Path
-    save: Path
-    iteration: int | None = None
-    eos_token_id: int | None = None  # None: the checkpoint's tokenizer end-of-document id
-    verify: bool = False
-    vocab_file: Path | None = None  # GPT-2 BPE files to put beside; None: the checkpoint's
-    merge_file: Path | None = None
+
+@dataclass(frozen=True, kw_only=True)
+class SourceLayout:
+    model_type: str = flag(
+        "--model-type", default="GPT", help="merge_mp_partitions' flag; only GPT."
+    )
+    tensor_model_parallel_size: int | None = restate(
+        ParallelFlags, "tensor_model_parallel_size", default=None, note=_SOURCE
+    )
+    pipeline_model_parallel_size: int | None = restate(
+        ParallelFlags, "pipeline_model_parallel_size", default=None, note=_SOURCE
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceChecks(CheckedShapeFlags, SourceLayout):
+    """What merge_mp_partitions' line says of the source, checked against the checkpoint."""
+
+    seq_length: int | None = checked(GPTFlags, "seq_length")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_type.upper() != "GPT":
+            raise ValueError(f"--model-type {self.model_type}: only GPT checkpoints are reshaped")
+
+    def given_model(self) -> tuple[tuple[str, int], ...]:
+        """The model flags given, (GPTConfig field, value)."""
+        given = self.given_shape()
+        return given if self.seq_length is None else (*given, ("seq_length", self.seq_length))
+
+
+_EXPORTED = "Put beside the export (with its pair) instead of the checkpoint's."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig(VerifyFlags, SaveFlags, LoadFlags):
+    """`mds-merge-mp export-hf --load DIR --save HFDIR`."""
+
+    save: Path = restate(SaveFlags, "save", note="A Hugging Face folder.")
+    eos_token_id: int | None = flag(
+        "--eos-token-id",
+        help="BOS/EOS id of config.json.",
+        shown_default="the checkpoint tokenizer's end of document",
+    )
+    vocab_file: Path | None = restate(TokenizerFlags, "vocab_file", note=_EXPORTED)
+    merge_file: Path | None = restate(TokenizerFlags, "merge_file", note=_EXPORTED)
+
+    def __post_init__(self) -> None:
+        LoadFlags.__post_init__(self)
         _distinct(self.load, self.save)
         if (self.vocab_file is None) != (self.merge_file is None):
             given = "--vocab-file" if self.merge_file is None else "--merge-file"
             raise ValueError(f"{given} needs its pair: give both --vocab-file and --merge-file")
-        for flag, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
+        for name, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
             if path is not None and not path.is_file():
-                raise ValueError(f"{flag} {path}: no such file")
+                raise ValueError(f"{name} {path}: no such file")
 
 
-@dataclass(frozen=True)
-class ImportConfig:
+@dataclass(frozen=True, kw_only=True)
+class HFFolderFlags:
+    # Not LoadFlags' --load: a Hugging Face folder, no mds checkpoint and no --iteration.
+    load: Path = flag(
+        "--load", required=True, help="Hugging Face GPT-2 folder (config.json, safetensors)."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportConfig(TargetParallelFlags, SaveFlags, HFFolderFlags):
     """`mds-merge-mp import-hf --load HFDIR --save OUT --target-tensor-model-parallel-size T`."""
 
-    load: Path
-    save: Path
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    make_vocab_size_divisible_by: int = 128
-    seq_length: int | None = None  # None: n_positions
+    make_vocab_size_divisible_by: int = restate(GPTFlags, "make_vocab_size_divisible_by")
+    seq_length: int | None = restate(GPTFlags, "seq_length", shown_default="n_positions")
 
     def __post_init__(self) -> None:
-        _positive(self.tensor_parallel, "--target-tensor-model-parallel-size")
-        _positive(self.pipeline_parallel, "--target-pipeline-model-parallel-size")
-        _positive(self.make_vocab_size_divisible_by, "--make-vocab-size-divisible-by")
-        if self.seq_length is not None:
-            _positive(self.seq_length, "--seq-length")
+        TargetParallelFlags.__post_init__(self)
+        check_at_least(self, 1, "make_vocab_size_divisible_by", "seq_length")
         _distinct(self.load, self.save)

@@ -162,13 +162,18 @@ def import_hf(config: ImportConfig) -> Path:
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{config.load / CONFIG}: {error}") from None
     target = target_config(
-        model, tensor_parallel=config.tensor_parallel, pipeline_parallel=config.pipeline_parallel
+        model,
+        tensor_model_parallel_size=config.target_tensor_model_parallel_size,
+        pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     )
     weights = HFWeights(config.load)
     check_save_folder(config.save)
     tag = tag_for(0)
     with new_save_folder(
-        config.save, tag, config=target, pipeline_parallel=config.pipeline_parallel
+        config.save,
+        tag,
+        config=target,
+        pipeline_parallel=config.target_pipeline_model_parallel_size,
     ) as (staging, writer):
         folder = writer.folder
         for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
@@ -186,7 +191,7 @@ def import_hf(config: ImportConfig) -> Path:
             output_meta(
                 base,
                 target,
-                pipeline_parallel=config.pipeline_parallel,
+                pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
                 tag=tag,
                 reshaped={**provenance, "rng_states": False},
                 optimizer=None,

@@ -23,18 +23,20 @@ TOOL = "mds-merge-mp"
 DISTRIBUTION = "mds-checkpoint"
 
 
-def target_config(config: GPTConfig, *, tensor_parallel: int, pipeline_parallel: int) -> GPTConfig:
+def target_config(
+    config: GPTConfig, *, tensor_model_parallel_size: int, pipeline_model_parallel_size: int
+) -> GPTConfig:
     """The model at the target TP; ValueError when T does not divide heads or the vocabulary, or
     P the layers."""
     try:
-        target = single_rank_config(config, tensor_parallel)
+        target = single_rank_config(config, tensor_model_parallel_size)
     except ValueError as error:
         raise ValueError(
-            f"--target-tensor-model-parallel-size {tensor_parallel}: {error}"
+            f"--target-tensor-model-parallel-size {tensor_model_parallel_size}: {error}"
         ) from None
-    if config.num_layers % pipeline_parallel:
+    if config.num_layers % pipeline_model_parallel_size:
         raise ValueError(
-            f"--target-pipeline-model-parallel-size {pipeline_parallel} does not divide "
+            f"--target-pipeline-model-parallel-size {pipeline_model_parallel_size} does not divide "
             f"num_layers ({config.num_layers}) into equal stages"
         )
     return target
@@ -69,7 +71,7 @@ def output_meta(
     base: CheckpointMeta,
     config: GPTConfig,
     *,
-    pipeline_parallel: int,
+    pipeline_model_parallel_size: int,
     tag: str,
     reshaped: dict[str, Any],
     optimizer: dict[str, Any] | None,
@@ -83,12 +85,12 @@ def output_meta(
         versions={name: distribution_version(name) for name in ("mds-model", "deepspeed", "torch")},
         model=model_fields(config),
         parallel=Parallel(
-            world_size=tp * pipeline_parallel,
+            world_size=tp * pipeline_model_parallel_size,
             tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pipeline_parallel,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
             data_parallel_size=1,
             zero_stage=0,
-            engine=_engine(layout, pipeline_parallel),
+            engine=_engine(layout, pipeline_model_parallel_size),
         ),
         precision=config.params_dtype,
         tag=tag,
@@ -98,12 +100,12 @@ def output_meta(
     )
 
 
-def _engine(layout: str, pipeline_parallel: int) -> str:
+def _engine(layout: str, pipeline_model_parallel_size: int) -> str:
     """Which engine's files hold the weights: DeepSpeed's pipeline (layer files; bigscience's fork
     runs it at any PP) or plain engine, or none (plain Megatron's model_optim_rng.pt)."""
     if layout == "megatron":
         return "megatron"
-    return "pipeline" if pipeline_parallel > 1 or layout == "bigscience" else "plain"
+    return "pipeline" if pipeline_model_parallel_size > 1 or layout == "bigscience" else "plain"
 
 
 def write_meta(folder: Path, meta: CheckpointMeta) -> None:

@@ -57,19 +57,19 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
     source = open_source(config.load, iteration=config.iteration)
     target = target_config(
         source.config,
-        tensor_parallel=config.tensor_parallel,
-        pipeline_parallel=config.pipeline_parallel,
+        tensor_model_parallel_size=config.target_tensor_model_parallel_size,
+        pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     )
     check_save_folder(config.save)
-    tag = tag_for(source.iteration, config.layout)
+    tag = tag_for(source.iteration, config.target_layout)
     num_tensors = num_bytes = 0
     verification = None
     with new_save_folder(
         config.save,
         tag,
         config=target,
-        pipeline_parallel=config.pipeline_parallel,
-        layout=config.layout,
+        pipeline_parallel=config.target_pipeline_model_parallel_size,
+        layout=config.target_layout,
     ) as (staging, writer):
         folder = writer.folder
         current: dict[str, np.ndarray] = {}
@@ -103,7 +103,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                             engine_name=engine_parameter_name(
                                 name,
                                 num_layers=target.num_layers,
-                                pipeline=config.pipeline_parallel > 1,
+                                pipeline=config.target_pipeline_model_parallel_size > 1,
                             ),
                         )
                         writer.written(paths)
@@ -131,14 +131,14 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         meta = output_meta(
             source.meta,
             target,
-            pipeline_parallel=config.pipeline_parallel,
+            pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
             tag=tag,
             reshaped=_provenance(source),
             optimizer=optimizer_record,
-            layout=config.layout,
+            layout=config.target_layout,
         )
         write_meta(folder, meta)
-        write_trackers(staging, layout=config.layout, tag=tag, iteration=source.iteration)
+        write_trackers(staging, layout=config.target_layout, tag=tag, iteration=source.iteration)
         if optimizer is not None:  # DeepSpeed's load_universal reads its tag from here
             (staging / LATEST_UNIVERSAL).write_text(tag)
         if config.verify:

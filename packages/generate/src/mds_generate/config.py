@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mds_checkpoint.flags import CheckedShapeFlags, LoadFlags
 from mds_common.flags import flag, restate
+from mds_model.flags import HalfFlags
 from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
 from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF, TOKENIZER_TYPES, TokenizerSpec
 
@@ -71,8 +72,8 @@ class SourceFlags(CheckedShapeFlags, TokenizerFlags, LoadFlags):
         help="auto (float32 on CPU, the checkpoint's half precision on a GPU), "
         "float32, bfloat16 or float16.",
     )
-    bf16: bool = flag("--bf16", default=False, help="Megatron's flag: --dtype bfloat16.")
-    fp16: bool = flag("--fp16", default=False, help="Megatron's flag: --dtype float16.")
+    bf16: bool = restate(HalfFlags, "bf16", note="As --dtype bfloat16.")
+    fp16: bool = restate(HalfFlags, "fp16", note="As --dtype float16.")
 
     def tokenizer(self) -> TokenizerSpec | None:
         """The tokenizer the flags name, or None when they name no files (then the checkpoint's

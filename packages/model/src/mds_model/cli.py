@@ -15,7 +15,7 @@ import typer
 from mds_common.cli import new_app, run_app
 from mds_common.flags import command_function, flag, group_from_values, restate
 
-from .flags import GPTFlags, ParallelFlags
+from .flags import GPTFlags, MicroBatchFlags, ParallelFlags
 
 app = new_app("GPT model library of mds: size and memory planning.")
 
@@ -41,9 +41,7 @@ class InfoFlags(ParallelFlags, GPTFlags):
     data_parallel_size: int = flag(
         "--data-parallel-size", default=1, help="Data-parallel replicas (for ZeRO sharding)."
     )
-    micro_batch_size: int = flag(
-        "--micro-batch-size", default=1, help="Sequences per micro-batch per GPU."
-    )
+    micro_batch_size: int = restate(MicroBatchFlags, "micro_batch_size")
     params_dtype: str = flag(
         "--params-dtype", default="bfloat16", help="float32, bfloat16 or float16."
     )

@@ -2,6 +2,7 @@
 (`ShapeFlags`, what a checkpoint records and a loader checks), the rest of `GPTConfig`'s flags
 (`GPTFlags`) and the parallel layout (`ParallelFlags`). Spellings and defaults are
 Megatron-DeepSpeed's `arguments.py`; a field's name is its argparse dest and `GPTConfig`'s field.
+`--seq-length` is mds_common.sample_flags' (the data's sample length too).
 
 Imports neither torch nor the model code: `mds-generate --help` reads these.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mds_common.flags import flag
+from mds_common.flags import flag, restate
+from mds_common.sample_flags import SeqLengthFlags
 
 # Megatron's 'absolute' is the learned table; rotary and alibi as upstream.
 POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
@@ -64,7 +66,7 @@ class ShapeFlags:
 class GPTFlags(ShapeFlags):
     """Every flag of a GPT to build (mds-train) or size (mds-model info) but its vocabulary."""
 
-    seq_length: int | None = flag("--seq-length", help="Tokens per sample.")
+    seq_length: int | None = restate(SeqLengthFlags, "seq_length")
     make_vocab_size_divisible_by: int = flag(
         "--make-vocab-size-divisible-by", default=128, help="Vocabulary padding multiple (x TP)."
     )
@@ -112,3 +114,18 @@ class ParallelFlags:
         "--pipeline-model-parallel-size", default=1, help="Pipeline stages (PP)."
     )
     zero_stage: int = flag("--zero-stage", default=0, help="ZeRO stage 0-3 (PP > 1: 0 or 1).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatchFlags:
+    micro_batch_size: int = flag(
+        "--micro-batch-size", default=1, help="Sequences per micro-batch per GPU."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HalfFlags:
+    """Megatron's half-precision switches (mds-train trains in them, mds-generate runs in them)."""
+
+    fp16: bool = flag("--fp16", default=False, help="float16 weights and activations.")
+    bf16: bool = flag("--bf16", default=False, help="bfloat16 weights and activations.")

@@ -7,7 +7,7 @@ Errors name the flag to fix. Flag spellings follow Megatron's `tools/preprocess_
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_common.flags import flag
+from mds_common.flags import flag, restate
 
 from mds_tokenize.flags import TokenizerFlags
 
@@ -57,7 +57,16 @@ def _check_json_keys(json_keys: tuple[str, ...]) -> None:
             )
 
 
-_JSON_KEYS_HELP = "Keys to tokenize, one dataset each: --json-keys text title."
+@dataclass(frozen=True, kw_only=True)
+class JsonKeysFlags:
+    """`--json-keys`, declared once for encode, merge and learn."""
+
+    json_keys: tuple[str, ...] = flag(
+        "--json-keys",
+        multiple=True,
+        default=("text",),
+        help="Keys of each jsonl object whose text is read: --json-keys text title.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,9 +84,7 @@ class TokenizeConfig(TokenizerFlags):
         required=True,
         help="Writes {prefix}_{key}_document.bin/.idx per JSON key.",
     )
-    json_keys: tuple[str, ...] = flag(
-        "--json-keys", multiple=True, default=("text",), help=_JSON_KEYS_HELP
-    )
+    json_keys: tuple[str, ...] = restate(JsonKeysFlags, "json_keys", note="One dataset each.")
     append_eod: bool = flag(
         "--append-eod",
         default=False,
@@ -158,8 +165,8 @@ class MergeConfig:
         help="The --output-prefix the partitioned runs used; writes "
         "{prefix}_{key}_document.bin/.idx.",
     )
-    json_keys: tuple[str, ...] = flag(
-        "--json-keys", multiple=True, default=("text",), help="Keys whose shards to merge."
+    json_keys: tuple[str, ...] = restate(
+        JsonKeysFlags, "json_keys", note="Those whose shards to merge."
     )
     keep_parts: bool = flag(
         "--keep-parts", default=False, help="Keep the shard files after merging."

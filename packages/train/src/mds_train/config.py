@@ -12,8 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.flags import flag, restate
+from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
-from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
+from mds_model.flags import (
+    GPTFlags,
+    HalfFlags,
+    MicroBatchFlags,
+    ParallelFlags,
+    check_at_least,
+)
 from mds_tokenize.flags import TokenizerFlags
 
 from .schedule import (
@@ -160,17 +167,17 @@ class ParallelSection(ParallelFlags):
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSection:
-    micro_batch_size: int = flag("--micro-batch-size", required=True, help="Samples per GPU step.")
-    global_batch_size: int | None = flag(
-        "--global-batch-size", help="Samples per iteration (micro x DP when omitted)."
+    micro_batch_size: int = restate(MicroBatchFlags, "micro_batch_size", required=True)
+    global_batch_size: int | None = restate(
+        LengthFlags, "global_batch_size", note="Micro x DP when omitted."
     )
     rampup_batch_size: tuple[int, int, int] | None = flag(
         "--rampup-batch-size",
         nargs=3,
         help="START INCREMENT SAMPLES: grow the global batch linearly (with --train-samples).",
     )
-    train_iters: int | None = flag("--train-iters", help="Iterations to train.")
-    train_samples: int | None = flag("--train-samples", help="Samples to train.")
+    train_iters: int | None = restate(LengthFlags, "train_iters")
+    train_samples: int | None = restate(LengthFlags, "train_samples")
     train_tokens: int | None = flag(
         "--train-tokens", help="Also stop once this many tokens are consumed (of all runs)."
     )
@@ -213,8 +220,8 @@ class OptimizerSection:
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionSection:
-    fp16: bool = flag("--fp16", default=False, help="fp16 with dynamic loss scaling.")
-    bf16: bool = flag("--bf16", default=False, help="bf16 with fp32 master weights.")
+    fp16: bool = restate(HalfFlags, "fp16", note="Dynamic loss scaling.")
+    bf16: bool = restate(HalfFlags, "bf16", note="fp32 master weights.")
     loss_scale: float | None = flag(
         "--loss-scale", help="Static fp16 loss scale (dynamic if unset)."
     )
@@ -231,21 +238,11 @@ class PrecisionSection:
         default=False,
         help="Average data-parallel gradients in bf16 (half the traffic; default fp32).",
     )
-    seed: int = flag("--seed", default=1234, help="Seed of weights, dropout and data order.")
+    seed: int = restate(SeedFlags, "seed", note="Also of the weights and dropout.")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataSection(TokenizerFlags):
-    data_path: tuple[str, ...] = flag(
-        "--data-path",
-        multiple=True,
-        required=True,
-        help="Dataset prefix, or weight/prefix pairs: --data-path 0.3 A 0.7 B.",
-    )
-    split: str = flag("--split", default="969, 30, 1", help="Train/valid/test document split.")
-    data_cache_path: Path | None = flag(
-        "--data-cache-path", help="Where sample-index caches live (beside the data)."
-    )
+class DataSection(DataFlags, TokenizerFlags):
     eod_mask_loss: bool = flag(
         "--eod-mask-loss", default=False, help="No loss on end-of-document positions."
     )
@@ -292,8 +289,8 @@ class CheckpointSection:
 @dataclass(frozen=True, kw_only=True)
 class LoggingSection:
     log_interval: int = flag("--log-interval", default=100, help="Iterations between log lines.")
-    eval_interval: int = flag("--eval-interval", default=1000, help="Iterations between evals.")
-    eval_iters: int = flag("--eval-iters", default=100, help="Batches per evaluation.")
+    eval_interval: int = restate(LengthFlags, "eval_interval")
+    eval_iters: int = restate(LengthFlags, "eval_iters")
     tensorboard_dir: Path | None = flag("--tensorboard-dir", help="Write TensorBoard events here.")
     tensorboard_queue_size: int = flag(
         "--tensorboard-queue-size", default=1000, help="Events queued before a flush."
@@ -361,12 +358,14 @@ class Topology:
     """Where the ranks go: world = pp x dp x tp."""
 
     world_size: int
-    tensor_parallel: int
-    pipeline_parallel: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
 
     @property
-    def data_parallel(self) -> int:
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+    def data_parallel_size(self) -> int:
+        return self.world_size // (
+            self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,16 +394,21 @@ class TrainConfig:
                 f"the world of {world_size} processes is not divisible by "
                 f"--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp})"
             )
-        return Topology(world_size=world_size, tensor_parallel=tp, pipeline_parallel=pp)
+        return Topology(
+            world_size=world_size, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
 
     def global_batch_size(self, topology: Topology) -> int:
-        return self.batch.global_batch_size or self.batch.micro_batch_size * topology.data_parallel
+        return (
+            self.batch.global_batch_size
+            or self.batch.micro_batch_size * topology.data_parallel_size
+        )
 
     def batch_schedule(self, topology: Topology) -> BatchSizeSchedule:
         return BatchSizeSchedule(
             global_batch_size=self.global_batch_size(topology),
             micro_batch_size=self.batch.micro_batch_size,
-            data_parallel_size=topology.data_parallel,
+            data_parallel_size=topology.data_parallel_size,
             rampup=self.batch.rampup_batch_size,
         )
 
@@ -476,7 +480,9 @@ class TrainConfig:
         if precision.fp16 and precision.bf16:
             raise ValueError("give --fp16 or --bf16, not both")
         own_reduction = (  # ds_config.uses_master_weights
-            precision.bf16 and self.parallel.zero_stage == 0 and topology.pipeline_parallel == 1
+            precision.bf16
+            and self.parallel.zero_stage == 0
+            and topology.pipeline_model_parallel_size == 1
         )
         if precision.grad_reduce_in_bf16 and not own_reduction:
             raise ValueError(
@@ -485,15 +491,15 @@ class TrainConfig:
             )
         if self.parallel.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
-        if topology.pipeline_parallel > 1 and self.parallel.zero_stage > 1:
+        if topology.pipeline_model_parallel_size > 1 and self.parallel.zero_stage > 1:
             raise ValueError(
                 "the pipeline engine supports --zero-stage 0 or 1; "
                 "use --pipeline-model-parallel-size 1 for ZeRO-2/3"
             )
-        if topology.pipeline_parallel > self.model.num_layers:
+        if topology.pipeline_model_parallel_size > self.model.num_layers:
             raise ValueError(
-                f"--pipeline-model-parallel-size ({topology.pipeline_parallel}) is larger than "
-                f"--num-layers ({self.model.num_layers})"
+                f"--pipeline-model-parallel-size ({topology.pipeline_model_parallel_size}) is "
+                f"larger than --num-layers ({self.model.num_layers})"
             )
         if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
             raise ValueError("--save-interval needs --save")

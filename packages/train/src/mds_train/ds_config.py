@@ -22,7 +22,7 @@ def uses_master_weights(config: TrainConfig, topology: Topology) -> bool:
     return (
         config.precision.bf16
         and config.parallel.zero_stage == 0
-        and topology.pipeline_parallel == 1
+        and topology.pipeline_model_parallel_size == 1
     )
 
 
@@ -37,7 +37,9 @@ def effective_zero_stage(config: TrainConfig, topology: Topology) -> int:
       H200: the loss stayed at 10.86 for 30 iterations, no overflow ever seen)."""
     if config.parallel.zero_stage != 0:
         return config.parallel.zero_stage
-    if config.precision.fp16 or (config.precision.bf16 and topology.pipeline_parallel > 1):
+    if config.precision.fp16 or (
+        config.precision.bf16 and topology.pipeline_model_parallel_size > 1
+    ):
         return 1
     return 0
 
@@ -63,7 +65,7 @@ def derive_deepspeed_config(
     derived: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": config.batch.micro_batch_size,
         "gradient_accumulation_steps": num_micro,
-        "train_batch_size": config.batch.micro_batch_size * num_micro * topology.data_parallel,
+        "train_batch_size": config.batch.micro_batch_size * num_micro * topology.data_parallel_size,
         "gradient_clipping": config.optimizer.clip_grad,
         "steps_per_print": 2**62,  # our own log line replaces DeepSpeed's
         "wall_clock_breakdown": False,

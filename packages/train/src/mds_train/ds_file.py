@@ -212,7 +212,7 @@ def _global_batch(
 ) -> int | None:
     """The global batch the file's train_batch_size / gradient_accumulation_steps say, checked
     against --global-batch-size when given; the config's own when the file says neither."""
-    per_step = config.batch.micro_batch_size * topology.data_parallel
+    per_step = config.batch.micro_batch_size * topology.data_parallel_size
     implied = []  # (key, the file's value, the global batch it means)
     train_batch = _lookup(user, ("train_batch_size",))
     if train_batch is not None:
@@ -236,7 +236,7 @@ def _global_batch(
         raise ValueError(
             f"{source}: train_batch_size {train_batch} is not gradient_accumulation_steps "
             f"{accumulation} x --micro-batch-size {config.batch.micro_batch_size} x "
-            f"data-parallel size {topology.data_parallel}; fix the DeepSpeed config"
+            f"data-parallel size {topology.data_parallel_size}; fix the DeepSpeed config"
         )
     if not batches:
         return config.batch.global_batch_size
@@ -244,6 +244,6 @@ def _global_batch(
     if batch % per_step:
         raise ValueError(
             f"{source}: 'train_batch_size' is {batch}, not a multiple of --micro-batch-size "
-            f"{config.batch.micro_batch_size} x data-parallel size {topology.data_parallel}"
+            f"{config.batch.micro_batch_size} x data-parallel size {topology.data_parallel_size}"
         )
     return batch

@@ -87,7 +87,7 @@ class Trainer:
             consumed_samples=consumed,
             micro_batch_size=self.config.batch.micro_batch_size,
             dp_rank=self.setup.groups.dp_rank,
-            dp_size=self.topology.data_parallel,
+            dp_size=self.topology.data_parallel_size,
             device=self.device,
             eod_mask_id=self.eod_mask_id,
         )
@@ -131,7 +131,7 @@ class Trainer:
             self._set_num_micro_batches(state.consumed_train_samples)
             last = self._train_step(train_batches)
             global_batch = self._num_micro * self.config.batch.micro_batch_size
-            global_batch *= self.topology.data_parallel
+            global_batch *= self.topology.data_parallel_size
             state.iteration += 1
             state.consumed_train_samples += global_batch
             tokens_before = state.consumed_train_tokens
@@ -188,7 +188,7 @@ class Trainer:
     def _set_num_micro_batches(self, consumed: int) -> None:
         num_micro = self.batch_schedule.num_micro_batches_at(consumed)
         if num_micro != self._num_micro:
-            micro = self.config.batch.micro_batch_size * self.topology.data_parallel
+            micro = self.config.batch.micro_batch_size * self.topology.data_parallel_size
             self.setup.engine.set_train_batch_size(num_micro * micro)
             self._num_micro = num_micro
 
@@ -366,7 +366,7 @@ class Trainer:
         if name == "validation":
             global_batch = self._num_micro * self.config.batch.micro_batch_size
             self.state.consumed_valid_samples += (
-                eval_iters * global_batch * self.topology.data_parallel
+                eval_iters * global_batch * self.topology.data_parallel_size
             )
         if self.rank == 0:
             for line in validation_lines(prefix, value):

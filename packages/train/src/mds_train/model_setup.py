@@ -180,11 +180,11 @@ def build_training_setup(
     """The model, its optimizer and the engine, in a fixed order of steps; each step says when it
     applies. `user_ds`: the user's DeepSpeed file, already folded into `config` (ds_file.py)."""
     groups = ParallelGroups.build(
-        tensor_parallel_size=topology.tensor_parallel,
-        pipeline_parallel_size=topology.pipeline_parallel,
+        tensor_parallel_size=topology.tensor_model_parallel_size,
+        pipeline_parallel_size=topology.pipeline_model_parallel_size,
     )
     tracker = seed_everything(config.precision.seed, groups)
-    is_pipeline = topology.pipeline_parallel > 1
+    is_pipeline = topology.pipeline_model_parallel_size > 1
     module = build_module(
         gpt_config, groups, tracker, seed=config.precision.seed, is_pipeline=is_pipeline
     )

@@ -62,11 +62,11 @@ def run_description(
         model=model_fields(model),
         parallel=Parallel(
             world_size=topology.world_size,
-            tensor_model_parallel_size=topology.tensor_parallel,
-            pipeline_model_parallel_size=topology.pipeline_parallel,
-            data_parallel_size=topology.data_parallel,
+            tensor_model_parallel_size=topology.tensor_model_parallel_size,
+            pipeline_model_parallel_size=topology.pipeline_model_parallel_size,
+            data_parallel_size=topology.data_parallel_size,
             zero_stage=effective_zero_stage(config, topology),
-            engine="pipeline" if topology.pipeline_parallel > 1 else "plain",
+            engine="pipeline" if topology.pipeline_model_parallel_size > 1 else "plain",
         ),
         precision=config.params_dtype,
         tokenizer=vocab.meta_record(),
@@ -150,9 +150,9 @@ def _checkpoint_to_load(
     if found[1] is None:
         as_is = loadable_as_is(
             found[0],
-            tensor_parallel=topology.tensor_parallel,
-            pipeline_parallel=topology.pipeline_parallel,
-            data_parallel=topology.data_parallel,
+            tensor_parallel=topology.tensor_model_parallel_size,
+            pipeline_parallel=topology.pipeline_model_parallel_size,
+            data_parallel=topology.data_parallel_size,
             zero_stage=effective_zero_stage(config, topology),
             loads_optimizer=_loads_optimizer(config),
         )
@@ -161,8 +161,8 @@ def _checkpoint_to_load(
     return convert_upstream(
         found[0],
         save_dir=save,
-        tensor_parallel=topology.tensor_parallel,
-        pipeline_parallel=topology.pipeline_parallel,
+        tensor_parallel=topology.tensor_model_parallel_size,
+        pipeline_parallel=topology.pipeline_model_parallel_size,
         with_optimizer=_loads_optimizer(config),
         rank=rank,
         barrier=dist.barrier,
@@ -230,15 +230,15 @@ def _run_joined(
         distribution_version("mds-train"),
         topology.world_size,
         launch.launcher,
-        topology.tensor_parallel,
-        topology.pipeline_parallel,
-        topology.data_parallel,
+        topology.tensor_model_parallel_size,
+        topology.pipeline_model_parallel_size,
+        topology.data_parallel_size,
         effective_zero_stage(config, topology),
         config.params_dtype,
     )
     gpt_config = config.model.gpt_config(
         vocab_size=vocab.size,
-        tensor_model_parallel_size=topology.tensor_parallel,
+        tensor_model_parallel_size=topology.tensor_model_parallel_size,
         params_dtype=config.params_dtype,
         kernels_available=torch.cuda.is_available(),  # CPU runs take the pure-torch paths
     )

@@ -106,8 +106,8 @@ def convert_upstream(
         config = ReshapeConfig(
             load=source,
             save=base,
-            tensor_parallel=tensor_parallel,
-            pipeline_parallel=pipeline_parallel,
+            target_tensor_model_parallel_size=tensor_parallel,
+            target_pipeline_model_parallel_size=pipeline_parallel,
             with_optimizer=with_optimizer,
         )
         result = reshape(config)  # its meta.json carries the source's lr_schedule

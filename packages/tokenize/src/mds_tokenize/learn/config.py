@@ -4,21 +4,58 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mds_common.flags import flag, restate
+
 from mds_tokenize.byte_level import END_OF_TEXT, bytes_to_unicode
+from mds_tokenize.config import JsonKeysFlags
 
 NUM_BYTE_TOKENS = 256
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LearnConfig:
-    inputs: tuple[Path, ...]
-    vocab_size: int
-    output_dir: Path
-    json_keys: tuple[str, ...] = ("text",)
-    min_frequency: int = 2
-    special_tokens: tuple[str, ...] = (END_OF_TEXT,)
-    workers: int | None = None  # None: every CPU this process may run on
-    tokenizer_json: bool = False  # also write tokenizer.json (Hugging Face tokenizers format)
+    """`mds-tokenize learn`: each field a flag (mds_common.flags), the command generated from it."""
+
+    inputs: tuple[Path, ...] = flag(
+        "--input",
+        multiple=True,
+        required=True,
+        help="jsonl corpus to learn from (.jsonl, .jsonl.gz, .jsonl.xz or .jsonl.zst by "
+        "extension); several: --input a.jsonl b.jsonl.zst.",
+    )
+    vocab_size: int = flag(
+        "--vocab-size",
+        required=True,
+        help="Number of entries in vocab.json: 256 byte tokens + learned tokens + special tokens.",
+    )
+    output_dir: Path = flag(
+        "--output-dir",
+        required=True,
+        help="Folder for vocab.json, merges.txt, learn-config.json (and tokenizer.json).",
+    )
+    json_keys: tuple[str, ...] = restate(JsonKeysFlags, "json_keys", note="All are learned from.")
+    min_frequency: int = flag(
+        "--min-frequency",
+        default=2,
+        help="Stop merging when the most frequent pair occurs fewer times than this.",
+    )
+    special_tokens: tuple[str, ...] = flag(
+        "--special-tokens",
+        multiple=True,
+        default=(END_OF_TEXT,),
+        help=f"Special tokens appended after the merges, in order: --special-tokens A B. "
+        f"{END_OF_TEXT} (the EOD) is always included, added last when not listed.",
+    )
+    workers: int | None = flag(  # None: every CPU this process may run on
+        "--workers",
+        help="Processes counting words in parallel (default: every CPU this process may use).",
+    )
+    tokenizer_json: bool = flag(
+        "--tokenizer-json",
+        default=False,
+        help="Also write tokenizer.json: the same vocabulary for Hugging Face tokenizers "
+        "(identical ids; use with --tokenizer-type PretrainedFromHF).",
+    )
 
     def __post_init__(self) -> None:
         if not self.inputs:
