@@ -64,3 +64,27 @@ def test_zero3_partitions_consolidate_as_deepspeed_s_zero_to_fp32(zero3_checkpoi
     for name, tensor in reference.items():
         assert torch.equal(model.state_dict[name], tensor), name
     GPT(model.config).load_state_dict(model.state_dict)
+
+
+def test_zero3_files_without_meta_json_read_as_upstream_s(zero3_checkpoint, tmp_path):
+    """Upstream's ZeRO-3 checkpoints have no mp_rank files and no meta.json: DeepSpeed writes the
+    client state (upstream's args, iteration, checkpoint_version) into each
+    zero_pp_rank_D_mp_rank_TT_model_states.pt. mds-train's ZeRO-3 files carry the same keys, so
+    without their meta.json they are such a folder; it reads from its own files to the same model
+    (by hand, upstream's own TP=2 ZeRO-3 checkpoint read so and resumed: see the README)."""
+    import shutil
+
+    copy = tmp_path / "upstream-like"
+    shutil.copytree(zero3_checkpoint, copy)
+    tag = (copy / "latest").read_text().strip()
+    (copy / tag / "meta.json").unlink()
+    assert not list((copy / tag).glob("mp_rank_*"))
+    expected, model = load_consolidated(zero3_checkpoint), load_consolidated(copy)
+    # Megatron's args spell the defaults out (ffn_hidden_size, max_position_embeddings).
+    for field in ("num_layers", "hidden_size", "ffn_size", "max_positions", "padded_vocab_size"):
+        assert getattr(model.config, field) == getattr(expected.config, field), field
+    assert (model.meta.parallel.zero_stage, model.meta.parallel.data_parallel_size) == (3, 2)
+    assert model.meta.iteration == expected.meta.iteration
+    assert sorted(model.state_dict) == sorted(expected.state_dict)
+    for name, tensor in expected.state_dict.items():
+        assert torch.equal(model.state_dict[name], tensor), name
