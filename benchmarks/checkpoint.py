@@ -63,7 +63,7 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
         return as_array((torch.randn(shape, generator=generator) * 0.02).to(dtype))
 
     tag = tag_for(100)
-    with CheckpointWriter(folder / tag, config=config, pipeline_parallel=pp) as writer:
+    with CheckpointWriter(folder / tag, config=config, pipeline_model_parallel_size=pp) as writer:
         for part in part_names(config.num_layers):
             if part == "embedding":
                 tensors = {

@@ -48,7 +48,9 @@ def test_the_golden_s_args_give_the_exact_gelu():
     """The golden README's run: --no-bias-gelu-fusion, no --openai-gelu."""
     args = upstream_args(["--no-bias-gelu-fusion"])
     args.__dict__.update(num_layers=2, hidden_size=16, num_attention_heads=4, padded_vocab_size=512)
-    config = config_from_megatron_args(args, checkpoint_info=None, tensor_parallel=1, where="f")
+    config = config_from_megatron_args(
+        args, checkpoint_info=None, tensor_model_parallel_size=1, where="f"
+    )
     assert config.activation == "gelu"
 
 
@@ -59,7 +61,9 @@ def test_mlps_other_than_a_gelu_are_refused_in_one_line(name):
     )
     setattr(args, name, "geglu" if name == "glu_activation" else True)
     with pytest.raises(ValueError) as error:
-        config_from_megatron_args(args, checkpoint_info=None, tensor_parallel=1, where="f.pt")
+        config_from_megatron_args(
+            args, checkpoint_info=None, tensor_model_parallel_size=1, where="f.pt"
+        )
     message = str(error.value)
     assert message.startswith(f"f.pt: Megatron's args set {name}=") and "\n" not in message
     assert message.endswith("an MLP mds GPTs do not compute (they compute a GeLU)")
@@ -81,12 +85,14 @@ def test_written_args_read_back_as_the_same_gelu(activation, hf_name):
     )
     args = megatron_args(
         config,
-        pipeline_parallel=1,
+        pipeline_model_parallel_size=1,
         progress={},
         tokenizer=TokenizerRecord(),
         layout="deepspeedai",
     )
     assert activation_from_args(args, where="f") == activation
     assert hf_converter_activation(args) == hf_name
-    read = config_from_megatron_args(args, checkpoint_info=None, tensor_parallel=1, where="f")
+    read = config_from_megatron_args(
+        args, checkpoint_info=None, tensor_model_parallel_size=1, where="f"
+    )
     assert read.activation == activation

@@ -89,11 +89,16 @@ def _check_source(config: ReshapeConfig, checks: SourceChecks) -> None:
 
     source = open_source(config.load, iteration=config.iteration)
     for flag, given, saved, name in (
-        ("--tensor-model-parallel-size", checks.tensor_model_parallel_size, source.tp_size, "TP"),
+        (
+            "--tensor-model-parallel-size",
+            checks.tensor_model_parallel_size,
+            source.tensor_model_parallel_size,
+            "TP",
+        ),
         (
             "--pipeline-model-parallel-size",
             checks.pipeline_model_parallel_size,
-            source.pp_size,
+            source.pipeline_model_parallel_size,
             "PP",
         ),
     ):

@@ -121,7 +121,7 @@ def _refuse_unread_features(args: Any, where: str) -> None:
 
 
 def config_from_megatron_args(
-    args: Any, *, checkpoint_info: dict | None, tensor_parallel: int, where: str
+    args: Any, *, checkpoint_info: dict | None, tensor_model_parallel_size: int, where: str
 ) -> GPTConfig:
     """GPTConfig at the files' TP size from Megatron's pickled argparse namespace."""
 
@@ -151,7 +151,7 @@ def config_from_megatron_args(
         ffn_hidden_size=arg("ffn_hidden_size"),
         max_position_embeddings=arg("max_position_embeddings"),
         make_vocab_size_divisible_by=int(arg("make_vocab_size_divisible_by", 128)),
-        tensor_model_parallel_size=tensor_parallel,
+        tensor_model_parallel_size=tensor_model_parallel_size,
         layernorm_epsilon=float(arg("layernorm_epsilon", 1e-5)),
         hidden_dropout=float(arg("hidden_dropout", 0.1)),
         attention_dropout=float(arg("attention_dropout", 0.1)),

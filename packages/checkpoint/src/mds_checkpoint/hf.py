@@ -173,7 +173,7 @@ def import_hf(config: ImportConfig) -> Path:
         config.save,
         tag,
         config=target,
-        pipeline_parallel=config.target_pipeline_model_parallel_size,
+        pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     ) as (staging, writer):
         folder = writer.folder
         for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time

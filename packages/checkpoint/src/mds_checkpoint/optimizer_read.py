@@ -99,7 +99,7 @@ class OptimizerState:
         self.step = step
 
     def _add(self, name: str, tp: int, getter: Callable[[], dict[str, np.ndarray]]) -> None:
-        getters = self._getters.setdefault(name, [None] * self.source.tp_size)
+        getters = self._getters.setdefault(name, [None] * self.source.tensor_model_parallel_size)
         if getters[tp] is None:  # a later stage's copy of the tied embedding is not the owner's
             getters[tp] = getter
 
@@ -108,7 +108,9 @@ class OptimizerState:
         for path in files:
             dp, mp = map(int, _ZERO_FILE.fullmatch(path.name).groups())
             by_rank.setdefault(mp, {})[dp] = path
-        expected_mp = self.source.tp_size * self.source.pp_size
+        expected_mp = (
+            self.source.tensor_model_parallel_size * self.source.pipeline_model_parallel_size
+        )
         if sorted(by_rank) != list(range(expected_mp)):
             raise ValueError(
                 f"{self.source.folder}: missing rank files: optimizer files for model-parallel "
@@ -140,7 +142,7 @@ class OptimizerState:
         def load_states() -> list[dict]:
             return [ptfile.load(files[d])["optimizer_state_dict"] for d in range(len(files))]
 
-        tp = mp % self.source.tp_size
+        tp = mp % self.source.tensor_model_parallel_size
         shapes = self._param_shapes(mp)
         num_groups = len(states[0]["single_partition_of_fp32_groups"])
         self.hyperparameters = self.hyperparameters or _hyperparameters(
@@ -209,7 +211,7 @@ class OptimizerState:
     def _index_torch(self) -> None:
         """ZeRO-0: the torch optimizer's state dict inside each mp_rank file."""
         source = self.source
-        for mp in range(source.tp_size * source.pp_size):
+        for mp in range(source.tensor_model_parallel_size * source.pipeline_model_parallel_size):
             path = source.folder / f"mp_rank_{mp:02d}_model_states.pt"
             optimizer = ptfile.load(path).get("optimizer")
             if not isinstance(optimizer, dict):
@@ -222,8 +224,10 @@ class OptimizerState:
             if "state" not in optimizer or "param_groups" not in optimizer:
                 raise ValueError(f"{path}: the optimizer state is not torch's (fp16 is not read)")
             self.hyperparameters = self.hyperparameters or _hyperparameters(optimizer)
-            stage, tp = divmod(mp, source.tp_size)
-            order = optimizer_order(source.config, stage=stage, num_stages=source.pp_size)
+            stage, tp = divmod(mp, source.tensor_model_parallel_size)
+            order = optimizer_order(
+                source.config, stage=stage, num_stages=source.pipeline_model_parallel_size
+            )
             ids = [i for group in optimizer["param_groups"] for i in group["params"]]
             if len(ids) != len(order):
                 raise ValueError(

@@ -98,30 +98,35 @@ def resize_vocab(tensor: np.ndarray, rows: int) -> np.ndarray:
 
 
 def split_whole(
-    name: str, tensor: np.ndarray, tp_size: int, *, padded_vocab_size: int
+    name: str, tensor: np.ndarray, tensor_model_parallel_size: int, *, padded_vocab_size: int
 ) -> list[np.ndarray]:
-    """A whole tensor's shards for `tp_size` ranks (rank order), views of it."""
+    """A whole tensor's shards for `tensor_model_parallel_size` ranks (rank order), views of it."""
     split = split_of(name)
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
     if split.dim is None:
-        return [tensor] * tp_size
+        return [tensor] * tensor_model_parallel_size
     size = tensor.shape[split.dim]
-    if size % tp_size:
+    if size % tensor_model_parallel_size:
         raise ValueError(
             f"{name}: dimension {split.dim} has {size} entries, not divisible by the target "
-            f"tensor-parallel size {tp_size}"
+            f"tensor-parallel size {tensor_model_parallel_size}"
         )
-    return np.split(tensor, tp_size, axis=split.dim)
+    return np.split(tensor, tensor_model_parallel_size, axis=split.dim)
 
 
 def shard_for_rank(
-    name: str, tensor: np.ndarray, *, tp_rank: int, tp_size: int, padded_vocab_size: int
+    name: str,
+    tensor: np.ndarray,
+    *,
+    tp_rank: int,
+    tensor_model_parallel_size: int,
+    padded_vocab_size: int,
 ) -> np.ndarray:
     """One rank's shard of a whole tensor (what a loader at the target topology takes)."""
     split = split_of(name)
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
-    if split.dim is None or tp_size == 1:
+    if split.dim is None or tensor_model_parallel_size == 1:
         return tensor
-    return np.split(tensor, tp_size, axis=split.dim)[tp_rank]
+    return np.split(tensor, tensor_model_parallel_size, axis=split.dim)[tp_rank]

@@ -68,7 +68,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         config.save,
         tag,
         config=target,
-        pipeline_parallel=config.target_pipeline_model_parallel_size,
+        pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
         layout=config.target_layout,
     ) as (staging, writer):
         folder = writer.folder
@@ -174,7 +174,7 @@ def _provenance(source: Source) -> dict:
     return {
         "from": str(source.folder.resolve()),
         "layout": source.layout,
-        "tensor_model_parallel_size": source.tp_size,
-        "pipeline_model_parallel_size": source.pp_size,
+        "tensor_model_parallel_size": source.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": source.pipeline_model_parallel_size,
         "rng_states": False,  # per-rank RNG states do not carry over to another topology
     }

@@ -50,8 +50,8 @@ class Source:
     folder: Path
     layout: str  # "pipeline", "plain", "zero3" or "megatron"
     config: GPTConfig
-    tp_size: int
-    pp_size: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
     meta: CheckpointMeta
     reader: Any  # sources.LayerFiles | PlainEngineFiles | MegatronFiles | zero3.Zero3Files
     qkv_order: str = QKV_PER_HEAD  # of the files' query_key_value rows (sources.qkv_order)
@@ -73,7 +73,7 @@ class Source:
         """One TP rank's tensor (a weight or its optimizer state) with QKV rows per head."""
         if "self_attention.query_key_value" not in plain_name:
             return tensor
-        heads = self.config.num_attention_heads // self.tp_size
+        heads = self.config.num_attention_heads // self.tensor_model_parallel_size
         return to_per_head_qkv(tensor, self.qkv_order, heads)
 
     def parts(self) -> list[str]:
@@ -164,7 +164,7 @@ def _deepspeed_source(folder: Path) -> Source:
         config = config_from_megatron_args(
             state["args"],
             checkpoint_info=vocabulary_info(state),
-            tensor_parallel=tp,
+            tensor_model_parallel_size=tp,
             where=str(folder / described_by[0]),
         )
         meta = megatron_meta(state, config, tp, pp)
@@ -186,19 +186,23 @@ def _deepspeed_source(folder: Path) -> Source:
     if has_layers:
         reader = LayerFiles(folder, heads=heads, qkv_order=order)
         layout = "pipeline"
-        if reader.tp_size != tp:
+        if reader.tensor_model_parallel_size != tp:
             raise ValueError(
-                f"{folder}: layer files for {reader.tp_size} tensor-parallel ranks, the "
-                f"description says {tp}"
+                f"{folder}: layer files for {reader.tensor_model_parallel_size} tensor-parallel "
+                f"ranks, the description says {tp}"
             )
     elif meta.parallel.zero_stage == 3:
         from .zero3 import Zero3Files
 
-        reader = Zero3Files(folder, tp_size=tp, config=config)
+        reader = Zero3Files(folder, tensor_model_parallel_size=tp, config=config)
         layout = "zero3"
     else:
         reader = PlainEngineFiles(
-            folder, tp_size=tp, num_layers=config.num_layers, heads=heads, qkv_order=order
+            folder,
+            tensor_model_parallel_size=tp,
+            num_layers=config.num_layers,
+            heads=heads,
+            qkv_order=order,
         )
         layout = "plain"
     if layout != "pipeline" and pp != 1:
@@ -215,23 +219,33 @@ def _megatron_source(folder: Path) -> Source:
     config = config_from_megatron_args(
         state["args"],
         checkpoint_info=vocabulary_info(state),
-        tensor_parallel=tp_guess,
+        tensor_model_parallel_size=tp_guess,
         where=str(first_dir / MEGATRON_FILE),
     )
     reader = MegatronFiles(folder, heads=config.num_attention_heads)
-    if reader.tp_size != tp_guess:
-        config = dataclasses.replace(config, tensor_model_parallel_size=reader.tp_size)
+    if reader.tensor_model_parallel_size != tp_guess:
+        config = dataclasses.replace(
+            config, tensor_model_parallel_size=reader.tensor_model_parallel_size
+        )
     if reader.num_layers != config.num_layers:
         raise ValueError(
             f"{folder}: {reader.num_layers} layers in the files, num_layers {config.num_layers} "
             "in Megatron's args"
         )
     # mds-merge-mp's --target-layout megatron leaves its meta.json beside (tokenizer, progress)
-    meta = read_meta(folder) or megatron_meta(state, config, reader.tp_size, reader.pp_size)
+    meta = read_meta(folder) or megatron_meta(
+        state, config, reader.tensor_model_parallel_size, reader.pipeline_model_parallel_size
+    )
     return Source(
-        folder, "megatron", config, reader.tp_size, reader.pp_size, meta, reader,
+        folder,
+        "megatron",
+        config,
+        reader.tensor_model_parallel_size,
+        reader.pipeline_model_parallel_size,
+        meta,
+        reader,
         qkv_order=reader.qkv_order,
-    )  # fmt: skip
+    )
 
 
 def open_source(path: str | Path, *, iteration: int | None = None) -> Source:

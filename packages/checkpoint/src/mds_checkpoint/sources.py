@@ -68,9 +68,12 @@ class LayerFiles:
                 f"{folder}: {len(found)} layer indices in layer_* files; a GPT pipeline has at "
                 "least the embedding, one transformer layer and the final norm"
             )
-        self.tp_size = max(max(ranks) for ranks in found.values()) + 1
+        self.tensor_model_parallel_size = max(max(ranks) for ranks in found.values()) + 1
         indices = sorted(found)
-        _missing_ranks(folder, [self.file(i, t) for i in indices for t in range(self.tp_size)])
+        _missing_ranks(
+            folder,
+            [self.file(i, t) for i in indices for t in range(self.tensor_model_parallel_size)],
+        )
         self.embedding_index, self.final_index = indices[0], indices[-1]
         self.layer_indices = indices[1:-1]
         self.numbering = pipe_numbering(indices)
@@ -91,7 +94,7 @@ class LayerFiles:
 
     def _read(self, index: int, rename: Callable[[str], str]) -> Shards:
         shards = []
-        for tp in range(self.tp_size):
+        for tp in range(self.tensor_model_parallel_size):
             state = ptfile.load(self.folder / self.file(index, tp))
             shards.append({rename(key): value for key, value in state.items()})
         return shards
@@ -112,7 +115,7 @@ class LayerFiles:
 
     @property
     def rank_heads(self) -> int:
-        return self.heads // self.tp_size
+        return self.heads // self.tensor_model_parallel_size
 
     def where(self, part: str) -> str:
         index = {EMBEDDING: self.embedding_index, FINAL: self.final_index}.get(part)
@@ -145,12 +148,22 @@ class PlainEngineFiles:
     of the parts already written are not kept mapped."""
 
     def __init__(
-        self, folder: Path, *, tp_size: int, num_layers: int, heads: int, qkv_order: str
+        self,
+        folder: Path,
+        *,
+        tensor_model_parallel_size: int,
+        num_layers: int,
+        heads: int,
+        qkv_order: str,
     ) -> None:
-        self.folder, self.tp_size, self.num_layers = folder, tp_size, num_layers
-        self.rank_heads, self.qkv_order = heads // tp_size, qkv_order
-        _missing_ranks(folder, [self.file(t) for t in range(tp_size)])
-        for tp in range(tp_size):
+        self.folder, self.tensor_model_parallel_size, self.num_layers = (
+            folder,
+            tensor_model_parallel_size,
+            num_layers,
+        )
+        self.rank_heads, self.qkv_order = heads // tensor_model_parallel_size, qkv_order
+        _missing_ranks(folder, [self.file(t) for t in range(tensor_model_parallel_size)])
+        for tp in range(tensor_model_parallel_size):
             self._module(tp)  # checks every file's names once, up front
 
     @staticmethod
@@ -175,7 +188,7 @@ class PlainEngineFiles:
             raise ValueError(f"{path}: {error}") from None
 
     def read_part(self, part: str) -> Shards:
-        return [self._module(tp)[part] for tp in range(self.tp_size)]
+        return [self._module(tp)[part] for tp in range(self.tensor_model_parallel_size)]
 
     def where(self, part: str) -> str:
         return f"{self.folder}/{self.file(0)}"
@@ -254,22 +267,26 @@ class MegatronFiles:
             match = MEGATRON_RANK_DIR.fullmatch(path.name)
             if match and (path / MEGATRON_FILE).is_file():
                 ranks[(int(match.group(1)), int(match.group(2) or 0))] = path
-        self.tp_size = max(tp for tp, _ in ranks) + 1
-        self.pp_size = max(pp for _, pp in ranks) + 1
-        names = [self.path(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+        self.tensor_model_parallel_size = max(tp for tp, _ in ranks) + 1
+        self.pipeline_model_parallel_size = max(pp for _, pp in ranks) + 1
+        names = [
+            self.path(t, p)
+            for p in range(self.pipeline_model_parallel_size)
+            for t in range(self.tensor_model_parallel_size)
+        ]
         _missing_ranks(folder, [str(path.relative_to(folder)) for path in names])
         first = ptfile.load(self.path(0, 0))
         self.qkv_order = qkv_order(first, where=str(self.path(0, 0)))
         self.chunks = _model_chunks(first, self.path(0, 0))
         counts = {
             (pp, c): len(_layer_numbers(self._flatten(pp, 0, c, offset=0)))
-            for pp in range(self.pp_size)
+            for pp in range(self.pipeline_model_parallel_size)
             for c in range(len(self.chunks))
         }
         self.offsets = {}  # (stage, chunk) -> its first global layer
         if len(self.chunks) == 1:
             start = 0
-            for pp in range(self.pp_size):
+            for pp in range(self.pipeline_model_parallel_size):
                 self.offsets[(pp, 0)] = start
                 start += counts[(pp, 0)]
         else:
@@ -280,12 +297,16 @@ class MegatronFiles:
                     "layers; Megatron's interleaved schedule gives every chunk the same number"
                 )
             for pp, c in counts:
-                self.offsets[(pp, c)] = (c * self.pp_size + pp) * per_chunk
+                self.offsets[(pp, c)] = (c * self.pipeline_model_parallel_size + pp) * per_chunk
         self.counts = counts
         self.num_layers = sum(counts.values())
 
     def path(self, tp: int, pp: int) -> Path:
-        name = f"mp_rank_{tp:02d}" if self.pp_size == 1 else f"mp_rank_{tp:02d}_{pp:03d}"
+        name = (
+            f"mp_rank_{tp:02d}"
+            if self.pipeline_model_parallel_size == 1
+            else f"mp_rank_{tp:02d}_{pp:03d}"
+        )
         return self.folder / name / MEGATRON_FILE
 
     def _flatten(self, pp: int, tp: int, chunk: int, *, offset: int) -> dict[str, np.ndarray]:
@@ -297,7 +318,10 @@ class MegatronFiles:
         language = state[key].get("language_model", state[key])
         try:
             return flatten_language_model(
-                language, heads=self.heads // self.tp_size, qkv_order=self.qkv_order, offset=offset
+                language,
+                heads=self.heads // self.tensor_model_parallel_size,
+                qkv_order=self.qkv_order,
+                offset=offset,
             )
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
@@ -308,7 +332,7 @@ class MegatronFiles:
         if part == EMBEDDING:
             return 0, 0
         if part == FINAL:
-            return self.pp_size - 1, len(self.chunks) - 1
+            return self.pipeline_model_parallel_size - 1, len(self.chunks) - 1
         index = int(part.split(".")[1])
         return next(
             where
@@ -319,7 +343,7 @@ class MegatronFiles:
     def read_part(self, part: str) -> Shards:
         pp, chunk = self._chunk_of(part)
         shards = []
-        for tp in range(self.tp_size):
+        for tp in range(self.tensor_model_parallel_size):
             flat = self._flatten(pp, tp, chunk, offset=self.offsets[(pp, chunk)])
             shards.append(_split_by_part(flat, self.num_layers)[part])
         return shards

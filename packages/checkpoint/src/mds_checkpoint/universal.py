@@ -161,7 +161,7 @@ class UniversalState:
         return out
 
     def shard(
-        self, name: str, *, tp_rank: int, tp_size: int, padded_vocab_size: int
+        self, name: str, *, tp_rank: int, tensor_model_parallel_size: int, padded_vocab_size: int
     ) -> dict[str, torch.Tensor]:
         """One tensor-parallel rank's slices of `read(name)` (vocabulary cut or zero-padded to
         `padded_vocab_size` rows, as DeepSpeed's loader pads its unpadded files), as torch
@@ -172,7 +172,7 @@ class UniversalState:
                     name,
                     tensor,
                     tp_rank=tp_rank,
-                    tp_size=tp_size,
+                    tensor_model_parallel_size=tensor_model_parallel_size,
                     padded_vocab_size=padded_vocab_size,
                 )
             )
@@ -202,7 +202,10 @@ def universal_meta(folder: Path) -> CheckpointMeta:
     tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
     pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
     config = config_from_megatron_args(
-        args, checkpoint_info=vocabulary_info(state), tensor_parallel=tp, where=str(files[0])
+        args,
+        checkpoint_info=vocabulary_info(state),
+        tensor_model_parallel_size=tp,
+        where=str(files[0]),
     )
     meta = megatron_meta(state, config, tp, pp)
     client = state.get(CLIENT_KEY)

@@ -72,7 +72,7 @@ def gelu_args(config: GPTConfig) -> dict[str, Any]:
 def megatron_args(
     config: GPTConfig,
     *,
-    pipeline_parallel: int,
+    pipeline_model_parallel_size: int,
     progress: dict[str, int],
     tokenizer: TokenizerRecord,
     layout: str,
@@ -96,7 +96,7 @@ def megatron_args(
         padded_vocab_size=config.padded_vocab_size,
         make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
         tensor_model_parallel_size=config.tensor_model_parallel_size,
-        pipeline_model_parallel_size=pipeline_parallel,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=None,
         num_layers_per_virtual_pipeline_stage=None,
         tokenizer_type=tokenizer.type,
@@ -135,7 +135,9 @@ def megatron_args(
         data_parallel_random_init=False,
         universal_checkpoint=False,
         deepspeed=deepspeed,
-        no_pipeline_parallel=deepspeed and pipeline_parallel == 1 and layout != "bigscience",
+        no_pipeline_parallel=deepspeed
+        and pipeline_model_parallel_size == 1
+        and layout != "bigscience",
         mos=False,
         kd=False,
     )
@@ -248,7 +250,7 @@ def scheduler_progress(record: dict[str, Any] | None) -> dict[str, int | None]:
 def upstream_keys(
     config: GPTConfig,
     *,
-    pipeline_parallel: int,
+    pipeline_model_parallel_size: int,
     progress: dict[str, Any],
     tokenizer: TokenizerRecord,
     layout: str,
@@ -259,7 +261,7 @@ def upstream_keys(
     scheduler's state (DeepSpeed's `lr_scheduler`, plain Megatron's `opt_param_scheduler`), which
     upstream's resume loads (a `None` there stops it)."""
     original = config.vocab_size  # the tokenizer's (mds pads only the embedding's rows)
-    pipe = layout == "bigscience" or (layout != "megatron" and pipeline_parallel > 1)
+    pipe = layout == "bigscience" or (layout != "megatron" and pipeline_model_parallel_size > 1)
     scheduler = {}
     if lr_schedule is not None:
         key = "opt_param_scheduler" if layout == "megatron" else "lr_scheduler"
@@ -267,7 +269,7 @@ def upstream_keys(
     return {
         "args": megatron_args(
             config,
-            pipeline_parallel=pipeline_parallel,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
             progress=progress,
             tokenizer=tokenizer,
             layout=layout,

@@ -67,11 +67,21 @@ class CheckpointWriter:
     caller removes the folder), not in some finalizer later."""
 
     def __init__(
-        self, folder: Path, *, config: GPTConfig, pipeline_parallel: int, layout: str = "mds"
+        self,
+        folder: Path,
+        *,
+        config: GPTConfig,
+        pipeline_model_parallel_size: int,
+        layout: str = "mds",
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"--target-layout {layout}: choose one of {', '.join(LAYOUTS)}")
-        self.folder, self.config, self.pp, self.layout = folder, config, pipeline_parallel, layout
+        self.folder, self.config, self.pp, self.layout = (
+            folder,
+            config,
+            pipeline_model_parallel_size,
+            layout,
+        )
         self.tp = config.tensor_model_parallel_size
         folder.mkdir(parents=True, exist_ok=True)
         # layer files (DeepSpeed's pipeline engine), else one streamed file per (tp, stage)
@@ -206,7 +216,7 @@ class CheckpointWriter:
         self._write_back.close()
         client = upstream_keys(
             self.config,
-            pipeline_parallel=self.pp,
+            pipeline_model_parallel_size=self.pp,
             progress=progress,
             tokenizer=tokenizer or TokenizerRecord(),
             layout=self.layout,
@@ -231,7 +241,12 @@ class CheckpointWriter:
 
 @contextlib.contextmanager
 def new_save_folder(
-    save: Path, tag: str, *, config: GPTConfig, pipeline_parallel: int, layout: str = "mds"
+    save: Path,
+    tag: str,
+    *,
+    config: GPTConfig,
+    pipeline_model_parallel_size: int,
+    layout: str = "mds",
 ) -> Iterator[tuple[Path, CheckpointWriter]]:
     """(staging folder, a writer of its `tag` folder): `save` appears complete or not at all
     (`atomic_directory`), an error ends the writer's open files before the folder goes, and a
@@ -242,7 +257,10 @@ def new_save_folder(
             save, doing="writing", advice="give --save another folder", reads_too=True
         ),
         CheckpointWriter(
-            staging / tag, config=config, pipeline_parallel=pipeline_parallel, layout=layout
+            staging / tag,
+            config=config,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
+            layout=layout,
         ) as writer,
     ):
         yield staging, writer

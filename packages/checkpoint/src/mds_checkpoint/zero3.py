@@ -108,9 +108,13 @@ class Zero3Partitions:
 class Zero3Files:
     """The weights of a ZeRO-3 checkpoint, from the fp32 partitions, in the run's dtype."""
 
-    def __init__(self, folder: Path, *, tp_size: int, config: GPTConfig) -> None:
-        self.folder, self.tp_size, self.config = folder, tp_size, config
-        self.partitions = [Zero3Partitions(folder, tp) for tp in range(tp_size)]
+    def __init__(self, folder: Path, *, tensor_model_parallel_size: int, config: GPTConfig) -> None:
+        self.folder, self.tensor_model_parallel_size, self.config = (
+            folder,
+            tensor_model_parallel_size,
+            config,
+        )
+        self.partitions = [Zero3Partitions(folder, tp) for tp in range(tensor_model_parallel_size)]
         self._parts = []
         for partitions in self.partitions:
             lazy = {name: name for name in partitions.shapes}

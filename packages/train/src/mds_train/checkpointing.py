@@ -141,7 +141,7 @@ def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[st
 
     return upstream_keys(
         meta.config(where="this run"),
-        pipeline_parallel=meta.pipeline_model_parallel_size,
+        pipeline_model_parallel_size=meta.pipeline_model_parallel_size,
         progress=state.to_dict(),
         tokenizer=meta.tokenizer or TokenizerRecord(),
         layout="mds",

@@ -61,7 +61,10 @@ def restore_optimizer_state(
         name = plain_parameter_name(engine_name, num_layers=num_layers, pipeline=is_pipeline)
         rows = param.shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
         values = state.shard(
-            name, tp_rank=groups.tp_rank, tp_size=groups.tp_size, padded_vocab_size=rows
+            name,
+            tp_rank=groups.tp_rank,
+            tensor_model_parallel_size=groups.tp_size,
+            padded_vocab_size=rows,
         )
         if tuple(values["fp32"].shape) != tuple(param.shape):
             raise ValueError(
@@ -201,7 +204,10 @@ def restore_zero3(
         else:
             rows = shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
             values = state.shard(
-                name, tp_rank=groups.tp_rank, tp_size=groups.tp_size, padded_vocab_size=rows
+                name,
+                tp_rank=groups.tp_rank,
+                tensor_model_parallel_size=groups.tp_size,
+                padded_vocab_size=rows,
             )
         if tuple(values["fp32"].shape) != shape:
             raise ValueError(

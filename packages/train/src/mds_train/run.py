@@ -150,9 +150,9 @@ def _checkpoint_to_load(
     if found[1] is None:
         as_is = loadable_as_is(
             found[0],
-            tensor_parallel=topology.tensor_model_parallel_size,
-            pipeline_parallel=topology.pipeline_model_parallel_size,
-            data_parallel=topology.data_parallel_size,
+            tensor_model_parallel_size=topology.tensor_model_parallel_size,
+            pipeline_model_parallel_size=topology.pipeline_model_parallel_size,
+            data_parallel_size=topology.data_parallel_size,
             zero_stage=effective_zero_stage(config, topology),
             loads_optimizer=_loads_optimizer(config),
         )
@@ -161,8 +161,8 @@ def _checkpoint_to_load(
     return convert_upstream(
         found[0],
         save_dir=save,
-        tensor_parallel=topology.tensor_model_parallel_size,
-        pipeline_parallel=topology.pipeline_model_parallel_size,
+        tensor_model_parallel_size=topology.tensor_model_parallel_size,
+        pipeline_model_parallel_size=topology.pipeline_model_parallel_size,
         with_optimizer=_loads_optimizer(config),
         rank=rank,
         barrier=dist.barrier,

@@ -41,9 +41,9 @@ def needs_conversion(meta: CheckpointMeta | None) -> bool:
 def loadable_as_is(
     folder: Path,
     *,
-    tensor_parallel: int,
-    pipeline_parallel: int,
-    data_parallel: int,
+    tensor_model_parallel_size: int,
+    pipeline_model_parallel_size: int,
+    data_parallel_size: int,
     zero_stage: int,
     loads_optimizer: bool,
 ) -> CheckpointMeta | None:
@@ -59,16 +59,17 @@ def loadable_as_is(
     source = open_source(folder)
     if (
         source.layout not in ("plain", "pipeline")
-        or (source.layout == "pipeline") != (pipeline_parallel > 1)
+        or (source.layout == "pipeline") != (pipeline_model_parallel_size > 1)
         or source.qkv_order != QKV_PER_HEAD
-        or (source.tp_size, source.pp_size) != (tensor_parallel, pipeline_parallel)
+        or (source.tensor_model_parallel_size, source.pipeline_model_parallel_size)
+        != (tensor_model_parallel_size, pipeline_model_parallel_size)
     ):
         return None
     state = ptfile.load(folder / "mp_rank_00_model_states.pt")
     ds_config = state.get("ds_config") or {}
     stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
     saved_dp = int(state.get("dp_world_size") or 1)
-    if loads_optimizer and (stage, saved_dp) != (zero_stage, data_parallel):
+    if loads_optimizer and (stage, saved_dp) != (zero_stage, data_parallel_size):
         return None
     parallel = dataclasses.replace(
         source.meta.parallel, data_parallel_size=saved_dp, zero_stage=stage
@@ -84,8 +85,8 @@ def convert_upstream(
     source: Path,
     *,
     save_dir: Path | None,
-    tensor_parallel: int,
-    pipeline_parallel: int,
+    tensor_model_parallel_size: int,
+    pipeline_model_parallel_size: int,
     with_optimizer: bool,
     rank: int,
     barrier: Callable[[], None],
@@ -106,16 +107,16 @@ def convert_upstream(
         config = ReshapeConfig(
             load=source,
             save=base,
-            target_tensor_model_parallel_size=tensor_parallel,
-            target_pipeline_model_parallel_size=pipeline_parallel,
+            target_tensor_model_parallel_size=tensor_model_parallel_size,
+            target_pipeline_model_parallel_size=pipeline_model_parallel_size,
             with_optimizer=with_optimizer,
         )
         result = reshape(config)  # its meta.json carries the source's lr_schedule
         logger.info(
             "%s is not in mds-train's layout: converted it to TP=%d PP=%d%s in %.1f s",
             source,
-            tensor_parallel,
-            pipeline_parallel,
+            tensor_model_parallel_size,
+            pipeline_model_parallel_size,
             " with its optimizer state" if with_optimizer else "",
             result.seconds,
         )
