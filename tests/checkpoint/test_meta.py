@@ -50,6 +50,10 @@ def test_the_current_version_round_trips(tmp_path):
             {"format": FORMAT, "model": {}, "parallel": {}, "checkpoint_version": VERSION + 1},
             f"meta.json: checkpoint_version {VERSION + 1} is newer than this mds reads",
         ),
+        (
+            {"format": FORMAT, "model": {}, "parallel": {}, "checkpoint_version": "2"},
+            "meta.json: checkpoint_version '2' is not one mds writes (1 to ",
+        ),
     ],
 )
 def test_what_is_not_a_description_is_refused(tmp_path, content, message):

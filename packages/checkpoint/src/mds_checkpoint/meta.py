@@ -188,7 +188,11 @@ class CheckpointMeta:
         ):
             raise ValueError(f"{where}: not an mds-train checkpoint description")
         version = content.get("checkpoint_version", 1)
-        if not isinstance(version, int) or version > VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(
+                f"{where}: checkpoint_version {version!r} is not one mds writes (1 to {VERSION})"
+            )
+        if version > VERSION:
             raise ValueError(
                 f"{where}: checkpoint_version {version!r} is newer than this mds reads "
                 f"({VERSION}); upgrade mds"
