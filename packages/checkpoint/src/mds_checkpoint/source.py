@@ -93,7 +93,8 @@ def vocabulary_info(state: dict[str, Any]) -> dict | None:
 
 def megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) -> CheckpointMeta:
     """The description of a checkpoint that has no meta.json (Megatron, Megatron-DeepSpeed),
-    from one of its rank files."""
+    from one of its rank files: DeepSpeed's also say the ZeRO stage (`ds_config`) and the
+    data-parallel size they were written at."""
     args = state.get("args")
     iteration = state.get("iteration", state.get("global_steps", 0))
     samples = int(getattr(args, "consumed_train_samples", 0) or 0)
@@ -120,9 +121,17 @@ def megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) ->
             merge_file=getattr(args, "merge_file", None),
             vocab_size=config.vocab_size,
         )
+    zero = (state.get("ds_config") or {}).get("zero_optimization") or {}
+    data_parallel = state.get("dp_world_size")
+    parallel = Parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        data_parallel_size=None if data_parallel is None else int(data_parallel),
+        zero_stage=int(zero.get("stage", 0)),
+    )
     return CheckpointMeta(
         model=model_fields(config),
-        parallel=Parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+        parallel=parallel,
         precision=config.params_dtype,
         progress=Progress.from_dict(progress),
         megatron_tokenizer=megatron_tokenizer,
@@ -169,19 +178,12 @@ def _deepspeed_source(folder: Path) -> Source:
         )
         meta = megatron_meta(state, config, tp, pp)
         order = qkv_order(state, where=str(folder / described_by[0]))
-        if not mp_files:  # upstream's ZeRO-3 files: the weights are in the fp32 partitions
-            parallel = dataclasses.replace(
-                meta.parallel,
-                zero_stage=3,
-                data_parallel_size=int(state.get("dp_world_size") or 1),
+        if meta.parallel.zero_stage == 3 and order != QKV_PER_HEAD:
+            raise ValueError(  # upstream's ZeRO-3 files: the weights are in the fp32 partitions
+                f"{folder / described_by[0]}: ZeRO-3 partitions with query_key_value rows "
+                f"ordered {order}, not per head; mds reads such rows from mp_rank or layer "
+                "files only"
             )
-            meta = meta.replace(parallel=parallel)
-            if order != QKV_PER_HEAD:
-                raise ValueError(
-                    f"{folder / described_by[0]}: ZeRO-3 partitions with query_key_value rows "
-                    f"ordered {order}, not per head; mds reads such rows from mp_rank or layer "
-                    "files only"
-                )
     heads = config.num_attention_heads
     if has_layers:
         reader = LayerFiles(folder, heads=heads, qkv_order=order)

@@ -52,7 +52,6 @@ def loadable_as_is(
     at PP = 1 (mds-train runs the plain engine there); query/key/value rows not per head
     (checkpoint_version < 2, or FPDT's blocks); or, when the optimizer is loaded, ZeRO
     partitions for another stage or DP size."""
-    from mds_checkpoint import ptfile
     from mds_checkpoint.source import open_source
     from mds_model.naming import QKV_PER_HEAD
 
@@ -65,15 +64,14 @@ def loadable_as_is(
         != (tensor_model_parallel_size, pipeline_model_parallel_size)
     ):
         return None
-    state = ptfile.load(folder / "mp_rank_00_model_states.pt")
-    ds_config = state.get("ds_config") or {}
-    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
-    saved_dp = int(state.get("dp_world_size") or 1)
-    if loads_optimizer and (stage, saved_dp) != (zero_stage, data_parallel_size):
+    # The ZeRO stage and DP size its rank files say (source.megatron_meta).
+    saved = source.meta.parallel
+    parallel = dataclasses.replace(saved, data_parallel_size=saved.data_parallel_size or 1)
+    if loads_optimizer and (parallel.zero_stage, parallel.data_parallel_size) != (
+        zero_stage,
+        data_parallel_size,
+    ):
         return None
-    parallel = dataclasses.replace(
-        source.meta.parallel, data_parallel_size=saved_dp, zero_stage=stage
-    )
     return source.meta.replace(parallel=parallel, layout=UPSTREAM_LAYOUT)
 
 
