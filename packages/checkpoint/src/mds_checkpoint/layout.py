@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from mds_model.naming import LAYER_FILE  # noqa: F401 - the pipeline's files, named with its numbering
+
 LATEST = "latest"
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 LATEST_UNIVERSAL = "latest_universal"  # DeepSpeed's pointer for load_universal (engine.py)
@@ -27,7 +29,6 @@ META = "meta.json"
 PARTIAL_SUFFIX = ".partial"
 DEEPSPEED_TAG = re.compile(r"global_step(\d+)")
 MEGATRON_TAG = re.compile(r"iter_(\d{7,})")
-LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 MP_RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
 ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
 MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")

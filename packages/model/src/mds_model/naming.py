@@ -130,6 +130,8 @@ def model_names(num_layers: int, *, learned_positions: bool, embed_layernorm: bo
 # numbers as deepspeedai's does, so that fork's `pretrain_gpt.py --load` reads mds-train's files.
 
 PIPE_GAPS = {"bigscience": 2, "deepspeedai": 1}
+# The pipeline engine's file of one spec index (XX) and TP rank (YY).
+LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 EMBEDDING_INDEX = 1
 OWN_NUMBERING = "deepspeedai"
 

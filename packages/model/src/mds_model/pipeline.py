@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from collections.abc import Callable
 
 import torch
@@ -33,7 +32,7 @@ from .gpt import (
     to_sequence_first,
 )
 from .layers import LayerNorm
-from .naming import OWN_NUMBERING, pipe_numbering, renumber
+from .naming import LAYER_FILE, OWN_NUMBERING, pipe_numbering, renumber
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker
 from .transformer import ParallelTransformerLayer
@@ -167,9 +166,6 @@ def gpt_layer_specs(
     return specs
 
 
-_LAYER_FILE = re.compile(r"layer_(\d+)-.*model_states\.pt$")
-
-
 class GPTPipe(PipelineModule):
     """DeepSpeed's PipelineModule over `gpt_layer_specs`. It saves layer files in its own
     (deepspeedai's) numbering and loads folders in either fork's: a folder numbered as bigscience's
@@ -191,7 +187,7 @@ class GPTPipe(PipelineModule):
 def _folder_numbering(ckpt_dir: str) -> str | None:
     indices = set()
     for name in os.listdir(ckpt_dir):
-        match = _LAYER_FILE.match(name)
+        match = LAYER_FILE.fullmatch(name)
         if match:
             indices.add(int(match.group(1)))
     return pipe_numbering(sorted(indices))
