@@ -27,6 +27,13 @@ the activation recompute:
   ds-timers        default with DeepSpeed's throughput timer on (its default; off in mds-train)
   selective        default with --recompute-granularity selective (attention's core recomputed)
   full             default with --recompute-granularity full (every layer recomputed)
+  fp8              default with --fp8-hybrid (E4M3 forward, E5M2 gradients, delayed scaling)
+  fp8-e4m3         default with --fp8-e4m3
+  fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
+With `default` and an fp8 variant in one run, each fp8 variant's speed is also given against
+`default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling (--fp8-peak-tflops,
+twice the bf16 one on Hopper) too, and the two loss curves side by side: every tenth of the run,
+and the largest relative difference of their 10-iteration means after the first 10 iterations.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
@@ -78,7 +85,11 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "ds-timers": (0, {"timers": {"throughput": {"enabled": True}}}, []),
     "selective": (0, {}, ["--recompute-granularity", "selective"]),
     "full": (0, {}, ["--recompute-granularity", "full"]),
+    "fp8": (0, {}, ["--fp8-hybrid"]),
+    "fp8-e4m3": (0, {}, ["--fp8-e4m3"]),
+    "fp8-bf16-wgrad": (0, {}, ["--fp8-hybrid", "--no-fp8-wgrad"]),
 }
+CURVE_WINDOW = 10  # iterations per mean in the loss-curve comparison
 
 
 def recompute_of(variant: str) -> str:
@@ -177,6 +188,7 @@ def run_ours(args, variant: str, work: Path) -> dict:
         "first_loss": next(r["lm_loss"] for r in every if r["lm_loss"] is not None),
         "skipped": sum(r["skipped_iterations"] for r in every),
         "loss_scale": train[-1]["loss_scale"],
+        "losses": {r["iteration"]: r["lm_loss"] for r in every},
     }
 
 
@@ -221,6 +233,9 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--peak-tflops", type=float, default=790.0)
+    parser.add_argument(
+        "--fp8-peak-tflops", type=float, default=1979.0, help="dense FP8 ceiling (H100/H200)"
+    )
     parser.add_argument("--tiny", action="store_true", help="a CPU smoke run of a tiny GPT")
     args = parser.parse_args()
     if args.tiny and args.reference is not None:
@@ -261,11 +276,13 @@ def measure(args) -> None:
     if args.reference is not None:
         reference = run_reference(args.reference, args.shape, args.micro_batch, args.peak_tflops)
         print(f"reference_gpt.py --compile: {reference:,.0f} tokens/s (measured, this call)")
+    results = {}
     with tempfile.TemporaryDirectory() as work:
         for variant in args.variants.split(","):
             figures = run_ours(args, variant, Path(work))
             if not figures:
                 continue
+            results[variant] = figures
             ratio = ""
             if reference:
                 ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
@@ -288,6 +305,42 @@ def measure(args) -> None:
                 f"loss {figures['first_loss']:.3f} -> {figures['loss']:.3f}{scaling}",
                 flush=True,
             )
+    compare_fp8(args, results)
+
+
+def compare_fp8(args, results: dict[str, dict]) -> None:
+    """Each FP8 variant against `default` (bf16): speed, MFU on both ceilings, loss curves."""
+    bf16 = results.get("default")
+    for variant, figures in results.items():
+        if bf16 is None or not variant.startswith("fp8"):
+            continue
+        speedup = figures["tokens_per_second"] / bf16["tokens_per_second"]
+        mfu = figures["mfu"]
+        ceilings = ""
+        if mfu is not None:
+            fp8_mfu = mfu * args.peak_tflops / args.fp8_peak_tflops
+            ceilings = (
+                f"; MFU {mfu:.1%} of the bf16 ceiling ({args.peak_tflops:g} TFLOP/s), "
+                f"{fp8_mfu:.1%} of the FP8 ceiling ({args.fp8_peak_tflops:g})"
+            )
+        print(f"mds-train {variant}: {speedup:.3f}x mds-train default (bf16){ceilings}")
+        ours, theirs = figures["losses"], bf16["losses"]
+        shared = sorted(set(ours) & set(theirs))
+        every = max(1, len(shared) // 10)
+        print(f"  iteration  bf16 loss  {variant} loss  relative difference")
+        for iteration in shared[every - 1 :: every]:
+            a, b = theirs[iteration], ours[iteration]
+            print(f"  {iteration:9d}  {a:9.4f}  {b:9.4f}  {(b - a) / a:+.2%}")
+        worst = 0.0
+        for start in range(CURVE_WINDOW, len(shared) - CURVE_WINDOW + 1, CURVE_WINDOW):
+            window = shared[start : start + CURVE_WINDOW]
+            mean_a = sum(theirs[i] for i in window) / len(window)
+            mean_b = sum(ours[i] for i in window) / len(window)
+            worst = max(worst, abs(mean_b - mean_a) / mean_a)
+        print(
+            f"  largest relative difference of {CURVE_WINDOW}-iteration means after iteration "
+            f"{CURVE_WINDOW}: {worst:.2%}"
+        )
 
 
 if __name__ == "__main__":

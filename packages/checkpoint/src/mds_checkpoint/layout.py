@@ -5,8 +5,8 @@ A save folder holds a pointer and one folder per checkpoint:
 - DeepSpeed (mds-train, Megatron-DeepSpeed): `latest` names `global_stepN`, which holds
   `mp_rank_TT_model_states.pt` (the plain engine's module and client state, one per TP rank, or
   per (stage, TP rank) beside a pipeline's layer files), `layer_XX-model_TT-model_states.pt`
-  (the pipeline engine), DeepSpeed's ZeRO partitions, mds-train's `rng_state_rankRRRRR.pt` and
-  `meta.json` (`meta.py`).
+  (the pipeline engine), DeepSpeed's ZeRO partitions, mds-train's `rng_state_rankRRRRR.pt` (and
+  `fp8_scaling_rankRRRRR.pt` in FP8 runs) and `meta.json` (`meta.py`).
 - Megatron: `latest_checkpointed_iteration.txt` holds N (or `release`), naming `iter_NNNNNNN`
   (or `release`), which holds `mp_rank_TT[_PPP]/model_optim_rng.pt`. deepspeedai's
   Megatron-DeepSpeed writes this tracker beside DeepSpeed's `latest`.
@@ -54,6 +54,12 @@ def tag_iteration(tag: str) -> int | None:
 def tracker_tag(text: str) -> str:
     """The folder Megatron's tracker file names: `iter_NNNNNNN` for a number, else as written."""
     return tag_for(int(text), "megatron") if text.isdigit() else text
+
+
+def fp8_file(rank: int) -> str:
+    """mds-train's FP8 scaling state of one global rank (amaxes, their history, the scales), saved
+    by runs with --fp8-e4m3/--fp8-hybrid."""
+    return f"fp8_scaling_rank{rank:05d}.pt"
 
 
 def rng_file(rank: int) -> str:

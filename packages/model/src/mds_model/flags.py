@@ -129,3 +129,53 @@ class HalfFlags:
 
     fp16: bool = flag("--fp16", default=False, help="float16 weights and activations.")
     bf16: bool = flag("--bf16", default=False, help="bfloat16 weights and activations.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8Flags:
+    """Upstream's Transformer-Engine FP8 flags (megatron/arguments.py), read as its DelayedScaling
+    recipe (mds_model.fp8.recipe): the format, then how the scales follow the amaxes."""
+
+    fp8_e4m3: bool = flag("--fp8-e4m3", default=False, help="FP8 linears, E4M3 throughout.")
+    fp8_hybrid: bool = flag(
+        "--fp8-hybrid", default=False, help="FP8 linears: E4M3 forward, E5M2 gradients."
+    )
+    fp8_wgrad: bool = flag(
+        "--no-fp8-wgrad",
+        default=True,
+        negates=True,
+        help="Weight gradients in 16 bits, not FP8.",
+    )
+    fp8_margin: int = flag("--fp8-margin", default=0, help="FP8 scale margin (powers of 2).")
+    fp8_interval: int = flag(
+        "--fp8-interval", default=1, help="Iterations between FP8 scale updates."
+    )
+    fp8_amax_history_len: int = flag(
+        "--fp8-amax-history-len", default=1, help="Iterations of amax history per FP8 tensor."
+    )
+    fp8_amax_compute_algo: str = flag(
+        "--fp8-amax-compute-algo",
+        default="most_recent",
+        choices=("most_recent", "max"),
+        help="Amax of the history the scale follows.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.fp8_e4m3 and self.fp8_hybrid:  # upstream's validate_args asserts it too
+            raise ValueError("give --fp8-e4m3 or --fp8-hybrid, not both")
+        self.fp8_recipe()  # the recipe's own checks, naming the flags
+
+    def fp8_recipe(self):  # -> mds_model.fp8.Fp8Recipe | None (imported here: no torch above)
+        """The recipe the flags select, or None without --fp8-e4m3/--fp8-hybrid."""
+        from .fp8.recipe import Fp8Recipe
+
+        fmt = "e4m3" if self.fp8_e4m3 else "hybrid" if self.fp8_hybrid else None
+        recipe = Fp8Recipe(
+            fmt=fmt or "hybrid",
+            margin=self.fp8_margin,
+            interval=self.fp8_interval,
+            amax_history_len=self.fp8_amax_history_len,
+            amax_compute_algo=self.fp8_amax_compute_algo,
+            fp8_wgrad=self.fp8_wgrad,
+        )
+        return recipe if fmt else None

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .fp8.linear import Fp8Slot, fp8_linear
 from .parallel import (
     ParallelGroups,
     copy_to_tensor_parallel,
@@ -45,6 +46,18 @@ def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
     param.partition_dim = partition_dim
     param.partition_stride = 1
     return param
+
+
+class _Linear(nn.Module):
+    """The matmul both parallel linears share: F.linear, or its FP8 form once `enable_fp8` has
+    given the layer a slot of the model's scaling state."""
+
+    fp8: Fp8Slot | None = None
+
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.fp8 is None:
+            return F.linear(x, self.weight, bias)
+        return fp8_linear(x, self.weight, bias, self.fp8, record=self.training)
 
 
 def sequence_parallel_param(param: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -173,7 +186,7 @@ class VocabParallelEmbedding(nn.Module):
             )
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(_Linear):
     """Y = X A^T + b with A split by rows (output features): each rank computes Y's own columns.
 
     skip_bias_add: forward leaves this rank's bias slice out, for the caller to fuse it into the
@@ -223,13 +236,13 @@ class ColumnParallelLinear(nn.Module):
             x = gather_from_sequence_parallel(x, self.groups.tp_group)
         else:
             x = copy_to_tensor_parallel(x, self.groups.tp_group)
-        y = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        y = self._linear(x, None if self.skip_bias_add else self.bias)
         if self.gather_output:
             y = gather_from_tensor_parallel(y, self.groups.tp_group)
         return y
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """Y = X A^T + b with A split by columns (input features); partial products are all-reduced
     (reduce-scattered along the sequence with sequence_parallel) and the replicated bias added.
     """
@@ -273,15 +286,15 @@ class RowParallelLinear(nn.Module):
             x = scatter_to_tensor_parallel(x, self.groups.tp_group)
         if self.groups.tp_size == 1:
             # Nothing to reduce: let the GEMM add the bias (one pass over y fewer).
-            return F.linear(x, self.weight, self.bias)
+            return self._linear(x, self.bias)
         if self.sequence_parallel:  # out: this rank's sequence slice (S/TP, B, H)
-            y = reduce_scatter_to_sequence_parallel(F.linear(x, self.weight), self.groups.tp_group)
+            y = reduce_scatter_to_sequence_parallel(self._linear(x, None), self.groups.tp_group)
             bias = (
                 None
                 if self.bias is None
                 else sequence_parallel_param(self.bias, self.groups.tp_group)
             )
         else:
-            y = reduce_from_tensor_parallel(F.linear(x, self.weight), self.groups.tp_group)
+            y = reduce_from_tensor_parallel(self._linear(x, None), self.groups.tp_group)
             bias = self.bias
         return y if bias is None else y + bias

@@ -28,6 +28,7 @@ from mds_checkpoint.layout import (
     LATEST,
     META,
     PARTIAL_SUFFIX,
+    fp8_file,
     rng_file,
     tag_for,
 )
@@ -91,6 +92,7 @@ class CheckpointContext:
     meta: CheckpointMeta  # the run's description; progress is added per save
     groups: Any = None  # mds_model.ParallelGroups: a reshaped checkpoint's TP slices
     optimizer: Any = None  # the base optimizer (whose param groups carry the learning rate)
+    fp8: Any = None  # mds_model.fp8.Fp8Training of an FP8 run: its scaling state is saved per rank
 
 
 def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: Path) -> Path:
@@ -116,6 +118,8 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
             str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
         )
         torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
+        if context.fp8 is not None:
+            torch.save(context.fp8.state_dict(), partial / fp8_file(context.rank))
     context.barrier()
     final = save_dir / tag
     if context.rank == 0:
@@ -428,8 +432,22 @@ def load_checkpoint(
                 f"{meta.parallel.world_size} ranks); add --no-load-rng"
             )
         restore_rng_states(torch.load(rng_path, weights_only=False), context.rng_tracker)
+    if context.fp8 is not None:
+        restore_fp8_scaling(context, path, meta)
     logger.info("resumed from %s at iteration %d", path, state.iteration)
     return state
+
+
+def restore_fp8_scaling(context: CheckpointContext, path: Path, meta: CheckpointMeta) -> None:
+    """An FP8 run resumes its scales where the saved run left them; without them (a 16-bit
+    checkpoint, another layout) the scaling starts afresh, as on a first step, and says so."""
+    saved = path / fp8_file(context.rank)
+    if meta.parallel.world_size != context.world_size or not saved.is_file():
+        why = "it has no FP8 scaling state for this rank"
+    else:
+        why = context.fp8.load_state_dict(torch.load(saved, weights_only=True))
+    if why is not None:
+        logger.warning("%s: %s; FP8 scales start afresh from the next step's amaxes", path, why)
 
 
 def _load_through_deepspeed(

@@ -15,6 +15,7 @@ from mds_common.flags import flag, restate
 from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
 from mds_model.flags import (
+    Fp8Flags,
     GPTFlags,
     HalfFlags,
     MicroBatchFlags,
@@ -219,7 +220,7 @@ class OptimizerSection:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrecisionSection:
+class PrecisionSection(Fp8Flags):
     fp16: bool = restate(HalfFlags, "fp16", note="Dynamic loss scaling.")
     bf16: bool = restate(HalfFlags, "bf16", note="fp32 master weights.")
     loss_scale: float | None = flag(
@@ -489,6 +490,7 @@ class TrainConfig:
                 "--grad-reduce-in-bf16 applies to bf16 training at --zero-stage 0 without "
                 "pipelining (mds-train's own gradient reduction); drop it"
             )
+        self._validate_fp8(topology)
         if self.parallel.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
         if topology.pipeline_model_parallel_size > 1 and self.parallel.zero_stage > 1:
@@ -505,6 +507,26 @@ class TrainConfig:
             raise ValueError("--save-interval needs --save")
         self.batch_schedule(topology)
         self.lr_schedule(topology)
+
+    def _validate_fp8(self, topology: Topology) -> None:
+        """FP8 GEMMs (torch._scaled_mm) take 16-bit outputs and sizes that are multiples of 16:
+        every tensor-parallel slice of a linear and the tokens of a micro-batch."""
+        recipe = self.precision.fp8_recipe()
+        if recipe is None:
+            return
+        fp8_flag = "--fp8-e4m3" if recipe.fmt == "e4m3" else "--fp8-hybrid"
+        if not (self.precision.bf16 or self.precision.fp16):
+            raise ValueError(f"{fp8_flag} needs --bf16 or --fp16 (the FP8 GEMMs' output dtype)")
+        model, tp = self.model, topology.tensor_model_parallel_size
+        ffn = model.ffn_hidden_size or 4 * model.hidden_size
+        sizes = {
+            "--hidden-size / --tensor-model-parallel-size": model.hidden_size // tp,
+            "--ffn-hidden-size / --tensor-model-parallel-size": ffn // tp,
+            "--micro-batch-size x --seq-length": self.batch.micro_batch_size * model.seq_length,
+        }
+        for what, size in sizes.items():
+            if size % 16:
+                raise ValueError(f"{fp8_flag}: {what} is {size}, not a multiple of 16 (FP8 GEMMs)")
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

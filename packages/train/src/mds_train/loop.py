@@ -133,6 +133,11 @@ class Trainer:
             global_batch = self._num_micro * self.config.batch.micro_batch_size
             global_batch *= self.topology.data_parallel_size
             state.iteration += 1
+            if self.setup.fp8 is not None:  # the next step's FP8 scales, on the device
+                groups = self.setup.groups
+                self.setup.fp8.update(
+                    iteration=state.iteration, groups=[groups.tp_group, groups.dp_group]
+                )
             state.consumed_train_samples += global_batch
             tokens_before = state.consumed_train_tokens
             state.consumed_train_tokens += global_batch * self.config.model.seq_length

@@ -39,6 +39,11 @@ IGNORED = IgnoredFlags(
             env="LOCAL_RANK",
         ),
         ignored("--codecarbon-dir", why="energy tracking is not built in"),
+        ignored(
+            "--transformer-impl",
+            why="mds_model's own layers run FP8 (--fp8-e4m3/--fp8-hybrid) and keep the local "
+            "layers' parameter names",
+        ),
         ignored("--partition-activations", why=_ACTIVATIONS, nargs=0),
         ignored("--deepspeed-activation-checkpointing", why=_ACTIVATIONS, nargs=0),
         ignored("--contigious-checkpointing", why=_ACTIVATIONS, nargs=0),

@@ -139,6 +139,7 @@ class TrainingSetup:
     gpt_config: GPTConfig
     ds_config: dict[str, Any]
     is_pipeline: bool
+    fp8: Any = None  # mds_model.fp8.Fp8Training under --fp8-e4m3/--fp8-hybrid: update per step
 
 
 def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -188,6 +189,7 @@ def build_training_setup(
     module = build_module(
         gpt_config, groups, tracker, seed=config.precision.seed, is_pipeline=is_pipeline
     )
+    fp8 = apply_fp8(module, config, gpt_config)
     ds_config = build_deepspeed_config(
         config, topology, gpt_config, user_ds, is_pipeline=is_pipeline
     )
@@ -208,6 +210,7 @@ def build_training_setup(
         gpt_config=gpt_config,
         ds_config=ds_config,
         is_pipeline=is_pipeline,
+        fp8=fp8,
     )
 
 
@@ -234,6 +237,17 @@ def build_module(
     else:
         module = TrainingGPT(gpt_config, groups=groups, rng_tracker=tracker, init_seed=seed)
     return module.cuda() if torch.cuda.is_available() else module
+
+
+def apply_fp8(module: torch.nn.Module, config: TrainConfig, gpt_config: GPTConfig):
+    """Under --fp8-e4m3/--fp8-hybrid: the transformer layers' linears in FP8 (mds_model.fp8), with
+    their scaling state on the module's device; the weights and optimizer stay as they are."""
+    recipe = config.precision.fp8_recipe()
+    if recipe is None:
+        return None
+    from mds_model.fp8 import enable_fp8
+
+    return enable_fp8(module, recipe, use_kernel=gpt_config.use_fused_kernels)
 
 
 def build_deepspeed_config(

@@ -186,6 +186,7 @@ def run(
         user_ds = load_user_config(path)
         config = resolve_user_config(config, user_ds, topology, given=given, source=str(path))
     config.validate(topology)
+    _check_fp8_device(config)
     vocab = read_vocabulary(config.data)
     _check_datasets(config, vocab)
     _check_output_folders(config)
@@ -205,6 +206,18 @@ def run(
             # broken connection, as a traceback from every other rank, would only bury that.
             return EXIT_FAILED
         raise
+
+
+def _check_fp8_device(config: TrainConfig) -> None:
+    """--fp8-*: refused in one line where there are no FP8 tensor cores (CPU, pre-Ada GPUs)."""
+    recipe = config.precision.fp8_recipe()
+    if recipe is None:
+        return
+    from mds_model.fp8.recipe import device_problem
+
+    problem = device_problem()
+    if problem is not None:
+        raise ValueError(f"--fp8-{'e4m3' if recipe.fmt == 'e4m3' else 'hybrid'}: {problem}")
 
 
 def _run_joined(
@@ -272,6 +285,7 @@ def _run_joined(
         meta=description,
         groups=setup.groups,
         optimizer=setup.optimizer,
+        fp8=setup.fp8,
     )
     state = TrainingState()
     if universal:
