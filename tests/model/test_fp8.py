@@ -105,14 +105,7 @@ def test_triton_cast_matches_the_reference_through_the_interpreter(dtype, shape)
 
 
 def slot(recipe: Fp8Recipe, scales: tuple[float, float, float]) -> Fp8Slot:
-    scale = torch.tensor(scales)
-    return Fp8Slot(
-        recipe,
-        False,
-        tuple(scale[role] for role in range(3)),
-        tuple((1.0 / scale)[role] for role in range(3)),
-        tuple(torch.zeros(3)[role] for role in range(3)),
-    )
+    return Fp8Slot.standalone(recipe, scales, device="cpu", use_kernel=False)
 
 
 def dequantized(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -315,15 +308,8 @@ def test_gpu_fp8_linear_follows_the_bf16_linear(fmt):
 
     maxima = torch.tensor(recipe.role_maxima(), device="cuda")
     amaxes = torch.stack([t.float().abs().max() for t in (x, weight, grad)])
-    scales = (maxima / amaxes).tolist()
-    scale = torch.tensor(scales, device="cuda")
-    fp8_slot = Fp8Slot(
-        recipe,
-        True,
-        tuple(scale[role] for role in range(3)),
-        tuple((1.0 / scale)[role] for role in range(3)),
-        tuple(torch.zeros(3, device="cuda")[role] for role in range(3)),
-    )
+    scales = tuple((maxima / amaxes).tolist())
+    fp8_slot = Fp8Slot.standalone(recipe, scales, device="cuda", use_kernel=True)
     got_x, got_w = x.clone().requires_grad_(), weight.clone().requires_grad_()
     y = fp8_linear(got_x, got_w, None, fp8_slot, record=True)
     y.backward(grad)

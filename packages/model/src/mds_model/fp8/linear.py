@@ -31,6 +31,18 @@ class Fp8Slot:
     amax: tuple[torch.Tensor, ...]
     weight_cache: tuple | None = field(default=None, repr=False)
 
+    @classmethod
+    def standalone(
+        cls, recipe: Fp8Recipe, scales: tuple[float, float, float], *, device, use_kernel: bool
+    ) -> Fp8Slot:
+        """A slot with fixed scales and its own amaxes, outside any model (tests, benchmarks)."""
+        from .training import Fp8Training
+
+        state = Fp8Training(["linear"], recipe, device=torch.device(device), use_kernel=use_kernel)
+        state.scale.copy_(torch.tensor([scales]))
+        state.scale_inv.copy_(state.scale.reciprocal())
+        return state.slots[0]
+
     def weight_fp8(
         self, weight: torch.Tensor, *, record: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from .linear import Fp8Slot
 from .recipe import NUM_ROLES, Fp8Recipe, updated_scales
 
 STATE_VERSION = 1
+SCALE_ALIGNMENT = 4  # fp32 elements in 16 bytes
 
 
 class Fp8Training:
@@ -43,7 +44,10 @@ class Fp8Training:
             (recipe.amax_history_len, *shape), dtype=torch.float32, device=device
         )
         self.scale = torch.ones(shape, dtype=torch.float32, device=device)
-        self.scale_inv = torch.ones(shape, dtype=torch.float32, device=device)
+        # cuBLASLt reads each dequantizing scale through its own 16-byte-aligned pointer.
+        self.padded_scale_inv = torch.ones(
+            (*shape, SCALE_ALIGNMENT), dtype=torch.float32, device=device
+        )
         self.maxima = torch.tensor(recipe.role_maxima(), dtype=torch.float32, device=device)
         self.slots = [self._slot(index, use_kernel) for index in range(len(names))]
 
@@ -55,9 +59,14 @@ class Fp8Training:
             self.recipe,
             use_kernel,
             views(self.scale),
-            views(self.scale_inv),
+            views(self.padded_scale_inv[..., 0]),
             views(self.amax),
         )
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        """(num_linears, 3): 1 / scale, the factor `_scaled_mm` multiplies its result by."""
+        return self.padded_scale_inv[..., 0]
 
     @torch.no_grad()
     def update(self, *, iteration: int, groups: list[dist.ProcessGroup | None]) -> None:
@@ -73,7 +82,7 @@ class Fp8Training:
         if iteration % self.recipe.interval == 0:
             scale = updated_scales(self.amax_history, self.scale, self.maxima, self.recipe)
             self.scale.copy_(scale)
-            torch.reciprocal(self.scale, out=self.scale_inv)
+            self.scale_inv.copy_(self.scale.reciprocal())
         for slot in self.slots:
             slot.weight_cache = None
 
@@ -103,7 +112,7 @@ class Fp8Training:
         self.amax.copy_(state["amax"])
         self.amax_history.copy_(state["amax_history"])
         self.scale.copy_(state["scale"])
-        torch.reciprocal(self.scale, out=self.scale_inv)
+        self.scale_inv.copy_(self.scale.reciprocal())
         for slot in self.slots:
             slot.weight_cache = None
         return None
