@@ -23,6 +23,7 @@ from mds_model.flags import (
 )
 from mds_tokenize.flags import TokenizerFlags
 
+from .profiling import ProfilerFlags
 from .schedule import (
     DECAY_STYLES,
     BatchSizeSchedule,
@@ -350,6 +351,7 @@ SECTIONS = {
     "checkpoint": CheckpointSection,
     "logging": LoggingSection,
     "exit": ExitSection,
+    "profiler": ProfilerFlags,
 }
 
 
@@ -379,6 +381,7 @@ class TrainConfig:
     checkpoint: CheckpointSection
     logging: LoggingSection
     exit: ExitSection
+    profiler: ProfilerFlags = dataclasses.field(default_factory=ProfilerFlags)
 
     @property
     def params_dtype(self) -> str:
@@ -503,6 +506,7 @@ class TrainConfig:
             )
         if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
             raise ValueError("--save-interval needs --save")
+        self.profiler.check(tensorboard_dir=self.logging.tensorboard_dir)
         self.batch_schedule(topology)
         self.lr_schedule(topology)
 
