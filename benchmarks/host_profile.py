@@ -28,6 +28,7 @@ import argparse
 import bisect
 import gzip
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ SCALAR_READS = {"aten::item", "aten::_local_scalar_dense"}
 HOST_CATEGORIES = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
 RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver"}
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+API_VERSION = re.compile(r"_v\d+$")  # CUPTI names some calls by version: cudaLaunchKernelExC_v11060
 EPSILON_US = 1e-3  # timestamps are microseconds with nanosecond digits
 
 
@@ -189,9 +191,10 @@ def summarise(trace: dict) -> list[StepSummary]:
         name = "ProfilerStep*" if event.name.startswith("ProfilerStep#") else event.name  # as torch
         step.self_us[name] += event.dur - child_us[event.index]
         step.calls[name] += 1
-        if event.name in LAUNCHES:
+        api = API_VERSION.sub("", event.name) if event.cat in RUNTIME_CATEGORIES else ""
+        if api in LAUNCHES:
             step.launches += 1
-        elif event.name in GRAPH_LAUNCHES:
+        elif api in GRAPH_LAUNCHES:
             step.graph_launches += 1
         kind = _sync_kind(event, device_copies)
         if kind is None:
@@ -222,7 +225,9 @@ def summarise(trace: dict) -> list[StepSummary]:
 
 def _sync_kind(event: Event, device_copies: dict) -> str | None:
     """The kind of host-device synchronisation `event` is, if it is one."""
-    if event.name in SYNC_CALLS or (event.cat == "cpu_op" and event.name in SCALAR_READS):
+    if event.cat == "cpu_op":
+        return event.name if event.name in SCALAR_READS else None
+    if API_VERSION.sub("", event.name) in SYNC_CALLS:
         return event.name
     if event.cat in RUNTIME_CATEGORIES and "Memcpy" in event.name:
         copy = device_copies.get(event.correlation, "")

@@ -102,9 +102,10 @@ GPU_TRACE = {
         X("aten::mm", "cpu_op", 700, 40, tid=2),
         X("cudaLaunchKernel", "cuda_runtime", 710, 10, tid=2, correlation=4),
         X("cudaMemcpyAsync", "cuda_runtime", 800, 5, correlation=5),
-        # Step 1: a graph launch, a launch, and a .cpu() (aten::to around its copy and sync).
+        # Step 1: a graph launch, a launch (by CUPTI's versioned name), and a .cpu() (aten::to
+        # around its copy and sync).
         X("cudaGraphLaunch", "cuda_runtime", 1100, 20, correlation=6),
-        X("cudaLaunchKernel", "cuda_runtime", 1130, 5, correlation=7),
+        X("cudaLaunchKernelExC_v11060", "cuda_runtime", 1130, 5, correlation=7),
         X("aten::to", "cpu_op", 1400, 100),
         X("aten::_to_copy", "cpu_op", 1401, 98),
         X("aten::copy_", "cpu_op", 1402, 96),
