@@ -42,6 +42,17 @@ def runs():
 
 
 @pytest.fixture(scope="session")
+def host_profile():
+    """benchmarks/host_profile.py, loaded once: the trace summaries of mds-train's --profile."""
+    path = REPO_ROOT / "benchmarks/host_profile.py"
+    spec = importlib.util.spec_from_file_location("host_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """The sample-index cache the tests' training runs share."""
     return tmp_path_factory.mktemp("index-cache")

@@ -24,6 +24,7 @@ from mds_model.flags import (
 )
 from mds_tokenize.flags import TokenizerFlags
 
+from .profiling import ProfilerFlags
 from .schedule import (
     DECAY_STYLES,
     BatchSizeSchedule,
@@ -351,6 +352,7 @@ SECTIONS = {
     "checkpoint": CheckpointSection,
     "logging": LoggingSection,
     "exit": ExitSection,
+    "profiler": ProfilerFlags,
 }
 
 
@@ -380,6 +382,7 @@ class TrainConfig:
     checkpoint: CheckpointSection
     logging: LoggingSection
     exit: ExitSection
+    profiler: ProfilerFlags = dataclasses.field(default_factory=ProfilerFlags)
 
     @property
     def params_dtype(self) -> str:
@@ -505,6 +508,7 @@ class TrainConfig:
             )
         if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
             raise ValueError("--save-interval needs --save")
+        self.profiler.check(tensorboard_dir=self.logging.tensorboard_dir)
         self.batch_schedule(topology)
         self.lr_schedule(topology)
 

@@ -34,6 +34,7 @@ from .metrics import (
 )
 from .model_setup import TrainingSetup, set_learning_rate
 from .optimizer_stats import optimizer_state_stats
+from .profiling import StepProfiler
 from .schedule import BatchSizeSchedule, LearningRateSchedule, TokenLearningRateSchedule
 from .state import TrainingState
 
@@ -76,6 +77,7 @@ class Trainer:
     # A gloo group over every rank (None for one process): the exit checks' all-reduce runs on
     # host memory, so agreeing every iteration never waits for the device.
     exit_group: object = None
+    profiler: StepProfiler = field(default_factory=StepProfiler.off)  # --profile
     started: float = field(default_factory=time.time)
     _signal: int = 0
     _num_micro: int = 0
@@ -128,6 +130,7 @@ class Trainer:
                 "" if tokens is None else f" ({state.consumed_train_tokens} tokens of {tokens})",
             )
         while self._to_train():
+            self.profiler.step_begin()
             self._set_num_micro_batches(state.consumed_train_samples)
             last = self._train_step(train_batches)
             global_batch = self._num_micro * self.config.batch.micro_batch_size
@@ -166,6 +169,7 @@ class Trainer:
             interval = self.config.checkpoint.save_interval
             if interval and state.iteration % interval == 0:
                 saved = self._save(last)
+            self.profiler.step_end()  # as upstream: after the save, before the exit checks
             reason = self._exit_reason()
             if reason:
                 if not saved:

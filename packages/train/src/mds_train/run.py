@@ -41,6 +41,7 @@ from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
 from .model_setup import build_training_setup
+from .profiling import StepProfiler
 from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
 from .universal_load import check_universal_compatible, find_universal_checkpoint, load_universal
@@ -334,10 +335,17 @@ def _run_joined(
         device=device(),
         eod_mask_id=vocab.eod_id if config.data.eod_mask_loss else None,
         exit_group=exit_group,
+        profiler=StepProfiler(
+            config.profiler,
+            rank=launch.rank,
+            tensorboard_dir=config.logging.tensorboard_dir,
+            cuda=torch.cuda.is_available(),
+        ),
     )
     try:
         code = trainer.train()
     finally:
+        trainer.profiler.close()
         metrics.close()
     # Only after a run that ended alike on every rank: after a failure the others are elsewhere
     # (or gone), and a barrier would pair with whatever collective they are in.
