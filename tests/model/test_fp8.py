@@ -185,9 +185,31 @@ def linear_inputs(model: GPT, tokens: torch.Tensor, names: list[str]) -> dict[st
     return seen
 
 
+def test_the_first_step_calibrates_in_16_bits_then_fp8_takes_over():
+    """Transformer Engine's first step casts with scale 1; here it computes as without FP8 and
+    records the amaxes, and its update sets every scale, whatever the interval."""
+    plain = tiny_model()
+    model = copy.deepcopy(plain)
+    fp8 = enable_fp8(model, Fp8Recipe("hybrid", interval=5), use_kernel=False)
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.logits(tokens), plain.logits(tokens))
+    model.logits(tokens).float().square().mean().backward()
+    plain.logits(tokens).float().square().mean().backward()
+    for (name, ours), theirs in zip(model.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=0, msg=name)
+    assert torch.all(fp8.amax > 0)  # every role of every linear recorded
+    recorded = fp8.amax.clone()
+    fp8.update(iteration=1, groups=[])
+    maxima = torch.tensor([E4M3_MAX, E4M3_MAX, E5M2_MAX])
+    torch.testing.assert_close(fp8.scale, maxima / recorded, rtol=0, atol=0)
+    assert not fp8.calibrating and not any(slot.calibrating for slot in fp8.slots)
+    assert not torch.equal(model.logits(tokens), plain.logits(tokens))  # FP8 from now on
+
+
 def test_enable_covers_the_layers_linears_and_records_their_amaxes():
     model = tiny_model()
     fp8 = enable_fp8(model, Fp8Recipe("hybrid"), use_kernel=False)
+    fp8.update(iteration=1, groups=[])  # past the calibration step
     layer = ["self_attention.query_key_value", "self_attention.dense"]
     layer += ["mlp.dense_h_to_4h", "mlp.dense_4h_to_h"]
     assert fp8.names == [f"layers.{i}.{name}" for i in range(2) for name in layer]
@@ -209,7 +231,7 @@ def test_update_moves_amaxes_into_the_history_and_rescales_every_interval():
     recipe = Fp8Recipe("hybrid", interval=2, amax_history_len=3, amax_compute_algo="max")
     fp8 = enable_fp8(model, recipe, use_kernel=False)
     tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    amaxes = []
+    amaxes, last_scales = [], None
     for iteration in (1, 2, 3, 4):
         model.logits(tokens).float().square().mean().backward()
         amaxes.append(fp8.amax.clone())
@@ -217,13 +239,14 @@ def test_update_moves_amaxes_into_the_history_and_rescales_every_interval():
         assert torch.all(fp8.amax == 0)
         want_history = torch.stack(amaxes[::-1][:3])
         torch.testing.assert_close(fp8.amax_history[: len(amaxes)], want_history[:3])
-        if iteration == 1:
-            assert torch.all(fp8.scale == 1.0)  # not a multiple of the interval
-        if iteration in (2, 4):
+        if iteration == 3:  # not a multiple of the interval: iteration 2's scales stay
+            torch.testing.assert_close(fp8.scale, last_scales, rtol=0, atol=0)
+        if iteration in (1, 2, 4):  # 1: the calibration step's update sets them all
             window = torch.stack(amaxes[-3:]).amax(dim=0)
             want = torch.tensor([E4M3_MAX, E4M3_MAX, E5M2_MAX]) / window
             torch.testing.assert_close(fp8.scale, want, rtol=0, atol=0)
             torch.testing.assert_close(fp8.scale_inv, 1.0 / want)
+            last_scales = fp8.scale.clone()
         with torch.no_grad():
             for param in model.parameters():  # weights move, as an optimizer step would
                 param.mul_(1.01)
@@ -232,6 +255,7 @@ def test_update_moves_amaxes_into_the_history_and_rescales_every_interval():
 def test_the_fp8_weight_is_cast_again_after_an_update_or_a_weight_change():
     model = tiny_model()
     fp8 = enable_fp8(model, Fp8Recipe("hybrid"), use_kernel=False)
+    fp8.update(iteration=1, groups=[])  # past the calibration step
     tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     first = model.logits(tokens)
     cached = fp8.slots[0].weight_cache
@@ -259,6 +283,7 @@ def test_the_scaling_state_round_trips_and_refuses_another_layout():
     assert other.load_state_dict(saved) is None
     for name in ("amax", "amax_history", "scale", "scale_inv"):
         assert torch.equal(getattr(other, name), getattr(fp8, name)), name
+    assert not other.calibrating and not other.slots[0].calibrating
 
     deeper = enable_fp8(tiny_model(num_layers=3), recipe, use_kernel=False)
     assert "another TP/PP layout" in deeper.load_state_dict(saved)

@@ -8,7 +8,9 @@ and the scales. `update` runs once per optimizer step, after it: amaxes are redu
 tensor- and data-parallel groups, as Transformer Engine over upstream's amax-reduction group (TP x
 DP ranks of a pipeline stage), so every replica scales alike and one replica's saved state is
 everyone's. Transformer Engine updates after every micro-batch's forward; here the scales change
-only between optimizer steps, so all micro-batches of a step and a recompute cast alike.
+only between optimizer steps, so all micro-batches of a step and a recompute cast alike. The first
+step only records amaxes (linear.py: calibration); its update sets the first scales whatever the
+interval.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class Fp8Training:
         )
         self.maxima = torch.tensor(recipe.role_maxima(), dtype=torch.float32, device=device)
         self.slots = [self._slot(index, use_kernel) for index in range(len(names))]
+        self._set_calibrating(True)
+
+    def _set_calibrating(self, calibrating: bool) -> None:
+        self.calibrating = calibrating
+        for slot in self.slots:
+            slot.calibrating = calibrating
 
     def _slot(self, index: int, use_kernel: bool) -> Fp8Slot:
         def views(state: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -79,12 +87,13 @@ class Fp8Training:
         self.amax_history.copy_(self.amax_history.roll(1, dims=0))
         self.amax_history[0].copy_(self.amax)
         self.amax.zero_()
-        if iteration % self.recipe.interval == 0:
+        if self.calibrating or iteration % self.recipe.interval == 0:
             scale = updated_scales(self.amax_history, self.scale, self.maxima, self.recipe)
             self.scale.copy_(scale)
             self.scale_inv.copy_(self.scale.reciprocal())
         for slot in self.slots:
             slot.weight_cache = None
+        self._set_calibrating(False)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to scale exactly as this one would have (CPU tensors)."""
@@ -95,6 +104,7 @@ class Fp8Training:
             "amax": self.amax.cpu(),
             "amax_history": self.amax_history.cpu(),
             "scale": self.scale.cpu(),
+            "calibrating": self.calibrating,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
@@ -113,6 +123,7 @@ class Fp8Training:
         self.amax_history.copy_(state["amax_history"])
         self.scale.copy_(state["scale"])
         self.scale_inv.copy_(self.scale.reciprocal())
+        self._set_calibrating(state["calibrating"])
         for slot in self.slots:
             slot.weight_cache = None
         return None
