@@ -165,7 +165,11 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 def summarise(trace: dict) -> list[StepSummary]:
     """One summary per ProfilerStep#N span, in time order."""
     events = _events(trace)
-    spans = sorted((e for e in events if e.name.startswith("ProfilerStep#")), key=lambda e: e.ts)
+    # The host's spans: a CUDA trace repeats each on the GPU timeline (gpu_user_annotation).
+    spans = sorted(
+        (e for e in events if e.name.startswith("ProfilerStep#") and e.cat == "user_annotation"),
+        key=lambda e: e.ts,
+    )
     steps = [StepSummary(name=span.name, wall_us=span.dur) for span in spans]
     starts = [span.ts for span in spans]
 
