@@ -89,6 +89,9 @@ GPU_TRACE = {
     "traceEvents": [
         X("ProfilerStep#0", "user_annotation", 0, 1000),
         X("ProfilerStep#1", "user_annotation", 1000, 1000),
+        # A CUDA trace repeats each step span on the GPU's timeline: not a step of its own.
+        X("ProfilerStep#0", "gpu_user_annotation", 100, 950, tid=9),
+        X("ProfilerStep#1", "gpu_user_annotation", 1100, 900, tid=9),
         # Step 0: a matmul's launch, a bare launch, an .item() (its pageable DtoH copy and stream
         # sync inside), a device sync, a backward-thread launch and a pinned (async) copy.
         X("aten::mm", "cpu_op", 10, 50),
