@@ -27,6 +27,7 @@ the activation recompute:
   ds-timers        default with DeepSpeed's throughput timer on (its default; off in mds-train)
   selective        default with --recompute-granularity selective (attention's core recomputed)
   full             default with --recompute-granularity full (every layer recomputed)
+  cuda-graph       default with --enable-cuda-graph (each layer's forward and backward replayed)
   fp8              default with --fp8-hybrid (E4M3 forward, E5M2 gradients, delayed scaling)
   fp8-e4m3         default with --fp8-e4m3
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
@@ -85,6 +86,7 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "ds-timers": (0, {"timers": {"throughput": {"enabled": True}}}, []),
     "selective": (0, {}, ["--recompute-granularity", "selective"]),
     "full": (0, {}, ["--recompute-granularity", "full"]),
+    "cuda-graph": (0, {}, ["--enable-cuda-graph"]),
     "fp8": (0, {}, ["--fp8-hybrid"]),
     "fp8-e4m3": (0, {}, ["--fp8-e4m3"]),
     "fp8-bf16-wgrad": (0, {}, ["--fp8-hybrid", "--no-fp8-wgrad"]),

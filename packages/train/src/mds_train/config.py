@@ -71,6 +71,11 @@ class ModelSection(GPTFlags):
     use_flash_attn: bool = flag(
         "--use-flash-attn", default=False, help="Attention through flash-attn (must be installed)."
     )
+    enable_cuda_graph: bool = flag(
+        "--enable-cuda-graph",
+        default=False,
+        help="Replay each transformer layer's forward and backward as CUDA graphs (Megatron-LM's).",
+    )
     no_fused_kernels: bool = flag(
         "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
     )
@@ -494,6 +499,7 @@ class TrainConfig:
                 "pipelining (mds-train's own gradient reduction); drop it"
             )
         self._validate_fp8(topology)
+        self._validate_cuda_graphs(topology)
         if self.parallel.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0-3, got {self.parallel.zero_stage}")
         if topology.pipeline_model_parallel_size > 1 and self.parallel.zero_stage > 1:
@@ -511,6 +517,34 @@ class TrainConfig:
         self.profiler.check(tensorboard_dir=self.logging.tensorboard_dir)
         self.batch_schedule(topology)
         self.lr_schedule(topology)
+
+    def _validate_cuda_graphs(self, topology: Topology) -> None:
+        """--enable-cuda-graph: what mds_model's graphs cannot replay, and the engines that do not
+        run one micro-batch's forward then its backward on fixed parameters."""
+        if not self.model.enable_cuda_graph:
+            return
+        from mds_model.cuda_graphs import unsupported
+
+        model = self.model.gpt_config(
+            vocab_size=1,
+            tensor_model_parallel_size=topology.tensor_model_parallel_size,
+            params_dtype=self.params_dtype,
+        )
+        problem = unsupported(model)
+        if problem is None and topology.pipeline_model_parallel_size > 1:
+            problem = (
+                "the pipeline engine interleaves micro-batches: use "
+                "--pipeline-model-parallel-size 1"
+            )
+        if problem is None and self.parallel.zero_stage == 3:
+            problem = "ZeRO-3 gathers each layer's parameters with hooks: use --zero-stage 0-2"
+        if problem is None and self.precision.fp8_recipe() is not None:
+            problem = (
+                "FP8's first-step calibration and once-a-step weight casts are the host's "
+                "decisions: drop --fp8-*"
+            )
+        if problem is not None:
+            raise ValueError(f"--enable-cuda-graph: {problem}")
 
     def _validate_fp8(self, topology: Topology) -> None:
         """FP8 GEMMs (torch._scaled_mm) take 16-bit outputs and sizes that are multiples of 16:

@@ -250,6 +250,21 @@ def apply_fp8(module: torch.nn.Module, config: TrainConfig, gpt_config: GPTConfi
     return enable_fp8(module, recipe, use_kernel=gpt_config.use_fused_kernels)
 
 
+def capture_layer_graphs(setup: TrainingSetup, *, micro_batch_size: int) -> None:
+    """--enable-cuda-graph: each transformer layer's training forward and backward become CUDA
+    graph replays (mds_model.cuda_graphs), captured at the micro-batch's shape."""
+    from mds_model.cuda_graphs import graph_layers
+
+    gpt, config = setup.engine.module.gpt, setup.gpt_config
+    setup.engine.train()
+    graph_layers(
+        gpt.layers,
+        sample_shape=(config.seq_length, micro_batch_size, config.hidden_size),
+        dtype=config.torch_dtype,
+    )
+    logger.info("CUDA graphs captured for the %d transformer layers", len(gpt.layers))
+
+
 def build_deepspeed_config(
     config: TrainConfig,
     topology: Topology,

@@ -40,7 +40,7 @@ from .ds_file import load_user_config, resolve_user_config
 from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
-from .model_setup import build_training_setup
+from .model_setup import build_training_setup, capture_layer_graphs
 from .profiling import StepProfiler
 from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
@@ -187,7 +187,7 @@ def run(
         user_ds = load_user_config(path)
         config = resolve_user_config(config, user_ds, topology, given=given, source=str(path))
     config.validate(topology)
-    _check_fp8_device(config)
+    _check_gpu_features(config)
     vocab = read_vocabulary(config.data)
     _check_datasets(config, vocab)
     _check_output_folders(config)
@@ -209,16 +209,18 @@ def run(
         raise
 
 
-def _check_fp8_device(config: TrainConfig) -> None:
-    """--fp8-*: refused in one line where there are no FP8 tensor cores (CPU, pre-Ada GPUs)."""
+def _check_gpu_features(config: TrainConfig) -> None:
+    """--fp8-* and --enable-cuda-graph: refused in one line where the GPU they need is not (FP8:
+    no FP8 tensor cores, a CPU or a pre-Ada GPU)."""
     recipe = config.precision.fp8_recipe()
-    if recipe is None:
-        return
-    from mds_model.fp8.recipe import device_problem
+    if recipe is not None:
+        from mds_model.fp8.recipe import device_problem
 
-    problem = device_problem()
-    if problem is not None:
-        raise ValueError(f"--fp8-{'e4m3' if recipe.fmt == 'e4m3' else 'hybrid'}: {problem}")
+        problem = device_problem()
+        if problem is not None:
+            raise ValueError(f"--fp8-{'e4m3' if recipe.fmt == 'e4m3' else 'hybrid'}: {problem}")
+    if config.model.enable_cuda_graph and not torch.cuda.is_available():
+        raise ValueError("--enable-cuda-graph: CUDA graphs need a GPU; there is none here")
 
 
 def _run_joined(
@@ -308,6 +310,8 @@ def _run_joined(
         if not config.checkpoint.finetune:
             scheduler_progress(state, recorded)
         remove_converted(found[0], rank=launch.rank, barrier=dist.barrier)
+    if config.model.enable_cuda_graph:  # on the weights as loaded, before the first step
+        capture_layer_graphs(setup, micro_batch_size=config.batch.micro_batch_size)
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
         config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier

@@ -1,0 +1,90 @@
+"""--enable-cuda-graph (Megatron-LM's flag): the settings whose layers a graph cannot replay get one
+line naming the flag to change, a CPU refuses it, and on a GPU (-m gpu) the graphed run's losses
+are the eager run's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mds_train.cli import build_config
+from mds_train.config import Topology
+
+from .test_config import DATA, parse
+
+TINY = [
+    *DATA,
+    *"--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32".split(),
+    *"--micro-batch-size 2 --lr 1e-3 --train-iters 5 --bf16 --enable-cuda-graph".split(),
+    *"--hidden-dropout 0 --attention-dropout 0".split(),
+]
+ONE = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+def test_a_graphable_run_validates():
+    config = build_config(parse(TINY))
+    assert config.model.enable_cuda_graph
+    config.validate(ONE)
+    build_config(parse([*TINY, "--zero-stage", "2"])).validate(
+        Topology(world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "world", "tp", "pp", "message"),
+    [
+        ("--hidden-dropout 0.1", 1, 1, 1, "give --hidden-dropout 0 --attention-dropout 0"),
+        ("--attention-dropout 0.1", 1, 1, 1, "give --hidden-dropout 0 --attention-dropout 0"),
+        ("--recompute-granularity full", 1, 1, 1, "drop --recompute-granularity"),
+        ("--checkpoint-activations", 1, 1, 1, "drop --recompute-granularity"),
+        ("--tensor-model-parallel-size 2", 2, 2, 1, "use --tensor-model-parallel-size 1"),
+        ("--pipeline-model-parallel-size 2", 2, 1, 2, "use --pipeline-model-parallel-size 1"),
+        ("--zero-stage 3", 1, 1, 1, "use --zero-stage 0-2"),
+        ("--fp8-hybrid", 1, 1, 1, "drop --fp8-*"),
+    ],
+)
+def test_what_a_graph_cannot_replay_is_refused_naming_the_flag(given, world, tp, pp, message):
+    topology = Topology(
+        world_size=world, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+    )
+    with pytest.raises(ValueError, match=f"^--enable-cuda-graph: .*{message}"):
+        build_config(parse([*TINY, *given.split()])).validate(topology)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_a_machine_without_a_gpu_refuses_in_one_line(capsys, shared_data):
+    from mds_train.cli import main
+
+    tokenizer = ["--vocab-file", str(shared_data / "gpt2-vocab.json")]
+    tokenizer += ["--merge-file", str(shared_data / "gpt2-merges.txt")]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, *tokenizer])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == (
+        "mds-train: error: --enable-cuda-graph: CUDA graphs need a GPU; there is none here\n"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_gpu_graphed_layers_train_as_the_eager_ones(runs, shared_data, data_cache, tmp_path, zero):
+    """The same kernels on the same buffers: the losses of 8 iterations (4 micro-batches each,
+    evaluation in between) equal the eager run's; at ZeRO-0 mds-train's master weights and
+    reduction hooks, at ZeRO-1 DeepSpeed's BF16 optimizer."""
+    common = [
+        *"--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64".split(),
+        *"--micro-batch-size 4 --global-batch-size 16 --bf16 --zero-stage".split(),
+        zero,
+        *runs.OPTIMIZER,
+        *runs.NO_DROPOUT,
+        *runs.data_flags(shared_data, data_cache),
+        *"--train-iters 8 --log-interval 1 --eval-interval 4 --eval-iters 1".split(),
+    ]
+    eager, graphed = tmp_path / "eager", tmp_path / "graphed"
+    assert runs.train([*common, "--output-dir", str(eager)]).returncode == 0
+    result = runs.train([*common, "--output-dir", str(graphed), "--enable-cuda-graph"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
+    ours, theirs = runs.losses(graphed), runs.losses(eager)
+    assert sorted(ours) == list(range(1, 9))
+    for iteration in ours:
+        assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
