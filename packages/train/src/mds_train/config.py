@@ -519,8 +519,9 @@ class TrainConfig:
         self.lr_schedule(topology)
 
     def _validate_cuda_graphs(self, topology: Topology) -> None:
-        """--enable-cuda-graph: what mds_model's graphs cannot replay, and the engines that do not
-        run one micro-batch's forward then its backward on fixed parameters."""
+        """--enable-cuda-graph: what mds_model's graphs cannot replay, and the training paths not
+        checked under them. Checked on a GPU: bf16 at ZeRO-0 on one data-parallel rank (mds-train's
+        own master weights); DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture."""
         if not self.model.enable_cuda_graph:
             return
         from mds_model.cuda_graphs import unsupported
@@ -536,8 +537,15 @@ class TrainConfig:
                 "the pipeline engine interleaves micro-batches: use "
                 "--pipeline-model-parallel-size 1"
             )
-        if problem is None and self.parallel.zero_stage == 3:
-            problem = "ZeRO-3 gathers each layer's parameters with hooks: use --zero-stage 0-2"
+        if problem is None and not self.precision.bf16:
+            problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
+        if problem is None and self.parallel.zero_stage != 0:
+            problem = "DeepSpeed's ZeRO optimizers break the capture: use --zero-stage 0"
+        if problem is None and topology.data_parallel_size > 1:
+            problem = (
+                "data-parallel gradient reduction is not checked under graphs yet: use one "
+                "data-parallel rank"
+            )
         if problem is None and self.precision.fp8_recipe() is not None:
             problem = (
                 "FP8's first-step calibration and once-a-step weight casts are the host's "
