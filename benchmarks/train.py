@@ -13,8 +13,8 @@ metrics.jsonl (so it includes the host waits a real run has); peak memory is the
 (Megatron's TFLOPs formula over --peak-tflops; with recompute its f = 4 counts the recomputed
 forward, so compare tokens/s across variants) and the ratios.
 
-Variants (`--variants`, comma-separated) differ only in the optimizer path, DeepSpeed's timer or
-the activation recompute:
+Variants (`--variants`, comma-separated) differ only in the optimizer path, DeepSpeed's timer, the
+activation recompute, CUDA graphs, the attention kernel or FP8:
   default          --zero-stage 0: mds-train's fp32 master weights (MasterWeightAdamW) with
                    DeepSpeed in its fp32 mode (pipelines: DeepSpeed's BF16 optimizer); gradients
                    accumulated in fp32 and averaged over DP in fp32 buckets during backward
@@ -28,6 +28,8 @@ the activation recompute:
   selective        default with --recompute-granularity selective (attention's core recomputed)
   full             default with --recompute-granularity full (every layer recomputed)
   cuda-graph       default with --enable-cuda-graph (each layer's forward and backward replayed)
+  cudnn            default with --attention-backend fused (cuDNN's fused attention through SDPA)
+  cuda-graph-cudnn cuda-graph with --attention-backend fused
   fp8              default with --fp8-hybrid (E4M3 forward, E5M2 gradients, delayed scaling)
   fp8-e4m3         default with --fp8-e4m3
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
@@ -87,6 +89,8 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "selective": (0, {}, ["--recompute-granularity", "selective"]),
     "full": (0, {}, ["--recompute-granularity", "full"]),
     "cuda-graph": (0, {}, ["--enable-cuda-graph"]),
+    "cudnn": (0, {}, ["--attention-backend", "fused"]),
+    "cuda-graph-cudnn": (0, {}, ["--enable-cuda-graph", "--attention-backend", "fused"]),
     "fp8": (0, {}, ["--fp8-hybrid"]),
     "fp8-e4m3": (0, {}, ["--fp8-e4m3"]),
     "fp8-bf16-wgrad": (0, {}, ["--fp8-hybrid", "--no-fp8-wgrad"]),

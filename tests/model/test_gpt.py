@@ -121,6 +121,14 @@ def test_sdpa_and_explicit_softmax_backends_agree():
     torch.testing.assert_close(sdpa.logits(seq), softmax.logits(seq), rtol=1e-5, atol=1e-5)
 
 
+def test_cudnn_backend_is_plain_sdpa_off_cuda():
+    """`cudnn` puts cuDNN first in SDPA's order on CUDA only; elsewhere it is SDPA as it is."""
+    seq = tokens(4)
+    sdpa = GPT(tiny(attention_backend="sdpa"), init_seed=5)
+    cudnn = GPT(tiny(attention_backend="cudnn"), init_seed=5)
+    assert torch.equal(cudnn.logits(seq), sdpa.logits(seq))
+
+
 def test_positions_beyond_max_position_embeddings_are_an_error():
     decoder = Decoder(GPT(tiny(), init_seed=0).eval())
     cache = KVCache(2)

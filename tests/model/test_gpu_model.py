@@ -57,6 +57,24 @@ def test_sdpa_backend_equals_explicit_softmax_bf16():
     assert worst[0] < 3e-2, worst
 
 
+def test_cudnn_backend_runs_cudnn_attention_and_equals_explicit_softmax_bf16():
+    """SDPA takes cuDNN's fused attention when `cudnn` puts it first (its backward node says
+    which kernel ran), and the loss and gradients equal the explicit-softmax oracle's within
+    bf16's rounding, the tolerance of the sdpa test above."""
+    cfg = config(attention_backend="cudnn", seq_length=256)
+    attention = GPT(cfg, init_seed=1).cuda().layers[0].self_attention
+    q, k, v = (
+        torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    assert "Cudnn" in type(attention.attend(q, k, v).grad_fn).__name__
+    cudnn_loss, cudnn_grads = loss_and_grads(cfg)
+    soft_loss, soft_grads = loss_and_grads(config(attention_backend="softmax", seq_length=256))
+    assert cudnn_loss == pytest.approx(soft_loss, rel=1e-2)
+    worst = max((rel(cudnn_grads[n], g), n) for n, g in soft_grads.items())
+    assert worst[0] < 3e-2, worst
+
+
 def test_tracked_dropout_differs_per_tp_rank_on_cuda():
     torch.cuda.init()
     draws = []

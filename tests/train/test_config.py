@@ -82,6 +82,36 @@ def test_seed_command_lines_parse(argv, world, monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    ("given", "backend"),
+    [
+        ("", "auto"),
+        ("--use-flash-attn", "flash"),
+        ("--attention-backend flash", "flash"),
+        ("--attention-backend fused", "cudnn"),
+        ("--attention-backend unfused", "softmax"),
+        ("--attention-backend local", "softmax"),
+        ("--use-flash-attn --attention-backend flash", "flash"),
+    ],
+)
+def test_attention_backend_takes_megatron_lms_values(given, backend):
+    model = build_config(parse([*TINY, *given.split()])).model
+    gpt = model.gpt_config(vocab_size=64, tensor_model_parallel_size=1, params_dtype="bfloat16")
+    assert gpt.attention_backend == backend
+
+
+def test_two_attention_backends_are_one_line(capsys):
+    from mds_train.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, "--use-flash-attn", "--attention-backend", "fused"])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == (
+        "mds-train: error: --use-flash-attn and --attention-backend fused name two attention "
+        "backends: give one\n"
+    )
+
+
 def test_walkthrough_values():
     config = build_config(parse(WALKTHROUGH_345M))
     topology = Topology(world_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 POSITION_EMBEDDING_TYPES = ("learned", "rotary", "alibi")
-ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "softmax")
+ATTENTION_BACKENDS = ("auto", "flash", "sdpa", "cudnn", "softmax")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 PARAMS_DTYPES = ("float32", "bfloat16", "float16")
 # The MLP's GeLU -> F.gelu's `approximate`. gelu_tanh: Megatron's fused bias_gelu and openai_gelu

@@ -32,6 +32,17 @@ from .schedule import (
     TokenLearningRateSchedule,
 )
 
+# Megatron-LM's --attention-backend values -> GPTConfig.attention_backend. Its `fused` is
+# Transformer Engine's cuDNN fused attention, here cuDNN's through SDPA; `unfused` (TE's) and
+# `local` (Megatron's own) both compute explicit scores through the fused masked softmax.
+ATTENTION_BACKEND_OF_FLAG = {
+    "auto": "auto",
+    "flash": "flash",
+    "fused": "cudnn",
+    "unfused": "softmax",
+    "local": "softmax",
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSection(GPTFlags):
@@ -70,6 +81,15 @@ class ModelSection(GPTFlags):
     )
     use_flash_attn: bool = flag(
         "--use-flash-attn", default=False, help="Attention through flash-attn (must be installed)."
+    )
+    attention_backend: str = flag(
+        "--attention-backend",
+        default="auto",
+        choices=tuple(ATTENTION_BACKEND_OF_FLAG),
+        help=(
+            "Megatron-LM's: fused (cuDNN's fused attention, through SDPA), flash (flash-attn), "
+            "unfused or local (explicit softmax), auto (flash-attn if installed, else SDPA)."
+        ),
     )
     enable_cuda_graph: bool = flag(
         "--enable-cuda-graph",
@@ -112,6 +132,11 @@ class ModelSection(GPTFlags):
                 f"--recompute-num-layers {num_layers}: mds_model recomputes each layer on its own "
                 "(upstream's uniform method with units of 1 layer); use --recompute-num-layers 1"
             )
+        if self.use_flash_attn and self.attention_backend not in ("auto", "flash"):
+            raise ValueError(
+                f"--use-flash-attn and --attention-backend {self.attention_backend} name two "
+                "attention backends: give one"
+            )
 
     @property
     def activation(self) -> str:
@@ -148,7 +173,9 @@ class ModelSection(GPTFlags):
             embed_layernorm=self.embed_layernorm,
             activation=self.activation,
             use_fused_kernels=kernels_available and not self.no_fused_kernels,
-            attention_backend="flash" if self.use_flash_attn else "auto",
+            attention_backend="flash"
+            if self.use_flash_attn
+            else ATTENTION_BACKEND_OF_FLAG[self.attention_backend],
             activation_checkpointing=checkpointing,
             params_dtype=params_dtype,
         )
