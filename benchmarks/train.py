@@ -39,6 +39,9 @@ twice the bf16 one on Hopper) too, and the two loss curves side by side: every t
 and the largest relative difference of their 10-iteration means after the first 10 iterations.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
+`--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
+spinners, to those cores: `--cpus 0,1 --contend 2` is a host slowed the same way for both sides
+wherever it runs (on some hosts `--contend 16` alone slowed nothing).
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
@@ -48,7 +51,7 @@ without CUDA) print as n/a.
 
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
            [--reference PATH] [--shape 345m|1.3b] [--variants default,bf16-optimizer]
-           [--contend N] [--iterations 40] [--nproc 1] [--tiny]
+           [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1] [--tiny]
 """
 
 from __future__ import annotations
@@ -104,6 +107,17 @@ def recompute_of(variant: str) -> str:
     if "--recompute-granularity" in flags:
         return flags[flags.index("--recompute-granularity") + 1]
     return "none"
+
+
+def parse_cpus(text: str) -> set[int]:
+    """taskset -c's list: core numbers and ranges, comma-separated ("0,1", "0-3,8")."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if match is None or int(match[2] or match[1]) < int(match[1]):
+            raise ValueError(f"--cpus {text}: give core numbers and ranges, e.g. 0,1 or 0-3,8")
+        cores.update(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return cores
 
 
 @contextlib.contextmanager
@@ -230,6 +244,9 @@ def main() -> None:
     parser.add_argument(
         "--contend", type=int, default=0, help="host cores kept busy during every run (default 0)"
     )
+    parser.add_argument(
+        "--cpus", help="host cores to pin every run and spinner to, as taskset -c takes them"
+    )
     parser.add_argument("--iterations", type=int, help="default 40, 1.3b 30 (--tiny: 6)")
     parser.add_argument("--log-interval", type=int, help="default 10, 1.3b 5 (--tiny: 1)")
     parser.add_argument("--warmup", type=int, help="iterations left out of timing; default 10 (2)")
@@ -255,6 +272,11 @@ def main() -> None:
         parser.error(
             f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANT_CONFIGS)}"
         )
+    if args.cpus is not None:
+        try:
+            os.sched_setaffinity(0, parse_cpus(args.cpus))  # children inherit it
+        except (ValueError, OSError) as error:
+            parser.error(str(error) if isinstance(error, ValueError) else f"--cpus: {error}")
     args.shape = TINY_SHAPE if args.tiny else SHAPES[args.shape_name]
     for name, default in (
         TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS[args.shape_name]
@@ -269,11 +291,15 @@ def main() -> None:
 def header(args) -> str:
     shape = "tiny" if args.tiny else args.shape_name
     s = args.shape
+    pinned = ""
+    if args.cpus is not None:
+        cores = sorted(os.sched_getaffinity(0))
+        pinned = f"; every run pinned to cores {','.join(map(str, cores))} (--cpus {args.cpus})"
     return (
         f"shape {shape} ({s['num_layers']} layers, hidden {s['hidden_size']}, "
         f"{s['num_attention_heads']} heads, seq {s['seq_length']}), "
         f"micro-batch {args.micro_batch}; host: {args.contend} of {os.cpu_count()} cores kept "
-        f"busy by spinning processes during every run (--contend {args.contend})"
+        f"busy by spinning processes during every run (--contend {args.contend}){pinned}"
     )
 
 

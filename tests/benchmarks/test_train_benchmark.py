@@ -7,6 +7,8 @@ import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,3 +37,12 @@ def test_fp8_is_compared_with_the_bf16_run(capsys):
     assert "62.5% of the bf16 ceiling (790 TFLOP/s), 24.9% of the FP8 ceiling (1979)" in out
     # Iterations 1-10 (the 11.0 against 10.0) are left out; 11-20: 8.2 vs 8.0 is 2.50%.
     assert "10-iteration means after iteration 10: 2.50%" in out
+
+
+def test_cpus_are_read_as_taskset_reads_them():
+    benchmark = load_benchmark()
+    assert benchmark.parse_cpus("0,1") == {0, 1}
+    assert benchmark.parse_cpus("0-3,8") == {0, 1, 2, 3, 8}
+    for bad in ("", "a", "3-1", "0,,1", "-2"):
+        with pytest.raises(ValueError, match="give core numbers and ranges"):
+            benchmark.parse_cpus(bad)
