@@ -9,7 +9,8 @@ tokenized dataset:
          estimates 51.5 GiB at mds-train's default without recompute: an 80 GiB H100 or an H200)
 Our figure is the median of the interval lines' iteration times after the warm-up, read from
 metrics.jsonl (so it includes the host waits a real run has); peak memory is the run's
-`max_memory_allocated`, printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
+`max_memory_allocated` (and the allocator's reserved peak, which counts what CUDA graphs replay
+in), printed beside `mds-model info`'s estimate. Prints tokens/s, MFU
 (Megatron's TFLOPs formula over --peak-tflops; with recompute its f = 4 counts the recomputed
 forward, so compare tokens/s across variants) and the ratios.
 
@@ -199,17 +200,25 @@ def run_ours(args, variant: str, work: Path) -> dict:
     mfus = [r["mfu"] for r in train if r["mfu"] is not None]
     # None where the run has no CUDA device (mds-train records null then).
     memories = [r["max_memory_allocated_gib"] for r in train]
+    reserved = [r["max_memory_reserved_gib"] for r in train]
     return {
         "tokens_per_second": batch * args.shape["seq_length"] / (ms / 1000.0),
         "ms": ms,
         "mfu": statistics.median(mfus) if mfus else None,
         "memory_gib": None if None in memories else max(memories),
+        "reserved_gib": None if None in reserved else max(reserved),
         "loss": train[-1]["lm_loss"],
         "first_loss": next(r["lm_loss"] for r in every if r["lm_loss"] is not None),
         "skipped": sum(r["skipped_iterations"] for r in every),
         "loss_scale": train[-1]["loss_scale"],
         "losses": {r["iteration"]: r["lm_loss"] for r in every},
     }
+
+
+def reserved_note(reserved_gib: float | None) -> str:
+    """The allocator's reserved peak beside the allocated one: a CUDA graph replays inside memory
+    its pool keeps reserved, which max_memory_allocated does not count."""
+    return "" if reserved_gib is None else f" ({reserved_gib:.1f} reserved)"
 
 
 def estimated_memory_gib(args, zero: int, recompute: str) -> float:
@@ -323,7 +332,9 @@ def measure(args) -> None:
                 memory = "peak n/a (no CUDA)"  # nothing measured to set the estimate against
             else:
                 memory = (
-                    f"peak {figures['memory_gib']:.1f} GiB, mds-model info estimate "
+                    f"peak {figures['memory_gib']:.1f} GiB allocated"
+                    + reserved_note(figures["reserved_gib"])
+                    + ", mds-model info estimate "
                     f"{estimated_memory_gib(args, zero, recompute_of(variant)):.1f} GiB"
                 )
             mfu = "n/a" if figures["mfu"] is None else f"{figures['mfu']:.1%}"
