@@ -34,6 +34,7 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   fp8              default with --fp8-hybrid (E4M3 forward, E5M2 gradients, delayed scaling)
   fp8-e4m3         default with --fp8-e4m3
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
+  fp8-cudnn        fp8 with --attention-backend fused
 With `default` and an fp8 variant in one run, each fp8 variant's speed is also given against
 `default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling (--fp8-peak-tflops,
 twice the bf16 one on Hopper) too, and the two loss curves side by side: every tenth of the run,
@@ -98,6 +99,7 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "fp8": (0, {}, ["--fp8-hybrid"]),
     "fp8-e4m3": (0, {}, ["--fp8-e4m3"]),
     "fp8-bf16-wgrad": (0, {}, ["--fp8-hybrid", "--no-fp8-wgrad"]),
+    "fp8-cudnn": (0, {}, ["--fp8-hybrid", "--attention-backend", "fused"]),
 }
 CURVE_WINDOW = 10  # iterations per mean in the loss-curve comparison
 
