@@ -69,11 +69,8 @@ def test_a_machine_without_a_gpu_refuses_in_one_line(capsys, shared_data):
     )
 
 
-@pytest.mark.gpu
-def test_gpu_graphed_layers_train_as_the_eager_ones(runs, shared_data, data_cache, tmp_path):
-    """The same kernels on the same buffers: the losses of 8 iterations (4 micro-batches each,
-    evaluation in between) equal the eager run's (mds-train's master weights at ZeRO-0)."""
-    common = [
+def gpu_flags(runs, shared_data, data_cache) -> list[str]:
+    return [
         *"--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64".split(),
         *"--micro-batch-size 4 --global-batch-size 16 --bf16 --zero-stage 0".split(),
         *runs.OPTIMIZER,
@@ -81,6 +78,17 @@ def test_gpu_graphed_layers_train_as_the_eager_ones(runs, shared_data, data_cach
         *runs.data_flags(shared_data, data_cache),
         *"--train-iters 8 --log-interval 1 --eval-interval 4 --eval-iters 1".split(),
     ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["auto", "fused"])
+def test_gpu_graphed_layers_train_as_the_eager_ones(
+    runs, shared_data, data_cache, tmp_path, attention
+):
+    """The same kernels on the same buffers: the losses of 8 iterations (4 micro-batches each,
+    evaluation in between) equal the eager run's (mds-train's master weights at ZeRO-0), with
+    SDPA's default attention and with cuDNN's (--attention-backend fused)."""
+    common = [*gpu_flags(runs, shared_data, data_cache), "--attention-backend", attention]
     eager, graphed = tmp_path / "eager", tmp_path / "graphed"
     assert runs.train([*common, "--output-dir", str(eager)]).returncode == 0
     result = runs.train([*common, "--output-dir", str(graphed), "--enable-cuda-graph"])
@@ -90,3 +98,18 @@ def test_gpu_graphed_layers_train_as_the_eager_ones(runs, shared_data, data_cach
     assert sorted(ours) == list(range(1, 9))
     for iteration in ours:
         assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_run_resumes_exactly(runs, shared_data, data_cache, tmp_path):
+    """Stopped at iteration 4 and resumed, a graphed run recaptures its layers on the loaded
+    weights and gives the uninterrupted graphed run's losses bit for bit."""
+    common = [*gpu_flags(runs, shared_data, data_cache), "--enable-cuda-graph"]
+    whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
+    assert runs.train([*common, "--output-dir", str(whole)]).returncode == 0
+    first = [*common, "--output-dir", str(parts), "--save", str(save)]
+    assert runs.train([*first, "--exit-interval", "4"]).returncode == 0
+    resumed = runs.train([*first, "--load", str(save)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ours, split = runs.losses(whole), runs.losses(parts)
+    assert [split[i] for i in range(5, 9)] == [ours[i] for i in range(5, 9)]
