@@ -55,7 +55,10 @@ IGNORED = IgnoredFlags(
         ignored("--no-async-tensor-model-parallel-allreduce", why=_KERNEL, nargs=0),
         ignored(
             "--use-flash-attn-triton",
-            why="mds_model chooses its attention kernel (--use-flash-attn for flash-attn)",
+            why=(
+                "mds_model chooses its attention kernel (--use-flash-attn for flash-attn, "
+                "--attention-backend fused for cuDNN's)"
+            ),
             nargs=0,
         ),
         ignored(
