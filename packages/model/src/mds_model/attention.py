@@ -42,6 +42,7 @@ CUDNN_FIRST = [
     SDPBackend.EFFICIENT_ATTENTION,
     SDPBackend.MATH,
 ]
+SDPA_TAKES_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -135,7 +136,7 @@ class ParallelSelfAttention(nn.Module):
             raise ValueError(
                 "attention_backend 'flash' needs the flash-attn package; pip install flash-attn"
             )
-        if backend == "cudnn" and "set_priority" not in inspect.signature(sdpa_kernel).parameters:
+        if backend == "cudnn" and not SDPA_TAKES_PRIORITY:
             raise ValueError(
                 "attention_backend 'cudnn' needs torch's sdpa_kernel(set_priority=...), which "
                 f"torch {torch.__version__} lacks; upgrade torch"
