@@ -12,6 +12,8 @@ Reads the traces `tensorboard_trace_handler` writes (`*.pt.trace.json`, or `.jso
              time inside the synchronising CUDA calls
   GPU busy   the union of the kernels launched in the step (matched to their launch by
              correlation id), and `idle` = 1 - busy / wall
+then the top kernels by GPU time per step (--kernels; a kernel replayed inside a CUDA graph is
+counted where CUPTI records it, as any other), to compare where two steps' device time goes,
 then the top host ops by self time, per step, with their calls per step: cpu_op events, CUDA
 runtime calls, and record_function spans (user annotations: Optimizer.step#AdamW.step, and
 ProfilerStep*, the step itself), whose self time is the host time between their ops: Python and
@@ -19,7 +21,7 @@ framework code that no aten op covers. Self time is torch's (key_averages' self 
 span less its child spans on its thread. A trace without CUDA activity has no launches or
 waits, and its GPU figures are n/a.
 
-Usage: python benchmarks/host_profile.py TRACE_OR_FOLDER [...] [--top 15]
+Usage: python benchmarks/host_profile.py TRACE_OR_FOLDER [...] [--top 15] [--kernels 0]
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class StepSummary:
     gpu_busy_us: float = 0.0
     self_us: Counter = field(default_factory=Counter)  # host op -> self time
     calls: Counter = field(default_factory=Counter)  # host op -> calls
+    kernel_us: Counter = field(default_factory=Counter)  # kernel name -> GPU time
+    kernel_calls: Counter = field(default_factory=Counter)  # kernel name -> launches
 
     @property
     def gpu_idle_fraction(self) -> float:
@@ -222,6 +226,8 @@ def summarise(trace: dict) -> list[StepSummary]:
             step = step_at(event.ts)
         if step is not None:
             kernels.setdefault(id(step), []).append((event.ts, event.end))
+            step.kernel_us[event.name] += event.dur
+            step.kernel_calls[event.name] += 1
     for step in steps:
         step.gpu_busy_us = _union_us(kernels.get(id(step), []))
     return steps
@@ -252,7 +258,9 @@ def has_gpu(trace: dict) -> bool:
     )
 
 
-def report(path: Path, steps: list[StepSummary], *, top: int, gpu: bool) -> str:
+def report(
+    path: Path, steps: list[StepSummary], *, top: int, gpu: bool, top_kernels: int = 0
+) -> str:
     if not steps:
         return f"{path}: no ProfilerStep#N spans (was the profiler stepped?)"
     lines = [f"{path}: {len(steps)} profiled steps"]
@@ -277,9 +285,22 @@ def report(path: Path, steps: list[StepSummary], *, top: int, gpu: bool) -> str:
     if kinds:
         per_step = ", ".join(f"{name} {count / n:g}" for name, count in kinds.most_common())
         lines.append(f"synchronising calls per step: {per_step}")
+    wall = sum(s.wall_us for s in steps)
+    kernel_us = sum((s.kernel_us for s in steps), Counter())
+    if gpu and top_kernels > 0 and kernel_us:
+        kernel_calls = sum((s.kernel_calls for s in steps), Counter())
+        total = sum(kernel_us.values())
+        lines.append(
+            f"top {top_kernels} kernels by GPU time, per step (all kernels: {_ms(total / n)} ms):"
+        )
+        lines.append(f"  {'GPU ms':>9}{'of all':>9}{'calls':>8}  kernel")
+        for name, us in kernel_us.most_common(top_kernels):
+            share = us / total
+            lines.append(
+                f"  {_ms(us / n):>9}{share:>9.1%}{kernel_calls[name] / n:>8g}  {name[:150]}"
+            )
     self_us = sum((s.self_us for s in steps), Counter())
     calls = sum((s.calls for s in steps), Counter())
-    wall = sum(s.wall_us for s in steps)
     lines.append(f"top {top} host ops by self time, per step:")
     lines.append(f"  {'self ms':>9}{'of wall':>9}{'calls':>8}  op")
     for name, us in self_us.most_common(top):
@@ -291,11 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE", help="trace or folder")
     parser.add_argument("--top", type=int, default=15, help="host ops listed (default 15)")
+    parser.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list the top N kernels by GPU time",
+    )
     args = parser.parse_args(argv)
     try:
         for path in trace_files(args.traces):
             trace = load_trace(path)
-            text = report(path, summarise(trace), top=args.top, gpu=has_gpu(trace))
+            steps = summarise(trace)
+            text = report(path, steps, top=args.top, gpu=has_gpu(trace), top_kernels=args.kernels)
             print(text, flush=True)
     except TraceError as error:
         print(f"host_profile.py: error: {error}", file=sys.stderr)

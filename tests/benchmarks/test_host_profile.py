@@ -156,9 +156,17 @@ def test_a_gpu_traces_launches_syncs_and_busy_time(host_profile, tmp_path):
     assert second.sync_kinds == {"cudaMemcpyAsync DtoH": 1, "cudaStreamSynchronize": 1}
     assert second.sync_wait_us == 10 + 60
     assert second.gpu_busy_us == 110 + 10
-    text = host_profile.report(path, [first, second], top=3, gpu=True)
+    # Kernel tallies: by name, each kernel in the step that launched it (the gemm of step 0's
+    # backward thread runs during step 1), graph kernels as any other.
+    assert first.kernel_us == {"gemm": 200 + 100, "gelu": 150}
+    assert first.kernel_calls == {"gemm": 2, "gelu": 1}
+    assert second.kernel_us == {"graph kernel 1": 50, "graph kernel 2": 50, "add": 30, "orphan": 10}
+    text = host_profile.report(path, [first, second], top=3, gpu=True, top_kernels=2)
+    lines = text.splitlines()
     row = "ProfilerStep#0          1.00         3       0    2.0     0.37         0.40     60.0%"
-    assert row in text.splitlines()
+    assert row in lines
+    assert "top 2 kernels by GPU time, per step (all kernels: 0.29 ms):" in lines
+    assert "       0.15    50.8%       1  gemm" in lines  # 300 of 590 us, over 2 steps
 
 
 def test_files_that_are_not_traces_get_one_line(host_profile, tmp_path, capsys):
