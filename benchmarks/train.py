@@ -44,6 +44,12 @@ until the last variant ends, so both sides run on the same contended host (the h
 `--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
 spinners, to those cores: `--cpus 0,1 --contend 2` is a host slowed the same way for both sides
 wherever it runs (on some hosts `--contend 16` alone slowed nothing).
+`--profile-dir DIR` also traces iterations --profile-steps (START,END; default 21,30: ten steps,
+one of them waiting for the loss line) of every variant (`--profile pt` into DIR/VARIANT) and,
+with --reference, of the compiled reference (benchmarks/reference_profile.py, into
+DIR/reference, after its timing run): `benchmarks/host_profile.py DIR/* --kernels 40` then says
+where each side's host and device time goes. The profiler slows the traced steps, and
+--iterations must reach END: a profiled run's tokens/s are not a headline figure.
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
 model-parallel sizes); the global batch is micro-batch x DP.
 
@@ -54,6 +60,7 @@ without CUDA) print as n/a.
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
            [--reference PATH] [--shape 345m|1.3b] [--variants default,bf16-optimizer]
            [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1] [--tiny]
+           [--profile-dir DIR [--profile-steps 21,30]]
 """
 
 from __future__ import annotations
@@ -148,6 +155,30 @@ def run_reference(path: Path, shape: dict, micro_batch: int, peak: float) -> flo
     return float(re.search(r"tok/s=([\d,]+)", output).group(1).replace(",", ""))
 
 
+def profile_reference(args) -> None:
+    """The compiled reference's trace of --profile-steps, beside our variants' (DIR/reference)."""
+    command = [sys.executable, str(Path(__file__).parent / "reference_profile.py")]
+    command += ["--reference", str(args.reference), "--shape", args.shape_name]
+    command += ["--micro-batch", str(args.micro_batch), "--profile_steps", args.profile_steps]
+    command += ["--tensorboard-dir", str(args.profile_dir / "reference")]
+    subprocess.run(command, check=True)
+
+
+def profile_flags(args, variant: str) -> list[str]:
+    """mds-train's own profiler flags for a variant's run under --profile-dir (none without)."""
+    if args.profile_dir is None:
+        return []
+    traces = args.profile_dir / variant
+    return [
+        "--profile",
+        "pt",
+        "--profile_steps",
+        args.profile_steps,
+        "--tensorboard-dir",
+        str(traces),
+    ]
+
+
 def train_command(
     args, out: Path, zero: int, ds_file: Path | None, extra_flags: list[str]
 ) -> list[str]:
@@ -188,9 +219,8 @@ def run_ours(args, variant: str, work: Path) -> dict:
     if extra:
         ds_file = work / f"{variant}.json"
         ds_file.write_text(json.dumps(extra))
-    result = subprocess.run(
-        train_command(args, out, zero, ds_file, extra_flags), capture_output=True, text=True
-    )
+    command = train_command(args, out, zero, ds_file, [*extra_flags, *profile_flags(args, variant)])
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         print(f"{variant}: failed (exit {result.returncode})\n{result.stderr[-3000:]}", flush=True)
         return {}
@@ -271,6 +301,8 @@ def main() -> None:
         "--fp8-peak-tflops", type=float, default=1979.0, help="dense FP8 ceiling (H100/H200)"
     )
     parser.add_argument("--tiny", action="store_true", help="a CPU smoke run of a tiny GPT")
+    parser.add_argument("--profile-dir", type=Path, help="trace every run's --profile-steps here")
+    parser.add_argument("--profile-steps", default="21,30", help="START,END (default 21,30)")
     args = parser.parse_args()
     if args.tiny and args.reference is not None:
         parser.error(
@@ -294,9 +326,18 @@ def main() -> None:
     ).items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.profile_dir is not None:
+        end = args.profile_steps.rpartition(",")[2]
+        if not end.isdigit() or int(end) > args.iterations:
+            parser.error(
+                f"--profile-steps {args.profile_steps}: give START,END with END <= --iterations "
+                f"({args.iterations})"
+            )
     print(header(args), flush=True)
     with contended_host(args.contend):
         measure(args)
+        if args.profile_dir is not None and args.reference is not None:
+            profile_reference(args)
 
 
 def header(args) -> str:
@@ -311,6 +352,7 @@ def header(args) -> str:
         f"{s['num_attention_heads']} heads, seq {s['seq_length']}), "
         f"micro-batch {args.micro_batch}; host: {args.contend} of {os.cpu_count()} cores kept "
         f"busy by spinning processes during every run (--contend {args.contend}){pinned}"
+        + ("" if args.profile_dir is None else f"; profiled: steps {args.profile_steps} traced")
     )
 
 

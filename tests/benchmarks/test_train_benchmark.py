@@ -46,3 +46,14 @@ def test_cpus_are_read_as_taskset_reads_them():
     for bad in ("", "a", "3-1", "0,,1", "-2"):
         with pytest.raises(ValueError, match="give core numbers and ranges"):
             benchmark.parse_cpus(bad)
+
+
+def test_profile_dir_gives_each_variant_its_own_trace_folder(tmp_path):
+    benchmark = load_benchmark()
+    args = SimpleNamespace(profile_dir=None, profile_steps="21,30")
+    assert benchmark.profile_flags(args, "default") == []
+    args.profile_dir = tmp_path
+    traces = str(tmp_path / "cuda-graph")
+    assert benchmark.profile_flags(args, "cuda-graph") == [
+        "--profile", "pt", "--profile_steps", "21,30", "--tensorboard-dir", traces,
+    ]  # fmt: skip
