@@ -85,26 +85,3 @@ def test_tracked_dropout_differs_per_tp_rank_on_cuda():
         draws.append((inside, torch.rand(8, device="cuda")))
     assert not torch.equal(draws[0][0], draws[1][0])
     assert torch.equal(draws[0][1], draws[1][1])
-
-
-def test_graphed_layers_accumulate_gradients_on_the_training_stream():
-    """make_graphed_callables captures on a side stream; the parameters' gradients must still be
-    accumulated on the stream the step runs on, or the step waits for that stream's copies."""
-    from mds_model.cuda_graphs import graph_layers
-
-    cfg = config()
-    model = GPT(cfg, init_seed=1).cuda().train()
-    graph_layers(
-        model.layers, sample_shape=(cfg.seq_length, 3, cfg.hidden_size), dtype=torch.bfloat16
-    )
-    streams = []
-    for param in model.parameters():
-        param.register_post_accumulate_grad_hook(
-            lambda _: streams.append(torch.cuda.current_stream().cuda_stream)
-        )
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (3, cfg.seq_length), generator=gen).cuda()
-    labels = torch.randint(0, cfg.vocab_size, (3, cfg.seq_length), generator=gen).cuda()
-    masked_mean(model(tokens, labels), None).backward()
-    assert len(streams) == len(list(model.parameters()))
-    assert set(streams) == {torch.cuda.current_stream().cuda_stream}

@@ -54,16 +54,4 @@ def graph_layers(
     samples = tuple(
         (torch.randn(sample_shape, device=device, dtype=dtype, requires_grad=True),) for _ in layers
     )
-    # A parameter's AccumulateGrad node runs on the stream that was current when autograd made
-    # it, and make_graphed_callables warms up and captures on a side stream: made there, every
-    # replayed backward's gradient accumulation ran on that stream and the step waited for it
-    # (6 ms of the 345M step's 91, measured in session 12). Made here, on the training stream,
-    # and alive during capture, they are the nodes the captured graphs link to and keep.
-    accumulators = [
-        torch.autograd.graph.get_gradient_edge(param).node
-        for layer in layers
-        for param in layer.parameters()
-        if param.requires_grad
-    ]
     torch.cuda.make_graphed_callables(tuple(layers), samples)
-    del accumulators
