@@ -57,3 +57,34 @@ def test_reduction_buckets_follow_the_models_order_not_the_groups():
     model(torch.randn(3, 4, dtype=torch.bfloat16)).float().sum().backward()
     gradients = dict(optimizer.master_gradients())
     assert torch.equal(gradients[last.bias], torch.full((2,), 3.0))  # d(sum)/d(bias): the rows
+
+
+def test_gradients_are_reduced_in_backward_only_where_there_is_something_to_reduce(monkeypatch):
+    """One replica, one micro-batch per step: the optimizer casts the gradients once after
+    backward; more micro-batches (or a ramp-up to them): fp32 sums in backward (more replicas:
+    the multiprocess tests, test_grad_sync.py)."""
+    from types import SimpleNamespace
+
+    from mds_train import model_setup
+
+    monkeypatch.setattr(model_setup, "skip_backward_allreduce", lambda engine: None)
+    model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+
+    def reduced(dp_size, micro, global_batch=None, rampup=None):
+        optimizer = MasterWeightAdamW(
+            [{"params": list(model.parameters()), "weight_decay": 0.0}], betas=(0.9, 0.95), eps=1e-8
+        )
+        batch = SimpleNamespace(
+            micro_batch_size=micro, global_batch_size=global_batch, rampup_batch_size=rampup
+        )
+        config = SimpleNamespace(batch=batch, precision=SimpleNamespace(grad_reduce_in_bf16=False))
+        groups = SimpleNamespace(dp_size=dp_size, dp_group=None)
+        engine = SimpleNamespace(is_gradient_accumulation_boundary=lambda: True)
+        model_setup.apply_gradient_reduction_in_backward(engine, optimizer, model, config, groups)
+        return optimizer._reduction is not None
+
+    assert not reduced(1, 4)
+    assert not reduced(1, 4, global_batch=4)
+    assert reduced(1, 4, global_batch=8)
+    assert reduced(1, 4, global_batch=8, rampup=(4, 4, 100))
+    assert reduced(1, 4, rampup=(4, 4, 100))

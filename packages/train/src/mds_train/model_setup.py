@@ -362,8 +362,19 @@ def apply_gradient_reduction_in_backward(
     groups: ParallelGroups,
 ) -> None:
     """MasterWeightAdamW: gradients are accumulated in fp32 and averaged during backward, bucket
-    by bucket; DeepSpeed's own all-reduce would flatten and reduce every gradient after backward."""
+    by bucket; DeepSpeed's own all-reduce would flatten and reduce every gradient after backward.
+    With one replica and one micro-batch per step there is nothing to accumulate or average: the
+    optimizer casts the bf16 gradients once after backward (one foreach copy), where a copy per
+    gradient in backward cost 292 launches per 345M step and, under --enable-cuda-graph, ran on
+    the graphs' side stream, where the step waited ~6 ms for it (packages/train/README.md)."""
     if not isinstance(optimizer, MasterWeightAdamW):
+        return
+    batch = config.batch
+    one_micro_batch = batch.rampup_batch_size is None and batch.global_batch_size in (
+        None,
+        batch.micro_batch_size * groups.dp_size,
+    )
+    if groups.dp_size == 1 and one_micro_batch:
         return
     skip_backward_allreduce(engine)
     optimizer.reduce_in_backward(
