@@ -1,6 +1,7 @@
 """MasterWeightAdamW (bf16 weights, fp32 masters) against torch's AdamW run on fp32 copies, and its
 state dict round trip."""
 
+import pytest
 import torch
 from mds_train.master_weights import MasterWeightAdamW
 
@@ -35,6 +36,36 @@ def test_equals_adamw_on_fp32_copies_and_round_trips():
         copy.inner.state_dict()["state"][0]["exp_avg"],
         ours.inner.state_dict()["state"][0]["exp_avg"],
     )
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_clipping_scales_the_gradients_the_step_uses(fused):
+    """scale_gradients(c) then step equals AdamW on fp32 copies whose gradients are multiplied by
+    c: fused, inside the step (its grad_scale divides by 1 / c: within an fp32 rounding), else
+    before it (exactly)."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.bfloat16))
+    bias = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16))
+    reference = [p.detach().float().clone().requires_grad_() for p in (weight, bias)]
+    ours = MasterWeightAdamW(groups(weight, bias), betas=(0.9, 0.95), eps=1e-8, fused=fused)
+    theirs = torch.optim.AdamW(groups(*reference), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for group in ours.param_groups:
+        group["lr"] = 1e-2
+    for coefficient in (0.3, 1.0, 0.07):
+        grads = [torch.randn(4, 3).bfloat16(), torch.randn(3).bfloat16()]
+        for param, ref, grad in zip((weight, bias), reference, grads, strict=True):
+            param.grad, ref.grad = grad, grad.float() * coefficient
+        ours.scale_gradients(torch.tensor(coefficient))
+        ours.step()
+        ours.zero_grad()
+        theirs.step()
+        theirs.zero_grad()
+    for master, ref in zip((m for group in ours.masters for m in group), reference, strict=True):
+        if fused:
+            torch.testing.assert_close(master, ref.detach(), rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(master, ref.detach())
+    assert not hasattr(ours.inner, "grad_scale")  # no scale left for a step without clipping
 
 
 def test_reduction_buckets_follow_the_models_order_not_the_groups():

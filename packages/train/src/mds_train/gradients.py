@@ -32,17 +32,21 @@ def norm_of(grads: list[torch.Tensor], model_parallel_group) -> torch.Tensor:
     return squares.sqrt()
 
 
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """max_norm / (norm + 1e-6) clamped to 1, applied whatever it is, so the host never waits
+    for the norm."""
+    return torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+
+
 def clip_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
-    """Scales by max_norm / (norm + 1e-6) clamped to 1, applied whatever it is, so the host never
-    waits for the norm."""
+    """Scales the gradients by clip_coefficient."""
     if grads:
-        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coefficient.to(grads[0].device))
+        torch._foreach_mul_(grads, clip_coefficient(norm, max_norm).to(grads[0].device))
 
 
 def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None:
     """Replaces the engine's fp32 clipping with one that counts every parameter once and records
-    the norm. With MasterWeightAdamW the gradients are clipped on its fp32 copies."""
+    the norm. With MasterWeightAdamW the gradients are clipped on its fp32 copies, by its step."""
 
     def clip() -> torch.Tensor:
         prepare = getattr(engine.optimizer, "master_gradients", None)
@@ -52,7 +56,10 @@ def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None
             pairs = [(p, p.grad.detach()) for p in engine.module.parameters() if p.grad is not None]
         counted = [grad for param, grad in pairs if counts_once(param, tp_rank=tp_rank)]
         norm = norm_of(counted, model_parallel_group)
-        clip_([grad for _, grad in pairs], norm, engine.gradient_clipping())
+        if prepare is not None:  # scaled inside its step where it can
+            engine.optimizer.scale_gradients(clip_coefficient(norm, engine.gradient_clipping()))
+        else:
+            clip_([grad for _, grad in pairs], norm, engine.gradient_clipping())
         return norm
 
     replace_fp32_clipping(engine, clip)

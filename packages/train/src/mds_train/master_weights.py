@@ -28,9 +28,11 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         *,
         betas: tuple[float, float],
         eps: float,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
         self._gradients_cast = False
+        self._gradient_divisor: torch.Tensor | None = None  # clipping's, for the fused step
         self._reduction: GradientReduction | None = None
         self.masters = [
             [param.detach().float().clone() for param in group["params"]]
@@ -39,7 +41,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         # fp32 gradient buffers for use without `reduce_in_backward`, filled by one foreach copy
         # per step (not a cast per parameter).
         self._master_grads = [[torch.empty_like(m) for m in group] for group in self.masters]
-        fused = all(p.is_cuda for group in self.masters for p in group)
+        if fused is None:  # torch's fused AdamW on the GPU, its foreach one on the CPU
+            fused = all(p.is_cuda for group in self.masters for p in group)
         self.inner = torch.optim.AdamW(
             [
                 {"params": masters, "weight_decay": group["weight_decay"], "lr": group["lr"]}
@@ -109,11 +112,32 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         ]
 
     @torch.no_grad()
+    def scale_gradients(self, coefficient: torch.Tensor) -> None:
+        """Multiplies this step's fp32 gradients by `coefficient` (a scalar tensor: clipping's).
+        The fused AdamW divides its gradients by a `grad_scale` as it reads them, so there the
+        product costs no pass of its own over the gradients (3.9 ms of a 1.3B step, measured);
+        the foreach AdamW (CPU) has no such input, and the gradients are scaled now."""
+        grads = [grad for _, grad in self.master_gradients()]
+        if not grads:
+            return
+        coefficient = coefficient.to(grads[0].device, torch.float32)
+        if self.inner.defaults["fused"]:
+            self._gradient_divisor = coefficient.reciprocal()
+        else:
+            torch._foreach_mul_(grads, coefficient)
+
+    @torch.no_grad()
     def step(self, closure=None):  # noqa: ARG002 - torch's signature
         self.master_gradients()
         for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner_group["lr"] = group["lr"]
-        self.inner.step()
+        if self._gradient_divisor is not None:
+            self.inner.grad_scale = self._gradient_divisor  # read by torch's fused Adam step
+        try:
+            self.inner.step()
+        finally:
+            self.inner.__dict__.pop("grad_scale", None)
+            self._gradient_divisor = None
         self.refresh_model_params()
         self._gradients_cast = False
         return None
@@ -131,6 +155,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
+        self._gradient_divisor = None
         if self._reduction is None:  # else the masters' gradients are views the reduction owns
             self.inner.zero_grad(set_to_none=True)
         self._gradients_cast = False
