@@ -1,6 +1,7 @@
 """Attention's core through each of SDPA's CUDA backends, and our model with `attention_backend`
-`sdpa` (SDPA's own choice: the flash backend on Hopper) against `cudnn` (cuDNN's fused attention
-first), bf16, causal, on one CUDA GPU.
+`sdpa` (SDPA's own choice: on torch 2.11 on an H100 already cuDNN's kernels, as the trainer's
+kernel profile showed in session 12) against `cudnn` (cuDNN's fused attention first), bf16,
+causal, on one CUDA GPU.
 
 For each shape (`--shapes`: 345m, 1.3b; micro-batch as benchmarks/train.py's) prints:
   op      forward+backward of `scaled_dot_product_attention` with one backend forced (flash, cudnn,
