@@ -66,6 +66,14 @@ def test_add_layer_norm_at_real_hidden_sizes(hidden, dtype, device, assert_close
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 7), (37, 1000)])
+def test_without_residual_the_passed_on_x_takes_gradient_too(shape, dtype, device, assert_close):
+    # A block's x goes into the LayerNorm and on as its residual: the kernel adds the two
+    # gradients in its backward; the reference leaves the sum to autograd.
+    _check(shape, dtype, device, assert_close, with_residual=False, grad_into_summed=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_layer_norm_only_normed_used(dtype, device, assert_close):
     # summed returned but unused: its gradient is None and must be treated as zero.
     _check((6, 96), dtype, device, assert_close, with_residual=True, grad_into_summed=False)
@@ -97,7 +105,7 @@ def test_without_residual_summed_is_x(device):
     _, summed = add_layer_norm(
         x, torch.ones(16, device=device), torch.zeros(16, device=device), eps=1e-5, use_kernel=True
     )
-    assert summed is x
+    assert summed.data_ptr() == x.data_ptr() and torch.equal(summed, x)  # a view: no copy
 
 
 def test_shapes_are_checked():

@@ -98,6 +98,12 @@ class LayerNorm(nn.Module):
         normed, _ = self._add_layer_norm(x, None)
         return normed
 
+    def norm_and_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(LayerNorm(x), x) for a block that adds x back later: with the kernel the second is a
+        view of x whose gradient the LayerNorm's backward adds into x's in the same pass,
+        instead of autograd adding the two afterwards (an add over the activations per layer)."""
+        return self._add_layer_norm(x, None)
+
     def add_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -99,8 +99,9 @@ class ParallelTransformerLayer(nn.Module):
 
     def _block(self, x: torch.Tensor) -> torch.Tensor:
         p = self.config.hidden_dropout if self.training else 0.0
-        attn = self._dropout(self.self_attention(self.input_layernorm(x)), p)
-        normed, summed = self.post_attention_layernorm.add_norm(attn, x)  # summed = x + attn
+        normed, residual = self.input_layernorm.norm_and_residual(x)  # residual: x
+        attn = self._dropout(self.self_attention(normed), p)
+        normed, summed = self.post_attention_layernorm.add_norm(attn, residual)  # x + attn
         out = self._dropout(self.mlp(normed), p)
         return summed + out
 

@@ -205,7 +205,9 @@ def _num_bwd_programs(num_tiles: int, device: torch.device) -> int:
 
 
 class AddLayerNormFunction(torch.autograd.Function):
-    """Triton add+LayerNorm. Returns (normed, summed) with a residual, else normed alone."""
+    """Triton add+LayerNorm. Returns (normed, summed); without a residual, summed is a view of x
+    whose gradient the backward kernel adds into x's (HAS_DSUM), so a block that uses x again as
+    its residual pays no separate add of the two gradients."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps):
@@ -245,8 +247,6 @@ class AddLayerNormFunction(torch.autograd.Function):
         ctx.save_for_backward(summed, weight_c, mean, rstd)
         ctx.has_residual = residual is not None
         ctx.set_materialize_grads(False)
-        if residual is None:
-            return y.view(x.shape)
         return y.view(x.shape), summed.view(x.shape)
 
     @staticmethod
@@ -292,8 +292,8 @@ class AddLayerNormFunction(torch.autograd.Function):
 
 
 def add_layer_norm(x, weight, bias, *, eps: float, residual=None, use_kernel: bool):
-    """(normed, summed): summed = x + residual (x when None), normed = LayerNorm(summed) * weight +
-    bias.
+    """(normed, summed): summed = x + residual (x's values when None: the kernel returns a view of
+    x whose gradient its backward adds into x's), normed = LayerNorm(summed) * weight + bias.
 
     Statistics in fp32; normed and summed in x's dtype; differentiable in x, residual, weight, bias.
     """
@@ -316,6 +316,4 @@ def add_layer_norm(x, weight, bias, *, eps: float, residual=None, use_kernel: bo
             f"add_layer_norm: the kernel keeps a row in registers; hidden {hidden} > "
             f"{_MAX_HIDDEN}, pass use_kernel=False"
         )
-    if residual is None:
-        return AddLayerNormFunction.apply(x, None, weight, bias, eps), x
     return AddLayerNormFunction.apply(x, residual, weight, bias, eps)
