@@ -38,24 +38,27 @@ def test_equals_adamw_on_fp32_copies_and_round_trips():
     )
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_clipping_scales_the_gradients_the_step_uses(fused):
+@pytest.mark.parametrize(
+    ("fused", "device"),
+    [(False, "cpu"), (True, "cpu"), pytest.param(True, "cuda", marks=pytest.mark.gpu)],
+)
+def test_clipping_scales_the_gradients_the_step_uses(fused, device):
     """scale_gradients(c) then step equals AdamW on fp32 copies whose gradients are multiplied by
     c: fused, inside the step (its grad_scale divides by 1 / c: within an fp32 rounding), else
     before it (exactly)."""
     torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.bfloat16))
-    bias = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16))
+    weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.bfloat16, device=device))
+    bias = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16, device=device))
     reference = [p.detach().float().clone().requires_grad_() for p in (weight, bias)]
     ours = MasterWeightAdamW(groups(weight, bias), betas=(0.9, 0.95), eps=1e-8, fused=fused)
     theirs = torch.optim.AdamW(groups(*reference), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
     for group in ours.param_groups:
         group["lr"] = 1e-2
     for coefficient in (0.3, 1.0, 0.07):
-        grads = [torch.randn(4, 3).bfloat16(), torch.randn(3).bfloat16()]
+        grads = [torch.randn(4, 3).bfloat16().to(device), torch.randn(3).bfloat16().to(device)]
         for param, ref, grad in zip((weight, bias), reference, grads, strict=True):
             param.grad, ref.grad = grad, grad.float() * coefficient
-        ours.scale_gradients(torch.tensor(coefficient))
+        ours.scale_gradients(torch.tensor(coefficient, device=device))
         ours.step()
         ours.zero_grad()
         theirs.step()

@@ -125,3 +125,12 @@ def test_shapes_are_checked():
 )
 def test_add_layer_norm_matches_reference_gpu(shape, dtype, device, assert_close):
     _check(shape, dtype, device, assert_close, with_residual=True, grad_into_summed=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 1024, 1024), (4099, 2048)])
+def test_without_residual_the_passed_on_x_takes_gradient_too_gpu(
+    shape, dtype, device, assert_close
+):
+    _check(shape, dtype, device, assert_close, with_residual=False, grad_into_summed=True)
