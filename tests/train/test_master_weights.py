@@ -100,25 +100,36 @@ def test_gradients_are_reduced_in_backward_only_where_there_is_something_to_redu
     from types import SimpleNamespace
 
     from mds_train import model_setup
+    from mds_train.cli import build_config
+    from mds_train.config import Topology
+
+    from .test_config import DATA, parse
 
     monkeypatch.setattr(model_setup, "skip_backward_allreduce", lambda engine: None)
     model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+    one = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 
-    def reduced(dp_size, micro, global_batch=None, rampup=None):
+    def reduced(micro, global_batch=None, rampup=None):  # on one replica
         optimizer = MasterWeightAdamW(
             [{"params": list(model.parameters()), "weight_decay": 0.0}], betas=(0.9, 0.95), eps=1e-8
         )
-        batch = SimpleNamespace(
-            micro_batch_size=micro, global_batch_size=global_batch, rampup_batch_size=rampup
-        )
-        config = SimpleNamespace(batch=batch, precision=SimpleNamespace(grad_reduce_in_bf16=False))
-        groups = SimpleNamespace(dp_size=dp_size, dp_group=None)
+        model_flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32"
+        flags = [*DATA, *model_flags.split(), *"--train-samples 99 --lr 1e-3".split()]
+        flags += ["--micro-batch-size", str(micro)]
+        if global_batch is not None:
+            flags += ["--global-batch-size", str(global_batch)]
+        if rampup is not None:
+            flags += ["--rampup-batch-size", *map(str, rampup)]
+        config = build_config(parse(flags))
+        groups = SimpleNamespace(dp_size=1, dp_group=None)
         engine = SimpleNamespace(is_gradient_accumulation_boundary=lambda: True)
-        model_setup.apply_gradient_reduction_in_backward(engine, optimizer, model, config, groups)
+        model_setup.apply_gradient_reduction_in_backward(
+            engine, optimizer, model, config, one, groups
+        )
         return optimizer._reduction is not None
 
-    assert not reduced(1, 4)
-    assert not reduced(1, 4, global_batch=4)
-    assert reduced(1, 4, global_batch=8)
-    assert reduced(1, 4, global_batch=8, rampup=(4, 4, 100))
-    assert reduced(1, 4, rampup=(4, 4, 100))
+    assert not reduced(4)
+    assert not reduced(4, global_batch=4)
+    assert reduced(4, global_batch=8)
+    assert reduced(4, global_batch=8, rampup=(4, 4, 100))
+    assert reduced(4, rampup=(4, 4, 100))

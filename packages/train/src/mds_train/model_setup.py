@@ -200,7 +200,7 @@ def build_training_setup(
         module, optimizer, params, ds_config, groups, is_pipeline=is_pipeline
     )
     apply_fp32_clipping(engine, ds_config, groups, is_pipeline=is_pipeline)
-    apply_gradient_reduction_in_backward(engine, optimizer, module, config, groups)
+    apply_gradient_reduction_in_backward(engine, optimizer, module, config, topology, groups)
     apply_single_replica_shortcut(engine, ds_config, groups, is_pipeline=is_pipeline)
     return TrainingSetup(
         engine=engine,
@@ -359,6 +359,7 @@ def apply_gradient_reduction_in_backward(
     optimizer: torch.optim.Optimizer | None,
     module: torch.nn.Module,
     config: TrainConfig,
+    topology: Topology,
     groups: ParallelGroups,
 ) -> None:
     """MasterWeightAdamW: gradients are accumulated in fp32 and averaged during backward, bucket
@@ -370,12 +371,11 @@ def apply_gradient_reduction_in_backward(
     went from 89.3 to 87.6 ms eager: packages/train/README.md, "Profiling" and "Speed")."""
     if not isinstance(optimizer, MasterWeightAdamW):
         return
-    batch = config.batch
-    one_micro_batch = batch.rampup_batch_size is None and batch.global_batch_size in (
-        None,
-        batch.micro_batch_size * groups.dp_size,
+    one_micro_batch = (
+        config.batch.rampup_batch_size is None
+        and config.global_batch_size(topology) == config.batch.micro_batch_size
     )
-    if groups.dp_size == 1 and one_micro_batch:
+    if topology.data_parallel_size == 1 and one_micro_batch:
         return
     skip_backward_allreduce(engine)
     optimizer.reduce_in_backward(
