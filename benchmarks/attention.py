@@ -19,26 +19,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+
+from cuda_timing import timed_ms
 
 SHAPES = {  # name: (layers, hidden, heads, seq, micro-batch), as benchmarks/train.py's
     "345m": (24, 1024, 16, 1024, 16),
     "1.3b": (24, 2048, 16, 2048, 8),
 }
 OP_BACKENDS = ("flash", "cudnn", "efficient")
-
-
-def timed_ms(step, repeats: int) -> float:
-    import torch
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def bench_op(shape: tuple[int, ...], repeats: int) -> None:

@@ -19,8 +19,9 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from cuda_timing import timed_ms
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REFERENCES = (
@@ -103,14 +104,7 @@ def run_ours(variant: str, *, mbs: int, steps: int, peak: float, profile_dir: Pa
         optimizer.zero_grad()
         losses.append(loss.detach())
 
-    for _ in range(3):
-        one()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        one()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - start) / steps
+    dt = timed_ms(one, steps) / 1e3
     trajectory = [round(loss.item(), 4) for loss in losses]  # same steps in every variant
     if profile_dir is not None:  # where the time goes, per CUDA kernel, over 3 more steps
         from torch.profiler import ProfilerActivity, profile
