@@ -97,7 +97,9 @@ class ModelSection(GPTFlags):
         help="Replay each transformer layer's forward and backward as CUDA graphs (Megatron-LM's).",
     )
     no_fused_kernels: bool = flag(
-        "--no-fused-kernels", default=False, help="Pure-torch paths instead of Triton kernels."
+        "--no-fused-kernels",
+        default=False,
+        help="Pure-torch paths instead of Triton kernels (the model's and the bf16 optimizer's).",
     )
     # The MLP's GeLU, chosen by upstream's flags as its ParallelMLP chooses (`activation`).
     openai_gelu: bool = flag(

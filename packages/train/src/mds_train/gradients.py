@@ -25,8 +25,9 @@ def norm_of(grads: list[torch.Tensor], model_parallel_group) -> torch.Tensor:
     """The L2 norm of these gradients over the model-parallel group, accumulated in fp32."""
     if not grads:
         squares = torch.zeros((), dtype=torch.float32)
-    else:  # one fused pass (fp32 gradients take torch's fast foreach path)
-        squares = torch.stack(torch._foreach_norm(grads, 2.0)).float().pow(2).sum()
+    else:  # one fused pass; bf16 gradients are summed (and their norms returned) in fp32
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+        squares = torch.stack(norms).pow(2).sum()
     if model_parallel_group is not None:
         dist.all_reduce(squares, group=model_parallel_group)
     return squares.sqrt()

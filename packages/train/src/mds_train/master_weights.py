@@ -4,9 +4,12 @@ DeepSpeed's bf16 optimizers wrap a client optimizer in per-parameter gradient co
 (its BF16 optimizer reached 0.92x of a plain loop's tokens/s on the 345M GPT, its ZeRO-0 wrapper
 0.48x; README: "The engines"). For ZeRO-0 without pipelining the engine runs in its fp32 mode over
 bf16 parameters and this optimizer keeps the fp32 copies: in training, gradients are accumulated
-in fp32 and averaged over data-parallel ranks during backward (grad_sync.py); AdamW runs fused over
-the masters, and the bf16 weights are refreshed with one foreach copy. Its state dict holds the
-masters and the moments, so DeepSpeed's checkpoint of a ZeRO-0 optimizer restores them.
+in fp32 and averaged over data-parallel ranks during backward (grad_sync.py), or, with one replica
+and one micro-batch per step, read as backward left them. On a GPU one Triton kernel per parameter
+group (mds_model.kernels.master_adamw) reads those gradients, updates masters and moments, and
+writes the bf16 weights; elsewhere torch's AdamW runs over fp32 copies of the gradients and the
+weights are refreshed with one foreach copy. Its state dict holds the masters and torch's AdamW
+state, so DeepSpeed's checkpoint of a ZeRO-0 optimizer restores them on either path.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from mds_model.kernels import triton_available
+from mds_model.kernels.master_adamw import BlockPlan, master_adamw_step
 
 from .grad_sync import GradientReduction
 
@@ -29,6 +34,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         betas: tuple[float, float],
         eps: float,
         fused: bool | None = None,
+        use_kernel: bool | None = None,
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
         self._gradients_cast = False
@@ -41,8 +47,13 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         # fp32 gradient buffers for use without `reduce_in_backward`, filled by one foreach copy
         # per step (not a cast per parameter).
         self._master_grads = [[torch.empty_like(m) for m in group] for group in self.masters]
+        on_gpu = all(p.is_cuda for group in self.masters for p in group)
         if fused is None:  # torch's fused AdamW on the GPU, its foreach one on the CPU
-            fused = all(p.is_cuda for group in self.masters for p in group)
+            fused = on_gpu
+        # The Triton step (the kernel's interpreter on a CPU, for tests) or torch's AdamW.
+        self.use_kernel = on_gpu and triton_available() if use_kernel is None else use_kernel
+        self._betas, self._eps = betas, eps
+        self._block_plans: dict[tuple[int, tuple[int, ...]], BlockPlan] = {}
         self.inner = torch.optim.AdamW(
             [
                 {"params": masters, "weight_decay": group["weight_decay"], "lr": group["lr"]}
@@ -85,12 +96,20 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-        """The step's fp32 gradients (cast from the model's, or completed by the reduction, once
-        per step), each with its parameter, so that clipping works on fp32 tensors."""
+        """The gradients the step will read, each with its parameter: the reduction's fp32 sums
+        (completed once per step), else the model's own gradients as the kernel reads them, else
+        their fp32 copies (cast once per step). Clipping's norm accumulates in fp32 either way."""
         if self._reduction is not None:
             if not self._gradients_cast:
                 self._reduction.finish()
                 self._gradients_cast = True
+        elif self.use_kernel:
+            return [
+                (param, param.grad)
+                for group in self.param_groups
+                for param in group["params"]
+                if param.grad is not None
+            ]
         elif not self._gradients_cast:
             sources, targets = [], []
             for group, masters, buffers in zip(
@@ -113,21 +132,25 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def scale_gradients(self, coefficient: torch.Tensor) -> None:
-        """Multiplies this step's fp32 gradients by `coefficient` (a scalar tensor: clipping's).
-        The fused AdamW divides its gradients by a `grad_scale` as it reads them, so there the
-        product costs no pass of its own over the gradients (3.9 ms of a 1.3B step, measured);
-        the foreach AdamW (CPU) has no such input, and the gradients are scaled now."""
+        """Multiplies this step's gradients by `coefficient` (a scalar tensor: clipping's). The
+        Triton step and torch's fused AdamW divide the gradients by a `grad_scale` as they read
+        them, so there the product costs no pass of its own over the gradients (3.9 ms of a 1.3B
+        step, measured); the foreach AdamW (CPU) has no such input, and the gradients are scaled
+        now."""
         grads = [grad for _, grad in self.master_gradients()]
         if not grads:
             return
         coefficient = coefficient.to(grads[0].device, torch.float32)
-        if self.inner.defaults["fused"]:
+        if self.use_kernel or self.inner.defaults["fused"]:
             self._gradient_divisor = coefficient.reciprocal()
         else:
             torch._foreach_mul_(grads, coefficient)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ARG002 - torch's signature
+        if self.use_kernel:
+            self._kernel_step()
+            return None
         self.master_gradients()
         for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner_group["lr"] = group["lr"]
@@ -141,6 +164,47 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         self.refresh_model_params()
         self._gradients_cast = False
         return None
+
+    def _kernel_step(self) -> None:
+        """One Triton launch per group over the parameters that have gradients; the state is
+        torch's fused AdamW's (float32 step tensors on the device), made here on first use."""
+        gradients = dict((id(param), grad) for param, grad in self.master_gradients())
+        for index, (group, masters) in enumerate(zip(self.param_groups, self.masters, strict=True)):
+            stepped = tuple(i for i, param in enumerate(group["params"]) if id(param) in gradients)
+            if not stepped:
+                continue
+            states = [self._adamw_state(masters[i]) for i in stepped]
+            plan = self._block_plans.get((index, stepped))
+            if plan is None:
+                plan = BlockPlan.for_sizes([masters[i].numel() for i in stepped], masters[0].device)
+                self._block_plans[(index, stepped)] = plan
+            master_adamw_step(
+                [group["params"][i].data for i in stepped],
+                [gradients[id(group["params"][i])] for i in stepped],
+                [masters[i] for i in stepped],
+                [state["exp_avg"] for state in states],
+                [state["exp_avg_sq"] for state in states],
+                [state["step"] for state in states],
+                lr=float(group["lr"]),
+                weight_decay=float(group["weight_decay"]),
+                betas=self._betas,
+                eps=self._eps,
+                grad_scale=self._gradient_divisor,
+                plan=plan,
+                use_kernel=True,
+            )
+        self._gradient_divisor = None
+        self._gradients_cast = False
+
+    def _adamw_state(self, master: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.inner.state[master]
+        if not state:  # as torch's AdamW makes it for a fused step
+            state["step"] = torch.zeros((), dtype=torch.float32, device=master.device)
+            state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(master, memory_format=torch.preserve_format)
+        elif state["step"].device != master.device or state["step"].dtype != torch.float32:
+            state["step"] = state["step"].to(master.device, torch.float32)  # a foreach run's
+        return state
 
     @torch.no_grad()
     def refresh_model_params(self) -> None:

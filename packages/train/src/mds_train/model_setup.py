@@ -165,8 +165,9 @@ def _client_optimizer(
     if opt.optimizer == "sgd":
         return torch.optim.SGD(params, lr=0.0, momentum=opt.sgd_momentum)
     betas = (opt.adam_beta1, opt.adam_beta2)
-    if master_weights:
-        return MasterWeightAdamW(params, betas=betas, eps=opt.adam_eps)
+    if master_weights:  # its Triton step wherever it can run, unless kernels are turned off
+        use_kernel = False if config.model.no_fused_kernels else None
+        return MasterWeightAdamW(params, betas=betas, eps=opt.adam_eps, use_kernel=use_kernel)
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
