@@ -221,3 +221,36 @@ def test_gradients_are_reduced_in_backward_only_where_there_is_something_to_redu
     assert reduced(4, global_batch=8)
     assert reduced(4, global_batch=8, rampup=(4, 4, 100))
     assert reduced(4, rampup=(4, 4, 100))
+
+
+def test_a_loaded_state_is_what_the_kernel_steps_next():
+    """Loading a state dict replaces the moment and step tensors; the Triton step must read the
+    loaded ones, not the tables it kept of the old: replaying two steps from a saved state gives
+    the same weights twice."""
+    torch.manual_seed(0)
+    device = KERNEL_DEVICE
+    weight = torch.nn.Parameter(torch.randn(4, 3, device=device).bfloat16())
+    bias = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16, device=device))
+    optimizer = MasterWeightAdamW(
+        groups(weight, bias), betas=(0.9, 0.95), eps=1e-8, use_kernel=True
+    )
+    gradients = [
+        [torch.randn(4, 3).bfloat16().to(device), torch.randn(3).bfloat16().to(device)]
+        for _ in range(4)
+    ]
+    _run_steps(optimizer, (weight, bias), gradients[:2])
+    saved = {key: value for key, value in optimizer.state_dict().items()}
+    saved["inner"] = {  # a copy the later steps cannot change
+        "state": {
+            index: {name: tensor.clone() for name, tensor in state.items()}
+            for index, state in saved["inner"]["state"].items()
+        },
+        "param_groups": saved["inner"]["param_groups"],
+    }
+    _run_steps(optimizer, (weight, bias), gradients[2:])
+    first = [m.clone() for group in optimizer.masters for m in group]
+    optimizer.load_state_dict(saved)
+    _run_steps(optimizer, (weight, bias), gradients[2:])
+    again = [m for group in optimizer.masters for m in group]
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)

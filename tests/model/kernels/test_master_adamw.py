@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 import torch
-from mds_model.kernels.master_adamw import BlockPlan, master_adamw_step
+from mds_model.kernels.master_adamw import MasterAdamWGroup, master_adamw_step
 
 BETAS, EPS = (0.9, 0.95), 1e-8
 # Absolute floors for values near 0, where the relative tolerance cannot hold: a master's error is
@@ -38,11 +38,11 @@ def _state(sizes, *, param_dtype, grad_dtype, device, seed, offset=0):
     }
 
 
-def _run(state, *, use_kernel, grad_scale=None, plan=None, lr=3e-4, weight_decay=0.1):
-    master_adamw_step(
-        **state, lr=lr, weight_decay=weight_decay, betas=BETAS, eps=EPS,
-        grad_scale=grad_scale, plan=plan, use_kernel=use_kernel,
-    )  # fmt: skip
+HYPER = dict(lr=3e-4, weight_decay=0.1, betas=BETAS, eps=EPS)
+
+
+def _run(state, *, use_kernel, grad_scale=None):
+    master_adamw_step(**state, **HYPER, grad_scale=grad_scale, use_kernel=use_kernel)
 
 
 def _copy(state):
@@ -70,9 +70,11 @@ def test_kernel_matches_reference(sizes, param_dtype, grad_dtype, scaled, offset
     ours = _state(sizes, **dtypes, device=device, seed=seed, offset=offset)
     want = _copy(ours)
     grad_scale = torch.tensor(1.7, device=device) if scaled else None
-    plan = BlockPlan.for_sizes(sizes, device)
-    for _ in range(2):  # the plan reused, steps counted per tensor
-        _run(ours, use_kernel=True, grad_scale=grad_scale, plan=plan)
+    fixed = [ours[key] for key in ("params", "masters", "exp_avgs", "exp_avg_sqs", "steps")]
+    group = MasterAdamWGroup(*fixed)
+    assert group.matches(ours["params"])
+    for _ in range(2):  # the group's tables reused, steps counted per tensor
+        group.step(ours["grads"], **HYPER, grad_scale=grad_scale)
         _run(want, use_kernel=False, grad_scale=grad_scale)
     for key in ("masters", "exp_avgs", "exp_avg_sqs"):
         for got, expected in zip(ours[key], want[key], strict=True):

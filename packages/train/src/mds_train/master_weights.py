@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from mds_model.kernels import triton_available
-from mds_model.kernels.master_adamw import BlockPlan, master_adamw_step
+from mds_model.kernels.master_adamw import MasterAdamWGroup
 
 from .grad_sync import GradientReduction
 
@@ -53,7 +53,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         # The Triton step (the kernel's interpreter on a CPU, for tests) or torch's AdamW.
         self.use_kernel = on_gpu and triton_available() if use_kernel is None else use_kernel
         self._betas, self._eps = betas, eps
-        self._block_plans: dict[tuple[int, tuple[int, ...]], BlockPlan] = {}
+        # (group index, indices of the parameters stepped) -> the kernel's tables for them
+        self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
         self.inner = torch.optim.AdamW(
             [
                 {"params": masters, "weight_decay": group["weight_decay"], "lr": group["lr"]}
@@ -167,31 +168,34 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     def _kernel_step(self) -> None:
         """One Triton launch per group over the parameters that have gradients; the state is
-        torch's fused AdamW's (float32 step tensors on the device), made here on first use."""
-        gradients = dict((id(param), grad) for param, grad in self.master_gradients())
+        torch's fused AdamW's (float32 step tensors on the device), made here on first use. The
+        kernel's tables of the fixed tensors are kept, so a step costs the host one address per
+        gradient."""
+        gradients = {id(param): grad for param, grad in self.master_gradients()}
         for index, (group, masters) in enumerate(zip(self.param_groups, self.masters, strict=True)):
-            stepped = tuple(i for i, param in enumerate(group["params"]) if id(param) in gradients)
+            params = group["params"]
+            stepped = tuple(i for i, param in enumerate(params) if id(param) in gradients)
             if not stepped:
                 continue
-            states = [self._adamw_state(masters[i]) for i in stepped]
-            plan = self._block_plans.get((index, stepped))
-            if plan is None:
-                plan = BlockPlan.for_sizes([masters[i].numel() for i in stepped], masters[0].device)
-                self._block_plans[(index, stepped)] = plan
-            master_adamw_step(
-                [group["params"][i].data for i in stepped],
-                [gradients[id(group["params"][i])] for i in stepped],
-                [masters[i] for i in stepped],
-                [state["exp_avg"] for state in states],
-                [state["exp_avg_sq"] for state in states],
-                [state["step"] for state in states],
-                lr=float(group["lr"]),
-                weight_decay=float(group["weight_decay"]),
+            chosen = [params[i] for i in stepped]
+            kernel_group = self._kernel_groups.get((index, stepped))
+            if kernel_group is None or not kernel_group.matches(chosen):
+                states = [self._adamw_state(masters[i]) for i in stepped]
+                kernel_group = MasterAdamWGroup(
+                    [param.data for param in chosen],
+                    [masters[i] for i in stepped],
+                    [state["exp_avg"] for state in states],
+                    [state["exp_avg_sq"] for state in states],
+                    [state["step"] for state in states],
+                )
+                self._kernel_groups[(index, stepped)] = kernel_group
+            kernel_group.step(
+                [gradients[id(param)] for param in chosen],
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
                 betas=self._betas,
                 eps=self._eps,
                 grad_scale=self._gradient_divisor,
-                plan=plan,
-                use_kernel=True,
             )
         self._gradient_divisor = None
         self._gradients_cast = False
@@ -205,6 +209,18 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         elif state["step"].device != master.device or state["step"].dtype != torch.float32:
             state["step"] = state["step"].to(master.device, torch.float32)  # a foreach run's
         return state
+
+    @torch.no_grad()
+    def set_master_state(
+        self, group_index: int, index: int, fp32: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> None:
+        """One parameter's fp32 master and AdamW state (step, exp_avg, exp_avg_sq) from outside
+        a state dict: a reshaped checkpoint's. The model's weights follow at
+        refresh_model_params."""
+        master = self.masters[group_index][index]
+        master.copy_(fp32.to(master.device))
+        self.inner.state[master] = state
+        self._kernel_groups.clear()  # they address the replaced tensors
 
     @torch.no_grad()
     def refresh_model_params(self) -> None:
@@ -232,7 +248,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state_dict["inner"])
+        self.inner.load_state_dict(state_dict["inner"])  # new moment and step tensors
+        self._kernel_groups.clear()
         for masters, saved in zip(self.masters, state_dict["masters"], strict=True):
             saved_here = [s.to(m.device) for s, m in zip(saved, masters, strict=True)]
             torch._foreach_copy_(masters, saved_here)

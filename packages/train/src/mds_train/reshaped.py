@@ -143,9 +143,8 @@ def _set_torch_state(optimizer, param, values, step: int) -> None:
 def _set_master(optimizer: MasterWeightAdamW, param, values, step: int) -> None:
     g, i = _group_of(optimizer, param)
     master = optimizer.masters[g][i]
-    master.copy_(values["fp32"].to(master.device))
-    inner_group = optimizer.inner.param_groups[g]
-    optimizer.inner.state[master] = _adam_state(values, master, step, inner_group)
+    state = _adam_state(values, master, step, optimizer.inner.param_groups[g])
+    optimizer.set_master_state(g, i, values["fp32"], state)
 
 
 @torch.no_grad()

@@ -13,7 +13,6 @@ of pointers, so the tensors need not share a buffer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -61,7 +60,8 @@ if triton is not None:
 
     @triton.jit
     def _address(pointers, row, num_tensors, tensor, element_pointer, ALIGNED: tl.constexpr):
-        """Row `row` of the (6, num_tensors) pointer table, as a pointer like `element_pointer`."""
+        """Entry `tensor` of row `row` of a (rows, num_tensors) address table, as a pointer like
+        `element_pointer`."""
         address = tl.load(pointers + row * num_tensors + tensor)
         if ALIGNED:  # every address is a multiple of 16 bytes: vectorised loads and stores
             address = tl.multiple_of(address, 16)
@@ -103,7 +103,8 @@ if triton is not None:
 
     @triton.jit
     def _master_adamw_kernel(
-        pointers,  # int64 (6, num_tensors): param, grad, master, exp_avg, exp_avg_sq, step
+        pointers,  # int64 (5, num_tensors): param, master, exp_avg, exp_avg_sq, step addresses
+        grad_pointers,  # int64 (num_tensors,): this step's gradients' addresses
         numels,  # int64 (num_tensors,)
         block_tensor,  # int32 (num_blocks,): which tensor each program updates
         block_index,  # int32 (num_blocks,): and which BLOCK of it
@@ -129,11 +130,11 @@ if triton is not None:
         numel = tl.load(numels + tensor)
         offsets = start + tl.arange(0, BLOCK)
         param = _address(pointers, 0, num_tensors, tensor, param_like, ALIGNED)
-        grad = _address(pointers, 1, num_tensors, tensor, grad_like, ALIGNED)
-        master = _address(pointers, 2, num_tensors, tensor, master_like, ALIGNED)
-        exp_avg = _address(pointers, 3, num_tensors, tensor, master_like, ALIGNED)
-        exp_avg_sq = _address(pointers, 4, num_tensors, tensor, master_like, ALIGNED)
-        step = tl.load(_address(pointers, 5, num_tensors, tensor, master_like, False))
+        grad = _address(grad_pointers, 0, num_tensors, tensor, grad_like, ALIGNED)
+        master = _address(pointers, 1, num_tensors, tensor, master_like, ALIGNED)
+        exp_avg = _address(pointers, 2, num_tensors, tensor, master_like, ALIGNED)
+        exp_avg_sq = _address(pointers, 3, num_tensors, tensor, master_like, ALIGNED)
+        step = tl.load(_address(pointers, 4, num_tensors, tensor, master_like, False))
         # torch's bias corrections: 1 - beta^step (exp2 of fp32; beta^step underflows to 0).
         lr_corrected = lr / (1.0 - tl.exp2(step * log2_beta1))
         bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
@@ -156,40 +157,108 @@ if triton is not None:
 _BLOCK, _NUM_WARPS = 1024, 4
 
 
-@dataclass(frozen=True)
-class BlockPlan:
-    """Which tensor and which block of it each program of the fused step updates: fixed by the
-    tensors' sizes, so made once per parameter group and reused every step."""
-
-    sizes: tuple[int, ...]  # on the host: checking a plan must not wait for the device
-    numels: torch.Tensor  # int64 (num_tensors,)
-    block_tensor: torch.Tensor  # int32 (num_blocks,)
-    block_index: torch.Tensor  # int32 (num_blocks,)
-
-    @classmethod
-    def for_sizes(cls, numels: list[int], device: torch.device) -> BlockPlan:
-        blocks = torch.tensor([-(-n // _BLOCK) for n in numels], dtype=torch.int64)
-        block_tensor = torch.repeat_interleave(torch.arange(len(numels)), blocks)
-        first_block = torch.cumsum(blocks, 0) - blocks
-        block_index = torch.arange(int(blocks.sum())) - first_block[block_tensor]
-        return cls(
-            sizes=tuple(numels),
-            numels=torch.tensor(numels, dtype=torch.int64, device=device),
-            block_tensor=block_tensor.to(device, torch.int32),
-            block_index=block_index.to(device, torch.int32),
-        )
-
-    def matches(self, tensors: list[torch.Tensor]) -> bool:
-        return self.sizes == tuple(t.numel() for t in tensors)
+def _block_plan(sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which tensor, and which block of it, each program updates (int32 each, one per block)."""
+    blocks = torch.tensor([-(-n // _BLOCK) for n in sizes], dtype=torch.int64)
+    block_tensor = torch.repeat_interleave(torch.arange(len(sizes)), blocks)
+    first_block = torch.cumsum(blocks, 0) - blocks
+    block_index = torch.arange(int(blocks.sum())) - first_block[block_tensor]
+    return block_tensor.to(device, torch.int32), block_index.to(device, torch.int32)
 
 
-def _pointer_table(lists: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
+def _address_table(lists: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
     table = torch.tensor([t.data_ptr() for tensors in lists for t in tensors], dtype=torch.int64)
     if device.type != "cuda":
         return table
     # From pinned memory the copy is queued without waiting for the device; the caching host
     # allocator keeps the block until the copy has run.
     return table.pin_memory().to(device, non_blocking=True)
+
+
+class MasterAdamWGroup:
+    """A parameter group's fixed tensors (weights, fp32 masters and moments, float32 step
+    counts), checked, planned into blocks and tabulated once; `step(grads, ...)` then costs the
+    host one address per gradient and one launch. Remake it when any of those tensors is
+    replaced (a loaded optimizer state); `matches(params)` tells whether the weights moved."""
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        masters: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        steps: list[torch.Tensor],
+    ) -> None:
+        fixed = (params, masters, exp_avgs, exp_avg_sqs)
+        if not params or len({len(tensors) for tensors in (*fixed, steps)}) != 1:
+            raise ValueError("MasterAdamWGroup: every list needs one tensor per parameter")
+        check_kernel_device(masters[0], name="master_adamw_step")
+        if any(t.dtype != params[0].dtype for t in params):
+            raise ValueError("master_adamw_step: params must share one dtype")
+        if any(t.dtype != torch.float32 for tensors in fixed[1:] + (steps,) for t in tensors):
+            raise ValueError("master_adamw_step: masters, moments and steps must be float32")
+        sizes = [m.numel() for m in masters]
+        if any(
+            not t.is_contiguous() or t.numel() != size
+            for tensors in fixed
+            for t, size in zip(tensors, sizes, strict=True)
+        ):
+            raise ValueError("master_adamw_step: tensors must be contiguous and sized as masters")
+        self.device = masters[0].device
+        self._params, self._master, self._steps = params, masters[0], steps
+        self._param_addresses = tuple(p.data_ptr() for p in params)
+        self._sizes = sizes
+        self._numels = torch.tensor(sizes, dtype=torch.int64, device=self.device)
+        self._block_tensor, self._block_index = _block_plan(sizes, self.device)
+        self._table = _address_table([*fixed, steps], self.device)
+        self._aligned = all(t.data_ptr() % 16 == 0 for tensors in fixed for t in tensors)
+
+    def matches(self, params: list[torch.Tensor]) -> bool:
+        return tuple(p.data_ptr() for p in params) == self._param_addresses
+
+    def step(
+        self,
+        grads: list[torch.Tensor],
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        eps: float,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
+        if len(grads) != len(self._sizes):
+            raise ValueError("master_adamw_step: every list needs one tensor per parameter")
+        grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # only read
+        if any(g.dtype != grads[0].dtype for g in grads) or any(
+            g.numel() != size for g, size in zip(grads, self._sizes, strict=True)
+        ):
+            raise ValueError("master_adamw_step: grads must share one dtype, sized as masters")
+        torch._foreach_add_(self._steps, 1.0)
+        aligned = self._aligned and all(g.data_ptr() % 16 == 0 for g in grads)
+        beta1, beta2 = betas
+        _master_adamw_kernel[(self._block_tensor.numel(),)](
+            self._table,
+            _address_table([grads], self.device),
+            self._numels,
+            self._block_tensor,
+            self._block_index,
+            len(self._sizes),
+            self._params[0],
+            grads[0],
+            self._master,
+            self._master if grad_scale is None else grad_scale,
+            float(lr),
+            1.0 - lr * weight_decay,
+            beta1,
+            beta2,
+            math.log2(beta1) if beta1 > 0 else -math.inf,
+            math.log2(beta2) if beta2 > 0 else -math.inf,
+            eps,
+            HAS_GRAD_SCALE=grad_scale is not None,
+            ALIGNED=aligned,
+            BLOCK=_BLOCK,
+            num_warps=_NUM_WARPS,
+        )
 
 
 def master_adamw_step(
@@ -205,66 +274,19 @@ def master_adamw_step(
     betas: tuple[float, float],
     eps: float,
     grad_scale: torch.Tensor | None = None,
-    plan: BlockPlan | None = None,
     use_kernel: bool,
 ) -> None:
     """One AdamW step of every tensor: `steps` (float32 scalars) += 1; `masters`, `exp_avgs`,
     `exp_avg_sqs` (fp32) updated from `grads` (divided by `grad_scale` when given); `params` set
-    to the new masters in their own dtype. All params share one dtype, all grads one. `plan`
-    (BlockPlan.for_sizes of the masters) saves remaking it every step."""
+    to the new masters in their own dtype. All params share one dtype, all grads one. A loop of
+    steps over the same tensors should keep a MasterAdamWGroup instead."""
     lists = (params, grads, masters, exp_avgs, exp_avg_sqs, steps)
     if len({len(tensors) for tensors in lists}) != 1:
         raise ValueError("master_adamw_step: every list needs one tensor per parameter")
     if not params:
         return
+    hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, grad_scale=grad_scale)
     if not use_kernel:
-        master_adamw_reference(
-            params, grads, masters, exp_avgs, exp_avg_sqs, steps,
-            lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, grad_scale=grad_scale,
-        )  # fmt: skip
+        master_adamw_reference(params, grads, masters, exp_avgs, exp_avg_sqs, steps, **hyper)
         return
-    check_kernel_device(masters[0], name="master_adamw_step")
-    for tensors, dtype in ((params, params[0].dtype), (grads, grads[0].dtype)):
-        if any(t.dtype != dtype for t in tensors):
-            raise ValueError("master_adamw_step: params (and grads) must share one dtype")
-    for tensors in (masters, exp_avgs, exp_avg_sqs, steps):
-        if any(t.dtype != torch.float32 for t in tensors):
-            raise ValueError("master_adamw_step: masters, moments and steps must be float32")
-    grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # only read
-    lists = (params, grads, masters, exp_avgs, exp_avg_sqs, steps)
-    tensors_by_role = list(zip(*lists[:5], strict=True))
-    if any(
-        not t.is_contiguous() or t.numel() != group[2].numel()
-        for group in tensors_by_role
-        for t in group
-    ):
-        raise ValueError("master_adamw_step: tensors must be contiguous and sized as the masters")
-    device = masters[0].device
-    if plan is None or not plan.matches(masters):
-        plan = BlockPlan.for_sizes([m.numel() for m in masters], device)
-    torch._foreach_add_(steps, 1.0)
-    pointers = _pointer_table(list(lists), device)
-    aligned = all(t.data_ptr() % 16 == 0 for tensors in lists[:5] for t in tensors)
-    beta1, beta2 = betas
-    _master_adamw_kernel[(plan.block_tensor.numel(),)](
-        pointers,
-        plan.numels,
-        plan.block_tensor,
-        plan.block_index,
-        len(masters),
-        params[0],
-        grads[0],
-        masters[0],
-        masters[0] if grad_scale is None else grad_scale,
-        lr,
-        1.0 - lr * weight_decay,
-        beta1,
-        beta2,
-        math.log2(beta1) if beta1 > 0 else -math.inf,
-        math.log2(beta2) if beta2 > 0 else -math.inf,
-        eps,
-        HAS_GRAD_SCALE=grad_scale is not None,
-        ALIGNED=aligned,
-        BLOCK=_BLOCK,
-        num_warps=_NUM_WARPS,
-    )
+    MasterAdamWGroup(params, masters, exp_avgs, exp_avg_sqs, steps).step(grads, **hyper)
