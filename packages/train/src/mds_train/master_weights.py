@@ -44,14 +44,18 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             [param.detach().float().clone() for param in group["params"]]
             for group in self.param_groups
         ]
-        # fp32 gradient buffers for use without `reduce_in_backward`, filled by one foreach copy
-        # per step (not a cast per parameter).
-        self._master_grads = [[torch.empty_like(m) for m in group] for group in self.masters]
         on_gpu = all(p.is_cuda for group in self.masters for p in group)
         if fused is None:  # torch's fused AdamW on the GPU, its foreach one on the CPU
             fused = on_gpu
         # The Triton step (the kernel's interpreter on a CPU, for tests) or torch's AdamW.
         self.use_kernel = on_gpu and triton_available() if use_kernel is None else use_kernel
+        # torch's AdamW without `reduce_in_backward` reads fp32 gradients: buffers filled by one
+        # foreach copy per step. The kernel reads the model's own (4 bytes per parameter less).
+        self._master_grads = (
+            None
+            if self.use_kernel
+            else [[torch.empty_like(m) for m in group] for group in self.masters]
+        )
         self._betas, self._eps = betas, eps
         # (group index, indices of the parameters stepped) -> the kernel's tables for them
         self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
