@@ -1,4 +1,4 @@
-"""master_adamw_step: the Triton kernel (GPU, or the CPU interpreter) against the pure-torch
+"""MasterAdamWGroup.step: the Triton kernel (GPU, or the CPU interpreter) against the pure-torch
 reference over odd sizes, gradient dtypes, a clipping divisor and misaligned views; and the
 reference against torch's own AdamW on fp32 copies (the math it claims to be)."""
 
@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 import torch
-from mds_model.kernels.master_adamw import MasterAdamWGroup, master_adamw_step
+from mds_model.kernels.master_adamw import MasterAdamWGroup, master_adamw_reference
 
 BETAS, EPS = (0.9, 0.95), 1e-8
 # Absolute floors for values near 0, where the relative tolerance cannot hold: a master's error is
@@ -41,8 +41,15 @@ def _state(sizes, *, param_dtype, grad_dtype, device, seed, offset=0):
 HYPER = dict(lr=3e-4, weight_decay=0.1, betas=BETAS, eps=EPS)
 
 
+FIXED = ("params", "masters", "exp_avgs", "exp_avg_sqs", "steps")
+
+
 def _run(state, *, use_kernel, grad_scale=None):
-    master_adamw_step(**state, **HYPER, grad_scale=grad_scale, use_kernel=use_kernel)
+    if use_kernel:
+        group = MasterAdamWGroup(*(state[key] for key in FIXED))
+        group.step(state["grads"], **HYPER, grad_scale=grad_scale)
+    else:
+        master_adamw_reference(**state, **HYPER, grad_scale=grad_scale)
 
 
 def _copy(state):
@@ -70,8 +77,7 @@ def test_kernel_matches_reference(sizes, param_dtype, grad_dtype, scaled, offset
     ours = _state(sizes, **dtypes, device=device, seed=seed, offset=offset)
     want = _copy(ours)
     grad_scale = torch.tensor(1.7, device=device) if scaled else None
-    fixed = [ours[key] for key in ("params", "masters", "exp_avgs", "exp_avg_sqs", "steps")]
-    group = MasterAdamWGroup(*fixed)
+    group = MasterAdamWGroup(*(ours[key] for key in FIXED))
     assert group.matches(ours["params"])
     for _ in range(2):  # the group's tables reused, steps counted per tensor
         group.step(ours["grads"], **HYPER, grad_scale=grad_scale)
@@ -110,9 +116,9 @@ def test_reference_is_torch_adamw(weight_decay):
         for master, grad in zip(torch_masters, grads, strict=True):
             master.grad = grad.float() / scale
         adamw.step()
-        master_adamw_step(
+        master_adamw_reference(
             params, grads, masters, *moments, steps, lr=1e-3, weight_decay=weight_decay,
-            betas=BETAS, eps=EPS, grad_scale=scale, use_kernel=False,
+            betas=BETAS, eps=EPS, grad_scale=scale,
         )  # fmt: skip
     for ours, theirs in zip(masters, torch_masters, strict=True):
         torch.testing.assert_close(ours, theirs.detach(), rtol=1e-6, atol=1e-7)
@@ -124,9 +130,11 @@ def test_reference_is_torch_adamw(weight_decay):
 
 def test_lists_of_unequal_length_are_refused(device):
     state = _state([3], param_dtype=torch.float32, grad_dtype=torch.float32, device=device, seed=1)
-    state["grads"] = []
     with pytest.raises(ValueError, match="one tensor per parameter"):
-        _run(state, use_kernel=True)
+        MasterAdamWGroup(*(state[key] for key in FIXED)).step([], **HYPER)
+    state["exp_avgs"] = []
+    with pytest.raises(ValueError, match="one tensor per parameter"):
+        MasterAdamWGroup(*(state[key] for key in FIXED))
 
 
 @pytest.mark.gpu

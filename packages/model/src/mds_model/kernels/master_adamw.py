@@ -34,7 +34,10 @@ def master_adamw_reference(
     eps: float,
     grad_scale: torch.Tensor | None = None,
 ) -> None:
-    """Pure-torch step, torch's AdamW formula written out per tensor (the tests' oracle)."""
+    """One AdamW step of every tensor in pure torch, torch's AdamW formula written out (the
+    tests' oracle): `steps` (float32 scalars) += 1; `masters`, `exp_avgs`, `exp_avg_sqs` (fp32)
+    updated from `grads` (divided by `grad_scale` when given); `params` set to the new masters
+    in their own dtype. MasterAdamWGroup.step does the same in one Triton launch."""
     beta1, beta2 = betas
     for param, grad, master, exp_avg, exp_avg_sq, step in zip(
         params, grads, masters, exp_avgs, exp_avg_sqs, steps, strict=True
@@ -192,18 +195,18 @@ class MasterAdamWGroup:
         fixed = (params, masters, exp_avgs, exp_avg_sqs)
         if not params or len({len(tensors) for tensors in (*fixed, steps)}) != 1:
             raise ValueError("MasterAdamWGroup: every list needs one tensor per parameter")
-        check_kernel_device(masters[0], name="master_adamw_step")
+        check_kernel_device(masters[0], name="MasterAdamWGroup")
         if any(t.dtype != params[0].dtype for t in params):
-            raise ValueError("master_adamw_step: params must share one dtype")
+            raise ValueError("MasterAdamWGroup: params must share one dtype")
         if any(t.dtype != torch.float32 for tensors in fixed[1:] + (steps,) for t in tensors):
-            raise ValueError("master_adamw_step: masters, moments and steps must be float32")
+            raise ValueError("MasterAdamWGroup: masters, moments and steps must be float32")
         sizes = [m.numel() for m in masters]
         if any(
             not t.is_contiguous() or t.numel() != size
             for tensors in fixed
             for t, size in zip(tensors, sizes, strict=True)
         ):
-            raise ValueError("master_adamw_step: tensors must be contiguous and sized as masters")
+            raise ValueError("MasterAdamWGroup: tensors must be contiguous and sized as masters")
         self.device = masters[0].device
         self._params, self._master, self._steps = params, masters[0], steps
         self._param_addresses = tuple(p.data_ptr() for p in params)
@@ -227,12 +230,12 @@ class MasterAdamWGroup:
         grad_scale: torch.Tensor | None = None,
     ) -> None:
         if len(grads) != len(self._sizes):
-            raise ValueError("master_adamw_step: every list needs one tensor per parameter")
+            raise ValueError("MasterAdamWGroup: every list needs one tensor per parameter")
         grads = [g if g.is_contiguous() else g.contiguous() for g in grads]  # only read
         if any(g.dtype != grads[0].dtype for g in grads) or any(
             g.numel() != size for g, size in zip(grads, self._sizes, strict=True)
         ):
-            raise ValueError("master_adamw_step: grads must share one dtype, sized as masters")
+            raise ValueError("MasterAdamWGroup: grads must share one dtype, sized as masters")
         torch._foreach_add_(self._steps, 1.0)
         aligned = self._aligned and all(g.data_ptr() % 16 == 0 for g in grads)
         beta1, beta2 = betas
@@ -259,34 +262,3 @@ class MasterAdamWGroup:
             BLOCK=_BLOCK,
             num_warps=_NUM_WARPS,
         )
-
-
-def master_adamw_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    *,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    eps: float,
-    grad_scale: torch.Tensor | None = None,
-    use_kernel: bool,
-) -> None:
-    """One AdamW step of every tensor: `steps` (float32 scalars) += 1; `masters`, `exp_avgs`,
-    `exp_avg_sqs` (fp32) updated from `grads` (divided by `grad_scale` when given); `params` set
-    to the new masters in their own dtype. All params share one dtype, all grads one. A loop of
-    steps over the same tensors should keep a MasterAdamWGroup instead."""
-    lists = (params, grads, masters, exp_avgs, exp_avg_sqs, steps)
-    if len({len(tensors) for tensors in lists}) != 1:
-        raise ValueError("master_adamw_step: every list needs one tensor per parameter")
-    if not params:
-        return
-    hyper = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, grad_scale=grad_scale)
-    if not use_kernel:
-        master_adamw_reference(params, grads, masters, exp_avgs, exp_avg_sqs, steps, **hyper)
-        return
-    MasterAdamWGroup(params, masters, exp_avgs, exp_avg_sqs, steps).step(grads, **hyper)
