@@ -17,11 +17,8 @@ from __future__ import annotations
 import argparse
 
 from cuda_timing import timed_ms
+from train import SHAPES  # benchmarks/train.py's model shapes
 
-SHAPES = {  # as benchmarks/train.py's
-    "345m": dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024),
-    "1.3b": dict(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048),
-}
 # Memory traffic per parameter (bf16 weights and gradients, fp32 masters and moments):
 # torch: cast 2+4, AdamW 4 (grad) + 3x(4+4), refresh 4+2; kernel: 2 + 3x(4+4) + 2; norm reads 4 / 2.
 BYTES_PER_PARAMETER = {"torch": 6 + 28 + 6 + 4, "kernel": 28 + 2}

@@ -366,10 +366,11 @@ def apply_gradient_reduction_in_backward(
     """MasterWeightAdamW: gradients are accumulated in fp32 and averaged during backward, bucket
     by bucket; DeepSpeed's own all-reduce would flatten and reduce every gradient after backward.
     With one replica and one micro-batch per step there is nothing to accumulate or average: the
-    optimizer casts the bf16 gradients once after backward (one foreach copy), where a copy per
-    gradient in backward cost 292 launches and hooks per 345M step and, under --enable-cuda-graph,
-    ran on the graphs' side stream beside the GEMMs (6.6 ms of kernels per step there; the step
-    went from 89.3 to 87.6 ms eager: packages/train/README.md, "Profiling" and "Speed")."""
+    optimizer reads the bf16 gradients after backward (its Triton step as they are, torch's path
+    through one foreach cast), where a copy per gradient in backward cost 292 launches and hooks
+    per 345M step and, under --enable-cuda-graph, ran on the graphs' side stream beside the GEMMs
+    (6.6 ms of kernels per step there; the step went from 89.3 to 87.6 ms eager:
+    packages/train/README.md, "Profiling" and "Speed")."""
     if not isinstance(optimizer, MasterWeightAdamW):
         return
     one_micro_batch = (

@@ -208,7 +208,8 @@ class MasterAdamWGroup:
         ):
             raise ValueError("MasterAdamWGroup: tensors must be contiguous and sized as masters")
         self.device = masters[0].device
-        self._params, self._master, self._steps = params, masters[0], steps
+        # Any weight and any master: the kernel takes its element types from their pointers.
+        self._param_like, self._master_like, self._steps = params[0], masters[0], steps
         self._param_addresses = tuple(p.data_ptr() for p in params)
         self._sizes = sizes
         self._numels = torch.tensor(sizes, dtype=torch.int64, device=self.device)
@@ -246,10 +247,10 @@ class MasterAdamWGroup:
             self._block_tensor,
             self._block_index,
             len(self._sizes),
-            self._params[0],
+            self._param_like,
             grads[0],
-            self._master,
-            self._master if grad_scale is None else grad_scale,
+            self._master_like,
+            self._master_like if grad_scale is None else grad_scale,
             float(lr),
             1.0 - lr * weight_decay,
             beta1,
