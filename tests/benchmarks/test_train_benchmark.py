@@ -53,7 +53,7 @@ def test_profile_dir_gives_each_variant_its_own_trace_folder(tmp_path):
     args = SimpleNamespace(profile_dir=None, profile_steps="21,30")
     assert benchmark.profile_flags(args, "default") == []
     args.profile_dir = tmp_path
-    traces = str(tmp_path / "cuda-graph")
-    assert benchmark.profile_flags(args, "cuda-graph") == [
+    traces = str(tmp_path / "eager")
+    assert benchmark.profile_flags(args, "eager") == [
         "--profile", "pt", "--profile_steps", "21,30", "--tensorboard-dir", traces,
     ]  # fmt: skip

@@ -1,6 +1,7 @@
-"""--enable-cuda-graph (Megatron-LM's flag): the settings whose layers a graph cannot replay get one
-line naming the flag to change, a CPU refuses it, and on a GPU (-m gpu) the graphed run's losses
-are the eager run's."""
+"""CUDA graphs over the layers: on by default on a GPU wherever they can replay the step,
+--enable-cuda-graph (Megatron-LM's flag) demands them and the settings whose layers a graph cannot
+replay get one line naming the flag to change, --no-cuda-graph turns them off, a CPU refuses the
+demand, and on a GPU (-m gpu) the graphed run's losses are the eager run's."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ TINY = [
     *"--hidden-dropout 0 --attention-dropout 0".split(),
 ]
 ONE = Topology(world_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+DEFAULT = [flag for flag in TINY if flag != "--enable-cuda-graph"]
 
 
 def test_a_graphable_run_validates():
@@ -26,11 +28,38 @@ def test_a_graphable_run_validates():
     config.validate(ONE)
 
 
+@pytest.mark.parametrize("dropout", ["--hidden-dropout 0.1", "--attention-dropout 0.1"])
+def test_dropout_is_graphed(dropout):
+    config = build_config(parse([*TINY, *dropout.split()]))
+    config.validate(ONE)
+    assert config.uses_cuda_graphs(ONE, gpu=True)
+
+
+def test_by_default_graphs_are_on_where_a_gpu_can_replay_the_step():
+    config = build_config(parse(DEFAULT))
+    config.validate(ONE)
+    assert config.uses_cuda_graphs(ONE, gpu=True)
+    assert not config.uses_cuda_graphs(ONE, gpu=False)
+    off = build_config(parse([*DEFAULT, "--no-cuda-graph"]))
+    off.validate(ONE)
+    assert not off.uses_cuda_graphs(ONE, gpu=True)
+
+
+def test_by_default_a_run_graphs_cannot_replay_runs_eagerly_without_refusal():
+    config = build_config(parse([*DEFAULT, "--zero-stage", "1"]))
+    config.validate(ONE)
+    assert not config.uses_cuda_graphs(ONE, gpu=True)
+    assert "use --zero-stage 0" in config.cuda_graph_problem(ONE)
+
+
+def test_demanding_and_refusing_graphs_contradict():
+    with pytest.raises(ValueError, match="^give --enable-cuda-graph or --no-cuda-graph, not both"):
+        build_config(parse([*TINY, "--no-cuda-graph"])).validate(ONE)
+
+
 @pytest.mark.parametrize(
     ("given", "world", "tp", "pp", "message"),
     [
-        ("--hidden-dropout 0.1", 1, 1, 1, "give --hidden-dropout 0 --attention-dropout 0"),
-        ("--attention-dropout 0.1", 1, 1, 1, "give --hidden-dropout 0 --attention-dropout 0"),
         ("--recompute-granularity full", 1, 1, 1, "drop --recompute-granularity"),
         ("--checkpoint-activations", 1, 1, 1, "drop --recompute-granularity"),
         ("--tensor-model-parallel-size 2", 2, 2, 1, "use --tensor-model-parallel-size 1"),
@@ -47,6 +76,9 @@ def test_what_a_graph_cannot_replay_is_refused_naming_the_flag(given, world, tp,
     )
     with pytest.raises(ValueError, match=f"^--enable-cuda-graph: .*{message}"):
         build_config(parse([*TINY, *given.split()])).validate(topology)
+    by_default = build_config(parse([*DEFAULT, *given.split()]))
+    by_default.validate(topology)
+    assert not by_default.uses_cuda_graphs(topology, gpu=True)
 
 
 def test_graphs_need_bf16():
@@ -69,29 +101,36 @@ def test_a_machine_without_a_gpu_refuses_in_one_line(capsys, shared_data):
     )
 
 
-def gpu_flags(runs, shared_data, data_cache) -> list[str]:
+def gpu_flags(runs, shared_data, data_cache, *, dropout: str = "0") -> list[str]:
     return [
         *"--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64".split(),
         *"--micro-batch-size 4 --global-batch-size 16 --bf16 --zero-stage 0".split(),
         *runs.OPTIMIZER,
-        *runs.NO_DROPOUT,
         *runs.data_flags(shared_data, data_cache),
         *"--train-iters 8 --log-interval 1 --eval-interval 4 --eval-iters 1".split(),
+        *("--hidden-dropout", dropout, "--attention-dropout", dropout),
     ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention", ["auto", "fused"])
+@pytest.mark.parametrize(
+    ("attention", "extra"),
+    [("auto", []), ("fused", []), ("auto", ["--hidden-dropout", "0.1"])],
+)
 def test_gpu_graphed_layers_train_as_the_eager_ones(
-    runs, shared_data, data_cache, tmp_path, attention
+    runs, shared_data, data_cache, tmp_path, attention, extra
 ):
     """The same kernels on the same buffers: the losses of 8 iterations (4 micro-batches each,
     evaluation in between) equal the eager run's (mds-train's master weights at ZeRO-0), with
-    SDPA's default attention and with cuDNN's (--attention-backend fused)."""
-    common = [*gpu_flags(runs, shared_data, data_cache), "--attention-backend", attention]
+    SDPA's default attention and with cuDNN's (--attention-backend fused), and with hidden
+    dropout, whose masks the replays draw at the offsets the eager kernels would. Graphs are the
+    default here; --no-cuda-graph gives the eager run."""
+    common = [*gpu_flags(runs, shared_data, data_cache), "--attention-backend", attention, *extra]
     eager, graphed = tmp_path / "eager", tmp_path / "graphed"
-    assert runs.train([*common, "--output-dir", str(eager)]).returncode == 0
-    result = runs.train([*common, "--output-dir", str(graphed), "--enable-cuda-graph"])
+    result = runs.train([*common, "--output-dir", str(eager), "--no-cuda-graph"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA graphs captured" not in result.stderr
+    result = runs.train([*common, "--output-dir", str(graphed)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
     ours, theirs = runs.losses(graphed), runs.losses(eager)
@@ -101,10 +140,11 @@ def test_gpu_graphed_layers_train_as_the_eager_ones(
 
 
 @pytest.mark.gpu
-def test_gpu_graphed_run_resumes_exactly(runs, shared_data, data_cache, tmp_path):
-    """Stopped at iteration 4 and resumed, a graphed run recaptures its layers on the loaded
-    weights and gives the uninterrupted graphed run's losses bit for bit."""
-    common = [*gpu_flags(runs, shared_data, data_cache), "--enable-cuda-graph"]
+def test_gpu_graphed_run_with_dropout_resumes_exactly(runs, shared_data, data_cache, tmp_path):
+    """Stopped at iteration 4 and resumed, a graphed run with hidden and attention dropout
+    recaptures its layers on the loaded weights and RNG state and gives the uninterrupted graphed
+    run's losses bit for bit."""
+    common = [*gpu_flags(runs, shared_data, data_cache, dropout="0.1"), "--enable-cuda-graph"]
     whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
     assert runs.train([*common, "--output-dir", str(whole)]).returncode == 0
     first = [*common, "--output-dir", str(parts), "--save", str(save)]
@@ -113,3 +153,11 @@ def test_gpu_graphed_run_resumes_exactly(runs, shared_data, data_cache, tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ours, split = runs.losses(whole), runs.losses(parts)
     assert [split[i] for i in range(5, 9)] == [ours[i] for i in range(5, 9)]
+
+
+@pytest.mark.gpu
+def test_gpu_default_without_graphs_says_why(runs, shared_data, data_cache, tmp_path):
+    flags = [*gpu_flags(runs, shared_data, data_cache), "--recompute-granularity", "full"]
+    result = runs.train([*flags, "--output-dir", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "layers run eagerly, not as CUDA graphs: activation recompute" in result.stderr

@@ -7,8 +7,13 @@ GPU waiting (packages/train/README.md, "Profiling", measured where the host time
 shape, sharing one memory pool; evaluation (`model.eval()`) runs the layers' own forward. A graph
 replays its kernels on the buffers it captured: the caller keeps the shapes fixed and runs each
 micro-batch's backward before the next forward, as a plain training loop does, and nothing in a
-layer may need the host (dropout's RNG forks, activation recompute, FP8's per-step weight cache):
+layer may need the host (activation recompute restores RNG states, TP's tracker swaps them):
 `unsupported` says which setting is in the way.
+
+Dropout replays fresh masks: torch registers the default CUDA generator with every capture, so
+a replay draws at the generator's offset of the moment and advances it as the eager kernels
+would. The capture's own warm-up passes and sample inputs draw nothing the run sees: the
+generator's state is put back after them.
 """
 
 from __future__ import annotations
@@ -23,11 +28,6 @@ from .config import GPTConfig
 
 def unsupported(config: GPTConfig) -> str | None:
     """Why the layers of `config` cannot be graphed, or None."""
-    if config.hidden_dropout or config.attention_dropout:
-        return (
-            "dropout draws from RNG states the graphs would replay unchanged: give "
-            "--hidden-dropout 0 --attention-dropout 0"
-        )
     if config.activation_checkpointing != "none":
         return (
             "activation recompute restores RNG states inside the backward: drop "
@@ -46,12 +46,26 @@ def graph_layers(
     """Replaces each layer's training forward (and so its backward) by graph replays, captured
     on random inputs of `sample_shape` (S, B, H) in `dtype` on the current CUDA device. Warm-up
     passes run first, as make_graphed_callables does; they compute gradients with
-    `torch.autograd.grad`, so no parameter's `.grad` changes."""
+    `torch.autograd.grad`, so no parameter's `.grad` changes, and the CUDA generator's state is
+    restored after them."""
     problems = {unsupported(layer.config) for layer in layers if hasattr(layer, "config")}
     if problems - {None}:
         raise ValueError(sorted(problems - {None})[0])
+    for layer in layers:
+        _draw_attention_dropout_from_the_default_generator(layer)
     device = torch.device("cuda", torch.cuda.current_device())
-    samples = tuple(
-        (torch.randn(sample_shape, device=device, dtype=dtype, requires_grad=True),) for _ in layers
-    )
-    torch.cuda.make_graphed_callables(tuple(layers), samples)
+    with torch.random.fork_rng(devices=[device]):
+        samples = tuple(
+            (torch.randn(sample_shape, device=device, dtype=dtype, requires_grad=True),)
+            for _ in layers
+        )
+        torch.cuda.make_graphed_callables(tuple(layers), samples)
+
+
+def _draw_attention_dropout_from_the_default_generator(layer: nn.Module) -> None:
+    """At TP = 1 the model-parallel RNG state separates no ranks' heads, and swapping it in
+    (`RNGStatesTracker.fork`, host-side get/set of generator states) cannot be captured: a graphed
+    layer's attention dropout draws from the default generator, which the capture registers."""
+    attention = getattr(layer, "self_attention", None)
+    if attention is not None:
+        attention.rng_tracker = None

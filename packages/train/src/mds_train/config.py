@@ -91,10 +91,19 @@ class ModelSection(GPTFlags):
             "unfused or local (explicit softmax), auto (flash-attn if installed, else SDPA)."
         ),
     )
+    # CUDA graphs are on by default wherever `cuda_graph_problem` finds nothing in the way.
     enable_cuda_graph: bool = flag(
         "--enable-cuda-graph",
         default=False,
-        help="Replay each transformer layer's forward and backward as CUDA graphs (Megatron-LM's).",
+        help=(
+            "Replay each transformer layer's forward and backward as CUDA graphs (Megatron-LM's), "
+            "and refuse the run where they cannot be (by default: wherever they can)."
+        ),
+    )
+    no_cuda_graph: bool = flag(
+        "--no-cuda-graph",
+        default=False,
+        help="Launch every layer's kernels from Python (the default graphs them where it can).",
     )
     no_fused_kernels: bool = flag(
         "--no-fused-kernels",
@@ -548,11 +557,18 @@ class TrainConfig:
         self.lr_schedule(topology)
 
     def _validate_cuda_graphs(self, topology: Topology) -> None:
-        """--enable-cuda-graph: what mds_model's graphs cannot replay, and the training paths not
-        checked under them. Checked on a GPU: bf16 at ZeRO-0 on one data-parallel rank (mds-train's
-        own master weights); DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture."""
-        if not self.model.enable_cuda_graph:
-            return
+        """--enable-cuda-graph is refused in one line where the layers cannot be graphed."""
+        if self.model.enable_cuda_graph and self.model.no_cuda_graph:
+            raise ValueError("give --enable-cuda-graph or --no-cuda-graph, not both")
+        problem = self.cuda_graph_problem(topology)
+        if self.model.enable_cuda_graph and problem is not None:
+            raise ValueError(f"--enable-cuda-graph: {problem}")
+
+    def cuda_graph_problem(self, topology: Topology) -> str | None:
+        """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
+        cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
+        ZeRO-0 on one data-parallel rank (mds-train's own master weights), with and without
+        dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture."""
         from mds_model.cuda_graphs import unsupported
 
         model = self.model.gpt_config(
@@ -580,8 +596,16 @@ class TrainConfig:
                 "FP8's first-step calibration and once-a-step weight casts are the host's "
                 "decisions: drop --fp8-*"
             )
-        if problem is not None:
-            raise ValueError(f"--enable-cuda-graph: {problem}")
+        return problem
+
+    def uses_cuda_graphs(self, topology: Topology, *, gpu: bool) -> bool:
+        """Whether the layers train as CUDA graphs: --no-cuda-graph never, --enable-cuda-graph
+        always (validated), and by default on a GPU wherever nothing is in the way."""
+        if self.model.no_cuda_graph:
+            return False
+        if self.model.enable_cuda_graph:
+            return True
+        return gpu and self.cuda_graph_problem(topology) is None
 
     def _validate_fp8(self, topology: Topology) -> None:
         """FP8 GEMMs (torch._scaled_mm) take 16-bit outputs and sizes that are multiples of 16:

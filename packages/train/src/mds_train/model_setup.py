@@ -252,8 +252,8 @@ def apply_fp8(module: torch.nn.Module, config: TrainConfig, gpt_config: GPTConfi
 
 
 def capture_layer_graphs(setup: TrainingSetup, *, micro_batch_size: int) -> None:
-    """--enable-cuda-graph: each transformer layer's training forward and backward become CUDA
-    graph replays (mds_model.cuda_graphs), captured at the micro-batch's shape."""
+    """Each transformer layer's training forward and backward become CUDA graph replays
+    (mds_model.cuda_graphs), captured at the micro-batch's shape (TrainConfig.uses_cuda_graphs)."""
     from mds_model.cuda_graphs import graph_layers
 
     gpt, config = setup.engine.module.gpt, setup.gpt_config
@@ -368,7 +368,7 @@ def apply_gradient_reduction_in_backward(
     With one replica and one micro-batch per step there is nothing to accumulate or average: the
     optimizer reads the bf16 gradients after backward (its Triton step as they are, torch's path
     through one foreach cast), where a copy per gradient in backward cost 292 launches and hooks
-    per 345M step and, under --enable-cuda-graph, ran on the graphs' side stream beside the GEMMs
+    per 345M step and, under CUDA graphs, ran on the graphs' side stream beside the GEMMs
     (6.6 ms of kernels per step there; the step went from 89.3 to 87.6 ms eager:
     packages/train/README.md, "Profiling" and "Speed")."""
     if not isinstance(optimizer, MasterWeightAdamW):

@@ -310,8 +310,12 @@ def _run_joined(
         if not config.checkpoint.finetune:
             scheduler_progress(state, recorded)
         remove_converted(found[0], rank=launch.rank, barrier=dist.barrier)
-    if config.model.enable_cuda_graph:  # on the weights as loaded, before the first step
+    if config.uses_cuda_graphs(topology, gpu=torch.cuda.is_available()):
+        # On the weights as loaded, before the first step.
         capture_layer_graphs(setup, micro_batch_size=config.batch.micro_batch_size)
+    elif torch.cuda.is_available() and not config.model.no_cuda_graph and launch.rank == 0:
+        problem = config.cuda_graph_problem(topology)
+        logger.info("layers run eagerly, not as CUDA graphs: %s", problem)
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
         config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier
