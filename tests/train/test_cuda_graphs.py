@@ -116,6 +116,7 @@ def gpu_flags(runs, shared_data, data_cache, *, dropout: str = "0") -> list[str]
 @pytest.mark.parametrize(
     ("attention", "extra"),
     [("auto", []), ("fused", []), ("auto", ["--hidden-dropout", "0.1"])],
+    ids=["sdpa", "cudnn", "sdpa_hidden_dropout"],
 )
 def test_gpu_graphed_layers_train_as_the_eager_ones(
     runs, shared_data, data_cache, tmp_path, attention, extra
