@@ -5,10 +5,15 @@ demand, and on a GPU (-m gpu) the graphed run's losses are the eager run's."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import mds_model.cuda_graphs
 import pytest
 import torch
+from mds_model.config import GPTConfig
 from mds_train.cli import build_config
 from mds_train.config import Topology
+from mds_train.model_setup import capture_layer_graphs
 
 from .test_config import DATA, parse
 
@@ -162,3 +167,20 @@ def test_gpu_default_without_graphs_says_why(runs, shared_data, data_cache, tmp_
     result = runs.train([*flags, "--output-dir", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "layers run eagerly, not as CUDA graphs: activation recompute" in result.stderr
+
+
+def test_a_capture_out_of_gpu_memory_says_how_to_run_eagerly(monkeypatch):
+    """Graphs keep more memory reserved than the eager step: running out while capturing is one
+    line naming --no-cuda-graph, not a CUDA traceback."""
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(mds_model.cuda_graphs, "graph_layers", out_of_memory)
+    gpt = SimpleNamespace(layers=[])
+    engine = SimpleNamespace(module=SimpleNamespace(gpt=gpt), train=lambda: None)
+    config = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=2, vocab_size=128)
+    setup = SimpleNamespace(engine=engine, gpt_config=config)
+    message = "^CUDA graphs: .* out of GPU memory; give --no-cuda-graph"
+    with pytest.raises(ValueError, match=message):
+        capture_layer_graphs(setup, micro_batch_size=2)

@@ -258,11 +258,19 @@ def capture_layer_graphs(setup: TrainingSetup, *, micro_batch_size: int) -> None
 
     gpt, config = setup.engine.module.gpt, setup.gpt_config
     setup.engine.train()
-    graph_layers(
-        gpt.layers,
-        sample_shape=(config.seq_length, micro_batch_size, config.hidden_size),
-        dtype=config.torch_dtype,
-    )
+    try:
+        graph_layers(
+            gpt.layers,
+            sample_shape=(config.seq_length, micro_batch_size, config.hidden_size),
+            dtype=config.torch_dtype,
+        )
+    except torch.cuda.OutOfMemoryError as error:
+        # Graphs keep their pool's memory reserved (345M: 22.4 GiB against 20.3 eager), so a
+        # run that fits eagerly may not fit graphed; say how to have the eager run.
+        raise ValueError(
+            "CUDA graphs: capturing the layers ran out of GPU memory; give --no-cuda-graph, or a "
+            "smaller --micro-batch-size"
+        ) from error
     logger.info("CUDA graphs captured for the %d transformer layers", len(gpt.layers))
 
 
