@@ -370,7 +370,8 @@ class LoggingSection:
 class ExitSection:
     exit_interval: int | None = flag("--exit-interval", help="Save and exit at iteration % N == 0.")
     exit_duration_in_mins: float | None = flag(
-        "--exit-duration-in-mins", help="Save and exit after this many minutes."
+        "--exit-duration-in-mins",
+        help="Save and exit after this many minutes of the run; 0 means no limit.",
     )
     kill_switch_path: Path | None = flag(
         "--kill-switch-path", help="Save and exit when this file appears."

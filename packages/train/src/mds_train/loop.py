@@ -420,13 +420,12 @@ class Trainer:
         this rank's check of N."""
         options, iteration = self.config.exit, self.state.iteration
         minutes = (time.time() - self.started) / 60.0
+        # Upstream's `if args.exit_duration_in_mins:`: 0, like no flag, is no limit.
+        limit = options.exit_duration_in_mins
         local = [
             self._signal,
             int(self._kill_switch_present()),
-            int(
-                options.exit_duration_in_mins is not None
-                and minutes > options.exit_duration_in_mins
-            ),
+            int(bool(limit) and minutes > limit),
         ]
         if self.exit_group is not None:
             flags = torch.tensor(local, dtype=torch.int64)
