@@ -4,7 +4,9 @@ weights made by transformers itself import at TP=2 x PP=2 with either GeLU and e
 rotary checkpoints and activations other than a GeLU are refused."""
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,23 @@ def test_rotary_is_refused_in_one_line(merge_mp, tp2pp2_checkpoint, tmp_path):
         "'rotary' has no GPT2LMHeadModel equivalent (GPT-2 has learned positions); not exported\n"
     )
     assert not (tmp_path / "hf").exists()
+
+
+def test_every_exported_file_has_the_mode_open_gives(merge_mp, tp2pp2_checkpoint, tmp_path):
+    """safetensors writes model.safetensors through a private temporary file (mode 0600) that
+    it renames; the export's files all get what a file opened normally gets (0666 less the
+    umask), whatever the umask is."""
+    previous = os.umask(0o002)
+    try:
+        result = merge_mp("export-hf", "--load", tp2pp2_checkpoint, "--save", tmp_path / "hf")
+        with open(tmp_path / "probe", "w"):
+            pass
+    finally:
+        os.umask(previous)
+    assert result.returncode == 0, result.stderr
+    expected = stat.S_IMODE((tmp_path / "probe").stat().st_mode)
+    assert expected == 0o664
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert modes == dict.fromkeys(
+        ["config.json", "merges.txt", "model.safetensors", "vocab.json"], expected
+    )

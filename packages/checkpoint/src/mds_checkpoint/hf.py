@@ -98,6 +98,9 @@ def export_hf(config: ExportConfig) -> ExportResult:
         ):
             (staging / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
             save_file(state, str(staging / SAFETENSORS), metadata={"format": "pt"})
+            # safetensors writes through a private temporary file (mode 0600) and renames it;
+            # the weights get the mode open() gave config.json (0666 less the umask).
+            shutil.copymode(staging / CONFIG, staging / SAFETENSORS)
             _copy_tokenizer(tokenizer, staging)
         if config.verify:
             from .verify import verify
