@@ -1,7 +1,8 @@
 """How runs end and resume: kill -9 then --load continues exactly; a save killed midway leaves
 `latest` on the previous checkpoint; SIGTERM, the kill switch and --exit-interval save and exit
-cleanly; a run whose loss stays NaN stops without touching the last checkpoint; a checkpoint of
-another shape or a missing one gets one clear line."""
+cleanly, and SIGTERM without --save says nothing was saved and exits 143; a run whose loss stays
+NaN stops without touching the last checkpoint; a checkpoint of another shape or a missing one
+gets one clear line."""
 
 import errno
 import json
@@ -95,7 +96,7 @@ def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
     common = ["--save", str(save), "--load", str(save), "--kill-switch-path", str(switch)]
     exited = runs.train(flags(runs, shared_data, data_cache, out, *common, "--exit-interval", "3"))
     assert exited.returncode == 0, exited.stderr[-3000:]
-    assert "--exit-interval 3 reached: exiting at iteration 3" in exited.stderr
+    assert "--exit-interval 3 reached, checkpoint saved: exiting at iteration 3" in exited.stderr
     assert latest(save) == "global_step3"
 
     process = runs.start(flags(runs, shared_data, data_cache, out, *common), tmp_path / "ks.log")
@@ -117,6 +118,25 @@ def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
     assert "received SIGTERM, checkpoint saved" in log
     assert latest(save) == f"global_step{max(runs.losses(out))}"
     assert not list(save.glob("*.partial"))
+
+
+def test_sigterm_without_save_says_so_and_exits_143(runs, shared_data, data_cache, tmp_path):
+    """A run without --save that SIGTERM stops has nothing to save: it said `checkpoint saved`
+    and exited 0. It says no checkpoint was saved and exits 143, as SIGTERM itself would end it
+    (a NaN loss, never saved, is the other such case: test_exit_reasons.py)."""
+    out = tmp_path / "out"
+    process = runs.start(
+        flags(runs, shared_data, data_cache, out, iterations=200), tmp_path / "term.log"
+    )
+    runs.wait_for_iteration(out, 2, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 128 + signal.SIGTERM
+    log = (tmp_path / "term.log").read_text()
+    stopped = max(runs.losses(out))
+    assert (
+        f"received SIGTERM, no checkpoint saved (no --save): exiting at iteration {stopped}"
+    ) in log
+    assert "checkpoint saved:" not in log and "Traceback" not in log
 
 
 def strict_json_lines(path: Path) -> list[dict]:

@@ -5,7 +5,8 @@ run its micro-batches through the engine, count samples and tokens, step the lea
 samples of an applied step, log every --log-interval, evaluate every --eval-interval, save every
 --save-interval, then check the exits (--exit-interval, --exit-duration-in-mins, the kill switch,
 SIGTERM/SIGUSR1) on every rank at once, every iteration (Megatron-LM's DistributedSignalHandler
-agrees on signals every iteration too).
+agrees on signals every iteration too). An exit saves a checkpoint first; a signal that finds
+nothing to save (no --save, a NaN loss) ends the run with 128 + its number, as the signal would.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ CHECK_INTERVAL = 10
 
 class TrainingDiverged(ValueError):
     """The loss stayed NaN/inf; the last good checkpoint is left as it was."""
+
+
+@dataclass(frozen=True)
+class ExitRequest:
+    """Why the run stops before --train-iters: `reason` for the log line, `signum` the signal
+    that asked for it (0 for the exit flags and the kill switch)."""
+
+    reason: str
+    signum: int = 0
 
 
 @dataclass
@@ -171,12 +181,11 @@ class Trainer:
             if interval and state.iteration % interval == 0:
                 saved = self._save(last)
             self.profiler.step_end()  # as upstream: after the save, before the exit checks
-            reason = self._exit_reason()
-            if reason:
+            request = self._exit_reason()
+            if request is not None:
                 if not saved:
-                    self._save(last)
-                logger.info("%s: exiting at iteration %d", reason, state.iteration)
-                return 0
+                    saved = self._save(last)
+                return self._exit(request, saved=saved)
         if self.config.checkpoint.save is not None and self.train_iters > 0:
             interval = self.config.checkpoint.save_interval
             if (not interval or state.iteration % interval) and last is not None:
@@ -412,7 +421,24 @@ class Trainer:
         path = self.config.exit.kill_switch_path
         return path is not None and Path(path).exists()
 
-    def _exit_reason(self) -> str | None:
+    def _exit(self, request: ExitRequest, *, saved: bool) -> int:
+        """Says why the run stops and whether a checkpoint holds its progress; returns the exit
+        code. A signal that stopped a run with nothing saved (no --save; a NaN loss, never saved)
+        gives 128 + its number, the code of a process the signal ended (143 for SIGTERM), so a
+        job script sees that the work since the last checkpoint is lost; with a checkpoint saved
+        it is 0, as upstream's."""
+        if saved:
+            outcome = "checkpoint saved"
+        elif self.config.checkpoint.save is None:
+            outcome = "no checkpoint saved (no --save)"
+        else:
+            outcome = "no checkpoint saved (the loss is NaN or inf; the last checkpoint stays)"
+        logger.info(
+            "%s, %s: exiting at iteration %d", request.reason, outcome, self.state.iteration
+        )
+        return 128 + request.signum if request.signum and not saved else 0
+
+    def _exit_reason(self) -> ExitRequest | None:
         """Why to stop now, if so; every rank reaches the same answer. The exit interval is the
         same everywhere; signals, the kill switch and the time limit are local, so ranks agree on
         them every iteration through one all-reduce of three integers on `exit_group`. A signal
@@ -433,13 +459,15 @@ class Trainer:
             local = flags.tolist()
         received, kill_switch, over_time = local
         if received:
-            return f"received {signal.Signals(received).name}, checkpoint saved"
+            return ExitRequest(f"received {signal.Signals(received).name}", signum=received)
         if kill_switch:
-            return f"Detected kill switch at {options.kill_switch_path}, iteration={iteration}"
+            return ExitRequest(
+                f"Detected kill switch at {options.kill_switch_path}, iteration={iteration}"
+            )
         if over_time:
-            return f"exceeded --exit-duration-in-mins {options.exit_duration_in_mins}"
+            return ExitRequest(f"exceeded --exit-duration-in-mins {options.exit_duration_in_mins}")
         if options.exit_interval and iteration % options.exit_interval == 0:
-            return f"--exit-interval {options.exit_interval} reached"
+            return ExitRequest(f"--exit-interval {options.exit_interval} reached")
         return None
 
 
