@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 from mds_checkpoint import load_consolidated
+from mds_checkpoint.locate import Located, locate_checkpoint
 from mds_model import GPT
 
 LOGIT_ROWS = [0, 1, 64, 127]
@@ -127,6 +128,40 @@ def test_merge_mp_reshapes_and_verifies_upstream_checkpoint(merge_mp, golden, tm
     line = result.stdout.splitlines()[-1]
     assert line.startswith("verify: largest logit difference 0; loss on the fixed batch ")
     assert line.endswith("(the source's too)"), line
+
+
+def test_a_missing_latest_reads_the_global_step_the_iteration_file_names(
+    merge_mp, golden, tmp_path
+):
+    """Megatron-DeepSpeed writes `latest` (global_step10) and latest_checkpointed_iteration.txt
+    (10) side by side; with `latest` gone the iteration file's global_step10 is the checkpoint
+    (not an iter_0000010 that was never written), for every reader: locate (mds-train's
+    find_checkpoint), load_consolidated, mds-merge-mp."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(golden / "tp2-pp1-ckpt", copy)
+    (copy / "latest").unlink()
+    assert locate_checkpoint(copy) == Located(copy / "global_step10", "deepspeed")
+    assert_golden_logits(copy, golden)
+    result = merge_mp(
+        "--load", copy, "--save", tmp_path / "tp1", "--target-tensor-model-parallel-size", "1"
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_golden_logits(tmp_path / "tp1", golden)
+
+
+@pytest.mark.parametrize("other", ["global_step8", "iter_0000008"])
+def test_an_iteration_file_naming_no_folder_says_what_is_there(merge_mp, tmp_path, other):
+    save = tmp_path / "ckpt"
+    (save / other).mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text("10")
+    result = merge_mp("--load", save, "--save", tmp_path / "out")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (
+        f"mds-merge-mp: error: {save / 'latest_checkpointed_iteration.txt'}: names "
+        f"iteration 10, but {save} holds neither iter_0000010 nor global_step10; write the "
+        f"iteration of a checkpoint folder into it (the newest is {other}), or give that folder "
+        "itself\n"
+    )
 
 
 def test_a_reshape_carries_upstream_s_scheduler_state(merge_mp, golden, golden_states, tmp_path):

@@ -101,3 +101,25 @@ def test_broken_checkpoints_are_one_line(capsys, tp2_pp2_checkpoint, tmp_path, s
         "checkpoint's meta.json names); pass --vocab-file and --merge-file, or "
         "--tokenizer-name-or-path"
     )
+
+
+def test_an_upstream_checkpoint_without_latest_generates_as_with_it(capsys, shared_data, tmp_path):
+    """Megatron-DeepSpeed's save folder with `latest` gone: latest_checkpointed_iteration.txt
+    names iteration 10, global_step10 is there (no iter_0000010), and it is the checkpoint."""
+    golden = shared_data / "megatron-deepspeed-golden" / "tp2-pp1-ckpt"
+    copy = tmp_path / "ckpt"
+    shutil.copytree(golden, copy)
+    (copy / "latest").unlink()
+    flags = [
+        *("--prompt", "The history of", "--greedy", "--max-new-tokens", 4, "--device", "cpu"),
+        *("--vocab-file", shared_data / "gpt2-vocab.json"),
+        *("--merge-file", shared_data / "gpt2-merges.txt"),
+    ]
+    outputs = []
+    for folder in (golden, copy):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(arg) for arg in ("--load", folder, *flags)])
+        captured = capsys.readouterr()
+        assert exit_.value.code == 0, captured.err
+        outputs.append(captured.out)
+    assert outputs[1] == outputs[0] != ""

@@ -3,11 +3,14 @@
 A path is a save folder (`latest` names a `global_stepN` tag: DeepSpeed, mds-train,
 Megatron-DeepSpeed; `latest_checkpointed_iteration.txt` names `iter_NNNNNNN` or `release`: plain
 Megatron) or one checkpoint folder itself. `--iteration N` picks `global_stepN` / `iter_NNNNNNN`
-instead of the newest.
+instead of the newest. deepspeedai's Megatron-DeepSpeed writes both pointers, naming the same
+checkpoint (`global_step10` and `10`); where its `latest` is gone, the tracker's N is read as
+`global_stepN` when that folder is there and `iter_NNNNNNN` is not.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from .layout import (
     tag_iteration,
     tracker_tag,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,29 +88,57 @@ def locate_checkpoint(path: Path, *, iteration: int | None = None) -> Located:
         folder = path / tag
         if not tag or not folder.is_dir():
             what = "is empty" if not tag else f"names {tag!r}, which is not a folder in {path}"
-            raise ValueError(f"{path / LATEST}: {what}; {_repair_latest(path)}")
+            raise ValueError(f"{path / LATEST}: {what}; {_repair(path, 'name')}")
         return _checked(folder)
     if (path / MEGATRON_TRACKER).is_file():
-        text = (path / MEGATRON_TRACKER).read_text().strip()
-        if text != MEGATRON_RELEASE and not text.isdigit():
-            raise ValueError(f"{path / MEGATRON_TRACKER}: {text!r} is not an iteration number")
-        return _checked(path / tracker_tag(text))
+        return _checked(_tracker_folder(path))
     raise ValueError(
         f"{path}: not a checkpoint (no {LATEST} or {MEGATRON_TRACKER} file, and no mp_rank_* or "
         "layer_* files); give the --save folder of a training run or one global_stepN folder"
     )
 
 
-def _repair_latest(path: Path) -> str:
-    """What to do about a `latest` that names no checkpoint folder (a crash while DeepSpeed
-    wrote it, a hand edit, a folder deleted since)."""
+def _tracker_folder(path: Path) -> Path:
+    """The folder Megatron's tracker names: `iter_NNNNNNN` (or `release`), else, beside no
+    `latest`, the `global_stepN` of the same iteration that Megatron-DeepSpeed wrote."""
+    tracker = path / MEGATRON_TRACKER
+    text = tracker.read_text().strip()
+    if text != MEGATRON_RELEASE and not text.isdigit():
+        raise ValueError(f"{tracker}: {text!r} is not an iteration number")
+    folder = path / tracker_tag(text)
+    if folder.is_dir():
+        return folder
+    if text == MEGATRON_RELEASE:
+        raise ValueError(
+            f"{tracker}: names {MEGATRON_RELEASE}, but {path} has no {MEGATRON_RELEASE} folder; "
+            f"{_repair(path, 'iteration')}"
+        )
+    deepspeed = path / tag_for(int(text))
+    if not deepspeed.is_dir():
+        raise ValueError(
+            f"{tracker}: names iteration {int(text)}, but {path} holds neither {folder.name} nor "
+            f"{deepspeed.name}; {_repair(path, 'iteration')}"
+        )
+    logger.info(
+        "%s: no %s beside %s, which names iteration %d; reading %s",
+        path, LATEST, MEGATRON_TRACKER, int(text), deepspeed.name,
+    )  # fmt: skip
+    return deepspeed
+
+
+def _repair(path: Path, what: str) -> str:
+    """What to do about a pointer that names no checkpoint folder (a crash while it was written,
+    a hand edit, a folder deleted since): `latest` takes the `name` of a global_stepN folder, the
+    tracker the `iteration` of an iter_NNNNNNN or global_stepN one."""
     steps = {
-        int(match[1]): p.name
-        for p in path.glob("global_step*")
-        if p.is_dir() and (match := DEEPSPEED_TAG.fullmatch(p.name))
+        tag_iteration(p.name): p.name
+        for p in sorted(path.iterdir())
+        if p.is_dir()
+        and tag_iteration(p.name) is not None
+        and (what == "iteration" or DEEPSPEED_TAG.fullmatch(p.name))
     }
     newest = f" (the newest is {steps[max(steps)]})" if steps else ""
-    return f"write the name of a checkpoint folder into it{newest}, or give that folder itself"
+    return f"write the {what} of a checkpoint folder into it{newest}, or give that folder itself"
 
 
 def _checked(folder: Path) -> Located:
