@@ -79,10 +79,15 @@ def export_hf(config: ExportConfig) -> ExportResult:
     source = open_source(config.load, iteration=config.iteration)
     _refuse_non_gpt2(source.config, source.folder)
     model = consolidate(source)
-    tokenizer = _export_tokenizer(config, model.meta.tokenizer_record())
+    tokenizer = _export_tokenizer(config, model.meta.tokenizer_record(), model.config)
     eos = config.eos_token_id
     if eos is None:
         eos = tokenizer_eod_id(tokenizer)
+    elif not 0 <= eos < model.config.vocab_size:
+        raise ValueError(
+            f"--eos-token-id {eos}: not an id of the model's vocabulary (0 to "
+            f"{model.config.vocab_size - 1}); give its end-of-document id, or drop the flag"
+        )
     hf_config = hf_gpt2_config(model.config, eos_token_id=eos)
     hf_config["torch_dtype"] = model.config.params_dtype
     state = to_hf_gpt2_state_dict(model.state_dict, model.config)
@@ -109,14 +114,32 @@ def export_hf(config: ExportConfig) -> ExportResult:
     return ExportResult(config.save, len(state), verification)
 
 
-def _export_tokenizer(config: ExportConfig, recorded: TokenizerRecord) -> TokenizerRecord:
+def _export_tokenizer(
+    config: ExportConfig, recorded: TokenizerRecord, model: GPTConfig
+) -> TokenizerRecord:
     """The tokenizer that goes beside the weights: --vocab-file/--merge-file, else the one the
-    checkpoint names (meta.json's record, or Megatron's args)."""
-    if config.vocab_file is None:
-        return recorded
-    return TokenizerRecord.of(
-        type=GPT2_BPE, vocab_file=str(config.vocab_file), merge_file=str(config.merge_file)
+    checkpoint names (meta.json's record, or Megatron's args). Files read here must be the
+    checkpoint's tokenizer, each id with a row of the model (mds_tokenize's one check)."""
+    from mds_tokenize import (
+        TokenizerSpec,
+        check_checkpoint_tokenizer,
+        load_tokenizer,
+        spec_from_record,
     )
+
+    if config.vocab_file is not None:
+        spec = TokenizerSpec(
+            tokenizer_type=GPT2_BPE, vocab_file=config.vocab_file, merge_file=config.merge_file
+        )
+    elif recorded.files_at_hand:
+        spec = spec_from_record(recorded)
+    else:
+        return recorded  # nothing here to read: exported without it (_copy_tokenizer)
+    given = load_tokenizer(spec).record()
+    check_checkpoint_tokenizer(
+        recorded, given, checkpoint=f"--load {config.load}", model_rows=model.vocab_size
+    )
+    return given
 
 
 def _safetensors_error(error: BaseException) -> bool:

@@ -138,6 +138,17 @@ class TokenizerRecord:
         """It says which tokenizer it is (a type or files), not only a size and an EOD."""
         return self.type is not None or self.vocab_file is not None
 
+    @property
+    def records_contents(self) -> bool:
+        """It holds its files' SHA-256 (as mds records them; Megatron's args name only paths)."""
+        return any(getattr(self, _hash_key(key)) for key in FILE_KEYS.get(self.kind, ()))
+
+    @property
+    def files_at_hand(self) -> bool:
+        """Every file it names is readable here."""
+        files = self.files
+        return bool(files) and all(file and Path(file).is_file() for file in files)
+
     def embedding_rows(self) -> int:
         """Embedding rows before padding: one per id, and ids may leave gaps past vocab_size
         (Megatron sizes by vocab_size alone). A record read from a file knows no max_token_id;
@@ -151,6 +162,9 @@ class TokenizerRecord:
         """The tokenizer in a few words, for messages."""
         if self.is_hugging_face:
             return f"{PRETRAINED_FROM_HF} {self.tokenizer_file or self.name_or_path}"
+        if self.vocab_file is None:
+            size = "" if self.vocab_size is None else f" of {self.vocab_size} ids"
+            return f"a {self.type or 'tokenizer'}{size} (no files recorded)"
         return f"{self.vocab_file} + {self.merge_file}"
 
     def same_as(self, other: TokenizerRecord) -> bool:

@@ -179,9 +179,10 @@ def check_vocabulary(
     name: str,
     compare_files: str | None,
 ) -> None:
-    """The tokenizer is the one the model was trained with: the same number of ids, the same
-    end-of-document id as `recorded` (meta.json's `tokenizer`) and, when `compare_files` names the
-    checkpoint and it records which tokenizer it was, the same files by content."""
+    """The tokenizer is the one the model was trained with: the same number of ids as the model
+    has, and `check_checkpoint_tokenizer` against `recorded` (meta.json's `tokenizer`: its EOD,
+    size and files by content). `compare_files` names the checkpoint where the flags named the
+    tokenizer; without them it was read from the files `recorded` names."""
     given = tokenizer.record()
     size = given.embedding_rows()  # as mds-train sizes the model
     if size != config.vocab_size:
@@ -189,13 +190,7 @@ def check_vocabulary(
             f"{name}: {size} tokens, but the checkpoint's model was trained with a vocabulary of "
             f"{config.vocab_size}; pass the tokenizer it was trained with ({TOKENIZER_FLAGS})"
         )
-    if recorded.eod_id is not None and recorded.eod_id != tokenizer.eod:
-        raise ValueError(
-            f"{name}: end-of-document is id {tokenizer.eod}, the checkpoint's tokenizer had "
-            f"{recorded.eod_id}; pass the tokenizer it was trained with"
-        )
-    if compare_files and recorded.names_tokenizer:
-        check_checkpoint_tokenizer(recorded, given, checkpoint=compare_files)
+    check_checkpoint_tokenizer(recorded, given, checkpoint=compare_files or name)
 
 
 def load(source: ModelSource) -> LoadedModel:

@@ -160,15 +160,59 @@ def check_tokenizer_matches(
 
 
 def check_checkpoint_tokenizer(
-    recorded: TokenizerRecord, given: TokenizerRecord, *, checkpoint: str
+    recorded: TokenizerRecord,
+    given: TokenizerRecord,
+    *,
+    checkpoint: str,
+    model_rows: int | None = None,
+    change_flag: str | None = None,
+    change_allowed: bool = False,
 ) -> None:
-    """The same for a checkpoint's meta.json `tokenizer` (recorded by mds-train)."""
-    _check_same_tokenizer(
-        recorded,
-        given,
-        made=f"{checkpoint}: the model was trained with",
-        remedy="pass the tokenizer it was trained with (its meta.json records it)",
+    """The one check of every tool where a checkpoint meets the tokenizer its flags name
+    (mds-train's --load and --universal-checkpoint, mds-generate, mds-merge-mp export-hf):
+    ValueError in one line unless `given` (a `Tokenizer.record()`) is the tokenizer `recorded`
+    (meta.json's `tokenizer`) names, by what it records: the same end-of-document id, the same
+    files by content (`TokenizerRecord.same_as`), the same number of ids. `model_rows`: the
+    embedding rows the checkpoint holds, which every id of `given` must have. `change_flag`: the
+    tool's flag that says a change is meant (named in the message); with `change_allowed` only
+    the rows must fit. A record that names nothing (Megatron's files) is checked by size alone."""
+    rows = given.embedding_rows()
+    if model_rows is not None and rows > model_rows:
+        raise ValueError(
+            f"{checkpoint}: the model has {model_rows} embedding rows, but the tokenizer flags "
+            f"name {given.label()} with {rows} ids; pass the tokenizer it was trained with "
+            "(its meta.json records it)"
+        )
+    if change_allowed:
+        return
+    difference = _difference(recorded, given, rows)
+    if difference is None:
+        return
+    allow = f", or add {change_flag} if the change is meant" if change_flag else ""
+    raise ValueError(
+        f"{checkpoint}: the model was trained with {recorded.label()}, but the tokenizer flags "
+        f"name {given.label()}: {difference}; pass the tokenizer it was trained with (its "
+        f"meta.json records it){allow}"
     )
+
+
+def _difference(recorded: TokenizerRecord, given: TokenizerRecord, rows: int) -> str | None:
+    """How `given` differs from `recorded`, in a few words, by what `recorded` can tell: mds
+    records the files' contents (SHA-256) and the ids trained; Megatron's args (read by
+    mds-checkpoint) name only files, often of another machine, and a size that may be the padded
+    one, so those are compared by content only where the files are here."""
+    if None not in (recorded.eod_id, given.eod_id) and recorded.eod_id != given.eod_id:
+        return f"end of document is id {given.eod_id}, the checkpoint's was {recorded.eod_id}"
+    if not recorded.names_tokenizer:
+        return None
+    if recorded.kind != given.kind:
+        return "another kind of tokenizer"
+    hashed = recorded.records_contents
+    if (hashed or recorded.files_at_hand) and not recorded.same_as(given):
+        return "token ids mean different things"
+    if hashed and recorded.vocab_size is not None and recorded.vocab_size != rows:
+        return f"{rows} ids where the model was trained with {recorded.vocab_size}"
+    return None
 
 
 def _check_same_tokenizer(

@@ -43,6 +43,7 @@ from mds_common.files import (
 )
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
+from mds_tokenize import check_checkpoint_tokenizer
 
 from .deepspeed_engine import refresh_master_weights, set_progress
 from .rank_files import unpickling_foreign_classes
@@ -75,6 +76,7 @@ _ACTIVATION_FLAGS = {
     "gelu": "add --no-bias-gelu-fusion",
     "gelu_tanh": "drop --no-bias-gelu-fusion and --onnx-safe, or add --openai-gelu",
 }
+TOKENIZER_CHANGE_FLAG = "--allow-tokenizer-change"
 # Fields that follow from the TP size (the vocabulary is padded to a multiple of
 # --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
 TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
@@ -278,9 +280,15 @@ def reshaped_optimizer(meta: CheckpointMeta) -> bool:
 
 
 def check_compatible(
-    meta: CheckpointMeta, run_meta: CheckpointMeta, *, path: Path, loads_optimizer: bool
+    meta: CheckpointMeta,
+    run_meta: CheckpointMeta,
+    *,
+    path: Path,
+    loads_optimizer: bool,
+    tokenizer_change_allowed: bool = False,
 ) -> None:
-    """The checkpoint's model and topology against this run's; one line says what differs."""
+    """The checkpoint's model, tokenizer and topology against this run's; one line says what
+    differs."""
     if meta.reshaped is not None and loads_optimizer:
         if not reshaped_optimizer(meta):
             raise ValueError(
@@ -289,6 +297,7 @@ def check_compatible(
                 "--with-optimizer"
             )
     check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
+    check_tokenizer(meta, run_meta, path, change_allowed=tokenizer_change_allowed)
     saved, current = meta.parallel, run_meta.parallel
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         if getattr(saved, key) != getattr(current, key):
@@ -317,6 +326,22 @@ def check_compatible(
             "or reshape it "
             "with mds-merge-mp --with-optimizer"
         )
+
+
+def check_tokenizer(
+    meta: CheckpointMeta, run_meta: CheckpointMeta, path: Path, *, change_allowed: bool
+) -> None:
+    """The tokenizer flags name the one the checkpoint was trained with (mds_tokenize's one
+    check), and every id has one of its embedding rows; --allow-tokenizer-change lets another
+    tokenizer through whose ids fit."""
+    check_checkpoint_tokenizer(
+        meta.tokenizer or TokenizerRecord(),
+        run_meta.tokenizer or TokenizerRecord(),
+        checkpoint=f"--load {path}",
+        model_rows=meta.model.get("padded_vocab_size"),
+        change_flag=TOKENIZER_CHANGE_FLAG,
+        change_allowed=change_allowed,
+    )
 
 
 def check_model_fields(

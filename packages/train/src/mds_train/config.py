@@ -307,6 +307,12 @@ class CheckpointSection:
     finetune: bool = flag(
         "--finetune", default=False, help="Load weights only; iteration and data restart at 0."
     )
+    allow_tokenizer_change: bool = flag(
+        "--allow-tokenizer-change",
+        default=False,
+        help="--load a checkpoint trained with another tokenizer than the flags name, on "
+        "purpose; every id must still have an embedding row. Without it that is refused.",
+    )
     universal_checkpoint: bool = flag(
         "--universal-checkpoint",
         default=False,

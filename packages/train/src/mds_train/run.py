@@ -264,10 +264,19 @@ def _run_joined(
     description = run_description(config, topology, gpt_config, vocab)
     universal = found is not None and config.checkpoint.universal_checkpoint
     if universal:
-        check_universal_compatible(found[1], description, found[0])
+        check_universal_compatible(
+            found[1],
+            description,
+            found[0],
+            tokenizer_change_allowed=config.checkpoint.allow_tokenizer_change,
+        )
     elif found is not None:  # before the model is built: a mismatch fails at once
         check_compatible(
-            found[1], description, path=found[0], loads_optimizer=_loads_optimizer(config)
+            found[1],
+            description,
+            path=found[0],
+            loads_optimizer=_loads_optimizer(config),
+            tokenizer_change_allowed=config.checkpoint.allow_tokenizer_change,
         )
         if launch.rank == 0:  # the others stop quietly when it does
             check_readable(found[0])

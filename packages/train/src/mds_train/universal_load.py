@@ -27,6 +27,7 @@ from .checkpointing import (
     SHAPE_FIELDS,
     CheckpointContext,
     check_model_fields,
+    check_tokenizer,
 )
 from .deepspeed_engine import set_progress
 from .rank_files import load_rank_file, unpickling_foreign_classes
@@ -65,10 +66,13 @@ def find_universal_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]]:
     return path, read_meta(path) or universal_meta(path)
 
 
-def check_universal_compatible(meta: CheckpointMeta, run_meta: CheckpointMeta, path: Path) -> None:
-    """Only the model's shape must agree: TP, PP, DP and the vocabulary padding are the loader's
-    (DeepSpeed's and reshaped.py alike cut and pad every parameter for this run)."""
+def check_universal_compatible(
+    meta: CheckpointMeta, run_meta: CheckpointMeta, path: Path, *, tokenizer_change_allowed: bool
+) -> None:
+    """The model's shape and its tokenizer must agree: TP, PP, DP and the vocabulary padding are
+    the loader's (DeepSpeed's and reshaped.py alike cut and pad every parameter for this run)."""
     check_model_fields(meta, run_meta, SHAPE_FIELDS, path)
+    check_tokenizer(meta, run_meta, path, change_allowed=tokenizer_change_allowed)
 
 
 def load_universal(
