@@ -126,7 +126,9 @@ def test_merge_mp_reshapes_and_verifies_upstream_checkpoint(merge_mp, golden, tm
     # TP=1 keeps the 50432 rows TP=2 padded to (not TP=1's 50304): the trained padding rows stay
     # in the softmax, so the loss on --verify's batch is the source's to the bit.
     line = result.stdout.splitlines()[-1]
-    assert line.startswith("verify: largest logit difference 0; loss on the fixed batch ")
+    assert line.startswith(
+        "verify: largest logit difference 0; loss on 2 x 32 random token ids (not text) "
+    )
     assert line.endswith("(the source's too)"), line
 
 

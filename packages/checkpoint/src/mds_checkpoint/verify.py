@@ -1,11 +1,13 @@
 """`--verify`: the source and the written model on one fixed batch on CPU, logits and loss.
 
-Both are run as TP=1 `mds_model.GPT`s in fp32 on the same 2 x 32 tokens (seeded); the logits of
-the real vocabulary are compared, and a difference above fp32 rounding is an error: the output is
-not kept. The loss (next-token cross entropy over every row of the padded vocabulary, as training
-computes it) is reported beside: Megatron trains the padding rows and they take part in its
-softmax, so a written model whose padding differs (a Hugging Face export has none) computes
-another loss from the same logits of the real vocabulary.
+Both are run as TP=1 `mds_model.GPT`s in fp32 on the same 2 x 32 token ids drawn uniformly at
+random (seeded), not text; the logits of the real vocabulary are compared, and a difference above
+fp32 rounding is an error: the output is not kept. The loss (next-token cross entropy over every
+row of the padded vocabulary, as training computes it) is reported beside, and said to be on
+random ids: on average no model scores below a uniform guess (ln of the vocabulary size) on them
+and a trained one scores above, so it is no validation loss. Megatron trains the padding rows
+and they take part in its softmax, so a written model whose padding differs (a Hugging Face
+export has none) computes another loss from the same logits of the real vocabulary.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ class Verification:
     logit_difference: float  # largest, over the real vocabulary
     source_loss: float
     written_loss: float
+    batch_shape: tuple[int, int]  # of the random token ids both ran on
 
     def summary(self) -> str:
         same = self.written_loss == self.source_loss
         source = "the source's too" if same else f"the source's {self.source_loss:.6f}"
+        rows, length = self.batch_shape
         return (
-            f"largest logit difference {self.logit_difference:.3g}; loss on the fixed batch "
-            f"{self.written_loss:.6f} ({source})"
+            f"largest logit difference {self.logit_difference:.3g}; loss on {rows} x {length} "
+            f"random token ids (not text) {self.written_loss:.6f} ({source})"
         )
 
 
@@ -63,6 +67,7 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 
 
 def fixed_batch(model: ConsolidatedModel) -> torch.Tensor:
+    """BATCH rows of up to 32 token ids drawn uniformly from the real vocabulary (seeded)."""
     generator = torch.Generator().manual_seed(SEED)
     length = min(32, model.config.seq_length)
     return torch.randint(0, model.config.vocab_size, (BATCH, length), generator=generator)
@@ -86,4 +91,5 @@ def verify(source: ConsolidatedModel, target: ConsolidatedModel) -> Verification
         logit_difference=difference,
         source_loss=next_token_loss(source_logits, tokens),
         written_loss=next_token_loss(target_logits, tokens),
+        batch_shape=tuple(tokens.shape),
     )
