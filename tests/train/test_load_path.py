@@ -90,6 +90,31 @@ def test_a_checkpoint_of_another_tp_is_named_as_such(tmp_path):
         check_compatible(same_tp, run, path=tmp_path, loads_optimizer=True)
 
 
+def test_another_vocabulary_padding_names_the_flags_that_give_it(tmp_path):
+    """A checkpoint padded with --make-vocab-size-divisible-by 256 (50432 rows for GPT-2's 50257
+    tokens) against a run at the default 128 (50304): the line names the flag and the
+    checkpoint's value; it used to say only "train with the checkpoint's model flags"."""
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_size": 256}
+    parallel = Parallel(tensor_model_parallel_size=1, data_parallel_size=1, world_size=1)
+    saved = CheckpointMeta(
+        model={**model, "padded_vocab_size": 50432, "make_vocab_size_divisible_by": 256},
+        parallel=parallel,
+    )
+    run = CheckpointMeta(
+        model={**model, "padded_vocab_size": 50304, "make_vocab_size_divisible_by": 128},
+        parallel=parallel,
+    )
+    with pytest.raises(ValueError) as error:
+        check_compatible(saved, run, path=tmp_path, loads_optimizer=True)
+    assert str(error.value) == (
+        f"{tmp_path}: padded_vocab_size is 50432 in the checkpoint but 50304 in this run; give "
+        "--make-vocab-size-divisible-by 256 (the checkpoint's) or --pad-vocab-size-to 50432"
+    )
+    padded = saved.replace(model={**saved.model, "pad_vocab_size_to": 50432})
+    with pytest.raises(ValueError, match="; add --pad-vocab-size-to 50432 .the checkpoint's.$"):
+        check_compatible(padded, run, path=tmp_path, loads_optimizer=True)
+
+
 @pytest.mark.parametrize("save_dir", [None, "same"])
 def test_an_empty_or_dangling_latest_names_itself(tmp_path, save_dir):
     save = tmp_path / "ckpt"

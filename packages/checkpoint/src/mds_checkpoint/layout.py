@@ -31,6 +31,9 @@ DEEPSPEED_TAG = re.compile(r"global_step(\d+)")
 MEGATRON_TAG = re.compile(r"iter_(\d{7,})")
 MP_RANK_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")
 ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
+# DeepSpeed's ZeRO partitions of DP rank D: ZeRO-1/2 and BF16 (`bf16_`) optimizer state, and at
+# ZeRO-3 the fp32 weights too.
+ZERO_OPTIMIZER_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
 # mds-train's progress record in DeepSpeed's client state (mp_rank files), and its version.
 CLIENT_KEY = "mds_train"

@@ -112,6 +112,27 @@ def plain_names(folders: list[str]) -> dict[str, str]:
     return out
 
 
+def check_parameter_files(folder: Path, name: str) -> None:
+    """`zero/<name>/` holds every state file a loader reads, each a whole torch file: ValueError
+    in one line naming the file otherwise (DeepSpeed's own loader says only `exp_avg not found
+    in optimizer state fragment`, or gives a long traceback for a file cut short)."""
+    for key in (*KEYS, STEP):
+        path = folder / f"{key}.pt"
+        if key == STEP and not path.exists():
+            continue  # optional: the step is in optimizer_state.pt too
+        if not path.is_file():
+            raise ValueError(
+                f"{path}: missing, the {key} of {name}; the universal checkpoint is incomplete: "
+                "copy it again, or write it again with mds-merge-mp --with-optimizer"
+            )
+        try:
+            ptfile.check(path)
+        except ValueError as error:
+            raise ValueError(
+                f"{error}; the universal checkpoint is damaged or incomplete: copy it again"
+            ) from None
+
+
 class UniversalState:
     """Reads a checkpoint's `zero/` folder: `step`, `read(name)`, `shard(name, ...)` by plain
     GPT names."""

@@ -176,8 +176,8 @@ def check_checkpoint_tokenizer(
     embedding rows the checkpoint holds, which every id of `given` must have. `change_flag`: the
     tool's flag that says a change is meant (named in the message); with `change_allowed` only
     the rows must fit. A record that names nothing (Megatron's files) is checked by size alone."""
-    rows = given.embedding_rows()
-    if model_rows is not None and rows > model_rows:
+    rows = None if given.vocab_size is None else given.embedding_rows()
+    if None not in (model_rows, rows) and rows > model_rows:
         raise ValueError(
             f"{checkpoint}: the model has {model_rows} embedding rows, but the tokenizer flags "
             f"name {given.label()} with {rows} ids; pass the tokenizer it was trained with "
@@ -196,7 +196,7 @@ def check_checkpoint_tokenizer(
     )
 
 
-def _difference(recorded: TokenizerRecord, given: TokenizerRecord, rows: int) -> str | None:
+def _difference(recorded: TokenizerRecord, given: TokenizerRecord, rows: int | None) -> str | None:
     """How `given` differs from `recorded`, in a few words, by what `recorded` can tell: mds
     records the files' contents (SHA-256) and the ids trained; Megatron's args (read by
     mds-checkpoint) name only files, often of another machine, and a size that may be the padded
@@ -210,7 +210,7 @@ def _difference(recorded: TokenizerRecord, given: TokenizerRecord, rows: int) ->
     hashed = recorded.records_contents
     if (hashed or recorded.files_at_hand) and not recorded.same_as(given):
         return "token ids mean different things"
-    if hashed and recorded.vocab_size is not None and recorded.vocab_size != rows:
+    if hashed and None not in (recorded.vocab_size, rows) and recorded.vocab_size != rows:
         return f"{rows} ids where the model was trained with {recorded.vocab_size}"
     return None
 

@@ -241,13 +241,19 @@ def with_checkpoint_padding(gpt_config: GPTConfig, meta: CheckpointMeta) -> GPTC
     return gpt_config
 
 
-def check_readable(path: Path) -> None:
-    """Every torch file of the checkpoint is whole (mds-merge-mp's check: its zip directory is
+def check_readable(path: Path, meta: CheckpointMeta, *, loads_optimizer: bool) -> None:
+    """Every torch file the load reads is whole (mds-merge-mp's check: its zip directory is
     there), so that a copy cut short fails here in one line naming the file, not in DeepSpeed's
-    load (66 lines, no file named). Reads only each file's directory."""
+    load (66 lines, no file named). Reads only each file's directory. Without the optimizer
+    state (--no-load-optim, --finetune) DeepSpeed reads no ZeRO-1/2 partition file, so a damaged
+    one does not stop the load; ZeRO-3's partitions hold the weights and are always read."""
+    from mds_checkpoint.layout import ZERO_OPTIMIZER_FILE
     from mds_checkpoint.ptfile import check
 
+    skip_partitions = not loads_optimizer and meta.parallel.zero_stage != 3
     for file in sorted(path.rglob("*.pt")):
+        if skip_partitions and ZERO_OPTIMIZER_FILE.fullmatch(file.name):
+            continue
         try:
             check(file)
         except ValueError as error:
@@ -354,9 +360,25 @@ def check_model_fields(
             fix = "train with the checkpoint's model flags"
             if name == "activation" and theirs in _ACTIVATION_FLAGS:
                 fix = f"{_ACTIVATION_FLAGS[theirs]} (the flags of the run that wrote it)"
+            if name == "padded_vocab_size":
+                fix = _padding_fix(meta.model, rows=theirs)
             raise ValueError(
                 f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; {fix}"
             )
+
+
+def _padding_fix(model: dict[str, Any], *, rows: int) -> str:
+    """The flags that give this run the checkpoint's embedding rows: Megatron pads the vocabulary
+    to a multiple of --make-vocab-size-divisible-by x TP, or to --pad-vocab-size-to."""
+    if model.get("pad_vocab_size_to") is not None:
+        return f"add --pad-vocab-size-to {rows} (the checkpoint's)"
+    divisible = model.get("make_vocab_size_divisible_by")
+    if divisible is None:
+        return f"add --pad-vocab-size-to {rows}"
+    return (
+        f"give --make-vocab-size-divisible-by {divisible} (the checkpoint's) or "
+        f"--pad-vocab-size-to {rows}"
+    )
 
 
 def _check_zero3_crossing(saved: int, current: int, path: Path, loads_optimizer: bool) -> None:

@@ -279,7 +279,7 @@ def _run_joined(
             tokenizer_change_allowed=config.checkpoint.allow_tokenizer_change,
         )
         if launch.rank == 0:  # the others stop quietly when it does
-            check_readable(found[0])
+            check_readable(found[0], found[1], loads_optimizer=_loads_optimizer(config))
     recorded = found[1].lr_schedule if found is not None else None
     lr_schedule, schedule_record = resolve_schedule(
         config, topology, recorded, source=str(found[0]) if found else ""

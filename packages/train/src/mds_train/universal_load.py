@@ -130,17 +130,20 @@ def load_universal(
 
 def _check_engine_names(engine: Any, path: Path) -> None:
     """DeepSpeed's loader opens `zero/<the engine's parameter name>` and fails on an assert when
-    it is not there: a universal checkpoint of the other engine (plain vs pipeline)."""
-    from mds_checkpoint.universal import FOLDER
+    it is not there (a universal checkpoint of the other engine: plain vs pipeline), and without
+    naming the file when one of its state files is missing or cut short."""
+    from mds_checkpoint.universal import FOLDER, check_parameter_files
 
     for name, _ in engine.module.named_parameters():
-        if not (path / FOLDER / name).is_dir():
+        folder = path / FOLDER / name
+        if not folder.is_dir():
             raise ValueError(
                 f"{path / FOLDER}: no folder {name}, the name this run's DeepSpeed engine gives "
                 "the parameter (the checkpoint names the other engine's parameters: pipeline "
                 "for PP > 1, plain for PP = 1); run with --zero-stage 0, or reshape it with "
                 "mds-merge-mp --with-optimizer to this run's PP"
             )
+        check_parameter_files(folder, name)
 
 
 def _client_state(path: Path) -> dict[str, Any]:
