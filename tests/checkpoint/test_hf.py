@@ -186,3 +186,21 @@ def test_every_exported_file_has_the_mode_open_gives(merge_mp, tp2pp2_checkpoint
     assert modes == dict.fromkeys(
         ["config.json", "merges.txt", "model.safetensors", "vocab.json"], expected
     )
+
+
+def test_a_hugging_face_folder_without_config_json_is_named_so(merge_mp, tmp_path):
+    """import-hf, merge and export-hf given a save_pretrained folder that lost its config.json:
+    the line says what the Hugging Face folder lacks, not that it has no `latest`."""
+    folder = tmp_path / "hf"
+    _gpt2("gelu_new").save_pretrained(folder)
+    (folder / "config.json").unlink()
+    expected = (
+        f"{folder}: a Hugging Face folder needs config.json beside model.safetensors; copy the "
+        "model's config.json there (save_pretrained writes both)\n"
+    )
+    for command in (["import-hf"], [], ["export-hf"]):
+        result = merge_mp(*command, "--load", folder, "--save", tmp_path / "out")
+        assert result.returncode == 1 and result.stdout == "", result.stderr
+        prog = " ".join(["mds-merge-mp", *command])
+        assert result.stderr == f"{prog}: error: {expected}"
+        assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@ Megatron's command lines, the output files, and one clear line for each bad inpu
 
 import io
 import json
+import shutil
 import sys
 
 import pytest
@@ -162,3 +163,28 @@ def test_bad_inputs_are_one_line(capsys, hf_folder, tmp_path, shared_data):
     (no_weights / "config.json").write_text((hf_folder / "config.json").read_text())
     message = error_line(capsys, "--load", no_weights, "--prompt", "x")
     assert message.startswith(f"{no_weights}: a Hugging Face folder (config.json) without weights")
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", None])
+def test_a_hugging_face_folder_without_config_json_is_named_so(
+    capsys, hf_folder, tmp_path, weights
+):
+    """Weights (or only a tokenizer) without config.json: the line says what a Hugging Face
+    folder lacks, not that the folder has no mds checkpoint's `latest`."""
+    folder = tmp_path / "hf"
+    shutil.copytree(hf_folder, folder)
+    (folder / "config.json").unlink()
+    if weights is None:
+        (folder / "model.safetensors").unlink()
+    message = error_line(capsys, "--load", folder, "--prompt", "x")
+    if weights is None:
+        assert message == (
+            f"{folder}: tokenizer files (vocab.json, merges.txt) but no model; a Hugging Face "
+            "folder holds config.json and model.safetensors (or pytorch_model.bin) beside them; "
+            "give the model's folder"
+        )
+    else:
+        assert message == (
+            f"{folder}: a Hugging Face folder needs config.json beside model.safetensors; copy "
+            "the model's config.json there (save_pretrained writes both)"
+        )

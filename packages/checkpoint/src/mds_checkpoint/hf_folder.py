@@ -49,11 +49,39 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
+def missing_config(path: Path) -> str | None:
+    """The one line for a folder of Hugging Face files (weights, or a tokenizer only) without
+    `config.json`, as a download or copy that left it behind is; None when the folder has a
+    config.json or no such files. The tools tell a Hugging Face folder by its config.json: without
+    this line they would report such a folder as lacking an mds checkpoint's `latest`."""
+    if (path / CONFIG).is_file() or not path.is_dir():
+        return None
+    weights = [
+        name for name in (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN) if (path / name).is_file()
+    ]
+    if weights:
+        return (
+            f"{path}: a Hugging Face folder needs {CONFIG} beside {weights[0]}; copy the model's "
+            f"{CONFIG} there (save_pretrained writes both)"
+        )
+    names = dict.fromkeys(name for names in TOKENIZER_FILES.values() for name in names)
+    tokenizer = [name for name in names if (path / name).is_file()]
+    if not tokenizer:
+        return None
+    return (
+        f"{path}: tokenizer files ({', '.join(tokenizer)}) but no model; a Hugging Face folder "
+        f"holds {CONFIG} and {SAFETENSORS} (or {TORCH_BIN}) beside them; give the model's folder"
+    )
+
+
 def read_hf_config(path: Path) -> dict[str, Any]:
     """The folder's `config.json`, checked to describe a GPT-2."""
     file = path / CONFIG
     if not file.is_file():
-        raise ValueError(f"{file}: missing; a Hugging Face GPT-2 folder holds its config there")
+        raise ValueError(
+            missing_config(path)
+            or f"{file}: missing; a Hugging Face GPT-2 folder holds its config there"
+        )
     try:
         hf = json.loads(file.read_text())
     except json.JSONDecodeError as error:
