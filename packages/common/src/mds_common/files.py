@@ -1,5 +1,6 @@
-"""Atomic outputs: write under `NAME.tmp-PID-HOST`, fsync, rename into place; and removal of the
-temporaries that killed runs (`kill -9`, OOM, a lost node) leave behind.
+"""Atomic outputs: write under `NAME.tmp-PID-HOST`, fsync, rename into place; removal of the
+temporaries that killed runs (`kill -9`, OOM, a lost node) leave behind; and a lock that keeps a
+second run out of a folder that one run is writing (`FolderLock`, flock(2) on a file in it).
 
 A reader never sees a half-written file: the final name appears only by `os.replace`, which is
 atomic on POSIX filesystems. The host is part of the temporary's name because on a shared
@@ -7,13 +8,18 @@ filesystem a PID only identifies a process together with its host.
 """
 
 import errno
+import fcntl
+import json
 import logging
 import os
 import re
 import shutil
 import socket
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
@@ -315,3 +321,150 @@ def reporting_write_failures(
             advice = f"free some space there or {advice}"
         where = f" ({', '.join(details)})" if details else ""
         raise WriteFailed(f"{doing} {folder}: {reason}{where}; {advice}") from error
+
+
+# flock(2) where the filesystem has no locks: Lustre mounted without `flock` (ENOSYS), some NFS
+# set-ups (ENOLCK), FUSE filesystems (EOPNOTSUPP, which ENOTSUP equals on Linux).
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+# A holder writes who it is just after taking the lock: a reader that finds the file still empty
+# waits this long for it.
+_HOLDER_WAIT_SECONDS = 1.0
+_COMMAND_SHOWN = 160  # characters of the holder's command line in the message
+
+
+class FolderInUse(OSError):
+    """Another live process holds the lock of `folder`; `holder` says who, in words (`pid 1234
+    on host h, started 2026-01-02T03:04:05+00:00: mds-train --save ...`)."""
+
+    def __init__(self, folder: Path, holder: str):
+        super().__init__(
+            f"{folder}: in use by another run ({holder}); wait for it to end or write elsewhere"
+        )
+        self.folder, self.holder = folder, holder
+
+
+class FolderLock:
+    """One run at a time in `folder`: an exclusive, non-blocking flock(2) on `folder/name`.
+
+    The kernel drops the lock when the holding process ends, however it ends (`kill -9`, OOM),
+    so a crashed run leaves nothing stuck; the file it leaves is taken over by the next run. The
+    holder writes who it is into the file (pid, host, start time, `command`), which the refusal
+    names. `release()` removes the file (and the folders `acquire()` made, when still empty); a
+    run that took the lock meanwhile on the old file sees that its path now names another file
+    and tries again. Where the filesystem has no locks, `acquire()` logs one warning and returns
+    False: the run goes on unguarded. A process forked (not exec'd) while the lock is held shares
+    it until it ends too."""
+
+    def __init__(self, folder: str | os.PathLike, *, name: str, command: str | None = None):
+        self.folder = Path(folder)
+        self.path = self.folder / name
+        self.command = command if command is not None else " ".join(sys.argv)
+        self._descriptor: int | None = None
+        self._made: list[Path] = []  # folders acquire() created, the innermost first
+
+    @property
+    def locked(self) -> bool:
+        return self._descriptor is not None
+
+    def acquire(self) -> bool:
+        """Takes the lock: True when held, False when the filesystem cannot lock (warned);
+        raises FolderInUse when another process holds it."""
+        if self._descriptor is not None:
+            return True
+        while True:
+            self._make_folder()
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the folder was removed by a run releasing it: again
+                continue
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder_description(descriptor)
+                os.close(descriptor)
+                raise FolderInUse(self.folder, holder) from None
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno not in _NO_LOCKS:
+                    raise
+                self.path.unlink(missing_ok=True)
+                logger.warning(
+                    "%s: the filesystem does not support file locks (%s); another run writing "
+                    "into this folder at the same time would not be stopped",
+                    self.folder,
+                    os.strerror(error.errno),
+                )
+                return False
+            if _names_file(self.path, descriptor):
+                break
+            os.close(descriptor)  # locked a file its holder removed on release: the path's now
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": self.command,
+        }
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+        self._descriptor = descriptor
+        return True
+
+    def release(self) -> None:
+        """Removes the lock file, then drops the lock (in that order: no other run can hold
+        the file while it goes), and the folders acquire() made if they are empty."""
+        if self._descriptor is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as error:
+            logger.warning("could not remove %s: %s", self.path, error)
+        os.close(self._descriptor)
+        self._descriptor = None
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run's outputs, or another run's lock): stays
+                break
+        self._made = []
+
+    def _make_folder(self) -> None:
+        missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._made = self._made or missing
+
+    def __enter__(self) -> "FolderLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.release()
+
+
+def _names_file(path: Path, descriptor: int) -> bool:
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _holder_description(descriptor: int) -> str:
+    """Who holds the lock, from what it wrote into the file; read again for up to a second
+    while the file is empty (the holder writes just after taking the lock)."""
+    deadline = time.monotonic() + _HOLDER_WAIT_SECONDS
+    while True:
+        text = os.pread(descriptor, 1 << 16, 0).decode("utf-8", errors="replace").strip()
+        if text or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    try:
+        holder = json.loads(text)
+        command = str(holder["command"])
+        if len(command) > _COMMAND_SHOWN:
+            command = command[:_COMMAND_SHOWN] + " ..."
+        return (
+            f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}: {command}"
+        )
+    except (ValueError, KeyError, TypeError):
+        return text.splitlines()[0][:_COMMAND_SHOWN] if text else "a process that did not say who"

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from mds_checkpoint.meta import CheckpointMeta, Parallel, model_fields
-from mds_common.files import write_text_atomically
+from mds_common.files import FolderInUse, FolderLock, write_text_atomically
 from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path
 from mds_model import GPTConfig
@@ -50,6 +53,7 @@ from .upstream import convert_upstream, loadable_as_is, needs_conversion, remove
 logger = logging.getLogger(__name__)
 
 EXIT_FAILED = 1  # mds_common.cli's code for a run that failed
+FOLDER_LOCK = ".mds-train.lock"  # in --save and --output-dir while a run writes there
 
 
 def run_description(
@@ -200,7 +204,10 @@ def run(
     init_distributed(backend, timeout_minutes=config.parallel.distributed_timeout_minutes)
     notes = [note for note in (*warnings, backend_note, fp16_note) if note]
     try:
-        return _run_joined(config, launch, topology, vocab, user_ds, notes)
+        with _output_folders_locked(config, launch):
+            return _run_joined(config, launch, topology, vocab, user_ds, notes)
+    except _StoppedByRank0:
+        return EXIT_FAILED
     except Exception as error:
         if launch.world_size > 1 and another_process_left(error):
             # The process that left said why (or the launcher says how it ended); this rank's
@@ -371,6 +378,69 @@ def _run_joined(
     dist.barrier()
     dist.destroy_process_group()
     return code
+
+
+class _StoppedByRank0(Exception):
+    """Rank 0 could not lock an output folder and says why; the other ranks exit 1 quietly."""
+
+
+@contextmanager
+def _output_folders_locked(config: TrainConfig, launch: LaunchInfo) -> Iterator[None]:
+    """Rank 0 holds the lock of --save (and of --output-dir, where it is another folder) for the
+    whole run, taken before anything is written there (a conversion of upstream's files,
+    config.json, metrics.jsonl, checkpoints): a second run on the folder is refused before it
+    trains, naming the one that holds it. Every rank learns the outcome from one broadcast."""
+    locks, failure = [], None
+    if launch.rank == 0:
+        try:
+            locks = _lock_output_folders(config)
+        except (OSError, ValueError) as error:
+            failure = error
+    if launch.world_size > 1:
+        failed = [failure is not None]
+        dist.broadcast_object_list(failed, src=0)
+        if failed[0]:
+            # Every rank leaves the group before exiting: one that exited in it while another
+            # was still there sometimes aborted (`terminate called without an active exception`).
+            dist.barrier()
+            dist.destroy_process_group()
+            if launch.rank != 0:
+                raise _StoppedByRank0
+    if failure is not None:
+        raise failure
+    try:
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _lock_output_folders(config: TrainConfig) -> list[FolderLock]:
+    folders: dict[Path, tuple[str, Path]] = {}
+    for flag, path in (
+        ("--save", config.checkpoint.save),
+        ("--output-dir", config.logging.output_dir),
+    ):
+        if path is not None:
+            folders.setdefault(Path(path).resolve(), (flag, Path(path)))
+    command = shlex.join(["mds-train", *sys.argv[1:]])
+    locks: list[FolderLock] = []
+    try:
+        for flag, path in folders.values():
+            lock = FolderLock(path, name=FOLDER_LOCK, command=command)
+            try:
+                lock.acquire()
+            except FolderInUse as busy:
+                raise ValueError(
+                    f"{path}: {flag} folder is in use by another run ({busy.holder}); wait for "
+                    f"it to end or give {flag} another folder"
+                ) from None
+            locks.append(lock)
+    except BaseException:
+        for lock in reversed(locks):
+            lock.release()
+        raise
+    return locks
 
 
 def _fp16_supported() -> bool:
