@@ -116,6 +116,32 @@ def test_optimizer_state_that_is_not_there(capsys, tmp_path, tp2pp2_checkpoint):
     assert "holds no optimizer state" in message
 
 
+@pytest.mark.multiprocess  # its fixtures train (getfixturevalue: not marked by name)
+@pytest.mark.parametrize(
+    ("checkpoint", "name"),
+    [
+        ("resumed_dp2", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),  # ZeRO-1 at DP=2
+        ("resumed_dp2", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),  # the last DP rank
+        ("tp2pp2_checkpoint", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt"),  # BF16's, MP 1
+    ],
+)
+def test_a_missing_optimizer_partition_is_named(capsys, tmp_path, request, checkpoint, name):
+    """--with-optimizer names the partition file that is gone (the DP size is the one the
+    present files were saved at), never a rank whose file is there."""
+    saved = request.getfixturevalue(checkpoint)
+    source = tmp_path / "source"
+    shutil.copytree(saved / "ckpt" if checkpoint == "resumed_dp2" else saved, source)
+    folder = source / (source / "latest").read_text().strip()
+    (folder / name).unlink()
+    message = _fails(capsys, tmp_path, "--load", source, "--with-optimizer")
+    dp, mp = (2, 1) if checkpoint == "resumed_dp2" else (1, 4)
+    sizes = f"{dp} data-parallel x {mp} model-parallel"
+    assert message == (
+        f"{folder}: missing rank files: {name}, of the optimizer state's {sizes} partitions; "
+        "copy the whole checkpoint folder again, or reshape without --with-optimizer"
+    )
+
+
 def _exit(capsys, *args):
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in args])

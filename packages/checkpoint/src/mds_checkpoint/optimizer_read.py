@@ -104,26 +104,10 @@ class OptimizerState:
             getters[tp] = getter
 
     def _index_zero(self, files: list[Path]) -> None:
-        by_rank: dict[int, dict[int, Path]] = {}
-        for path in files:
-            dp, mp = map(int, _ZERO_FILE.fullmatch(path.name).groups())
-            by_rank.setdefault(mp, {})[dp] = path
-        expected_mp = (
-            self.source.tensor_model_parallel_size * self.source.pipeline_model_parallel_size
-        )
-        if sorted(by_rank) != list(range(expected_mp)):
-            raise ValueError(
-                f"{self.source.folder}: missing rank files: optimizer files for model-parallel "
-                f"ranks {sorted(by_rank)}, expected 0..{expected_mp - 1}"
-            )
+        by_rank = self._zero_files(files)
         scalers = {}
         for mp in sorted(by_rank):
             dp_files = by_rank[mp]
-            if sorted(dp_files) != list(range(len(dp_files))):
-                raise ValueError(
-                    f"{self.source.folder}: missing rank files: ZeRO partitions of mp_rank {mp:02d}"
-                    f" are for DP ranks {sorted(dp_files)}"
-                )
             # One model-parallel rank's partitions mapped at a time, each read once here.
             states = [ptfile.load(dp_files[d])["optimizer_state_dict"] for d in sorted(dp_files)]
             for dp, state in enumerate(states):
@@ -133,6 +117,43 @@ class OptimizerState:
             else:
                 self._index_fragments(mp, dp_files, states)
         self.loss_scaler = agreed_record(scalers)
+
+    def _zero_files(self, files: list[Path]) -> dict[int, dict[int, Path]]:
+        """{mp rank: {dp rank: file}}, every partition of the DP x MP ranks the state was saved
+        at: the DP size is the one the present files record (DeepSpeed's `partition_count`), so
+        a missing last rank is named too, not read as a smaller DP size."""
+        source = self.source
+        folder = source.folder
+        num_mp = source.tensor_model_parallel_size * source.pipeline_model_parallel_size
+        files = sorted(files)
+        num_dp = _saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"])
+        if num_dp is None:  # older files: the recorded DP size, else the largest rank's
+            ranks = [int(_ZERO_FILE.fullmatch(path.name).group(1)) for path in files]
+            num_dp = source.meta.parallel.data_parallel_size or max(ranks) + 1
+        prefix = "bf16_" if files[0].name.startswith("bf16_") else ""
+        wanted = {
+            (mp, dp): f"{prefix}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt"
+            for mp in range(num_mp)
+            for dp in range(num_dp)
+        }
+        sizes = f"{num_dp} data-parallel x {num_mp} model-parallel partitions"
+        absent = [name for name in wanted.values() if not (folder / name).is_file()]
+        if absent:
+            shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if absent[3:] else "")
+            raise ValueError(
+                f"{folder}: missing rank files: {shown}, of the optimizer state's {sizes}; copy "
+                "the whole checkpoint folder again, or reshape without --with-optimizer"
+            )
+        extra = sorted({path.name for path in files} - set(wanted.values()))
+        if extra:
+            raise ValueError(
+                f"{folder / extra[0]}: not one of the optimizer state's {sizes} (another "
+                "run's file?); remove it"
+            )
+        by_rank: dict[int, dict[int, Path]] = {}
+        for (mp, dp), name in wanted.items():
+            by_rank.setdefault(mp, {})[dp] = folder / name
+        return by_rank
 
     def _index_fragments(self, mp: int, files: dict[int, Path], states: list[dict]) -> None:
         """ZeRO-1/2 and the BF16 optimizer: named fragments per DP rank (`states`: each rank's
@@ -253,6 +274,19 @@ def _torch_entry(path: Path, index: int, position: int) -> dict[str, np.ndarray]
     if masters is not None:
         entry["fp32"] = masters[position]
     return entry
+
+
+def _saved_dp_size(optimizer_state: dict) -> int | None:
+    """The data-parallel size a ZeRO partition file was written at: DeepSpeed's
+    `partition_count` (one per group at ZeRO-1/2 and in the BF16 optimizer, one number at
+    ZeRO-3); None when the file records none."""
+    count = optimizer_state.get("partition_count")
+    if isinstance(count, list | tuple):
+        count = max(count, default=None)
+    try:
+        return None if count is None else int(count)
+    except (TypeError, ValueError):
+        return None
 
 
 def _hyperparameters(optimizer_state: dict) -> list[dict[str, Any]]:
