@@ -1,7 +1,18 @@
 """GPTConfig: Megatron's vocab padding table (reference 3.6), validation errors naming the field."""
 
+import dataclasses
+
 import pytest
-from mds_model.config import GPTConfig, padded_vocab_size
+from mds_model.config import (
+    ARCHITECTURE,
+    ARCHITECTURES,
+    GPT2,
+    KIND,
+    RUN,
+    TUNABLE,
+    GPTConfig,
+    padded_vocab_size,
+)
 
 
 def config(**overrides) -> GPTConfig:
@@ -99,3 +110,95 @@ def test_public_api_names_resolve():
     assert mds_model.build_gpt_pipe.__module__ == "mds_model.pipeline"  # loaded on first use
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mds_model.nope  # noqa: B018
+
+
+def test_every_field_is_marked_and_the_architecture_is_what_a_checkpoint_must_match():
+    kinds = {f.name: f.metadata[KIND] for f in dataclasses.fields(GPTConfig)}
+    assert set(kinds.values()) == {ARCHITECTURE, TUNABLE, RUN}
+    assert GPTConfig.fields_of_kind(RUN) == (
+        "seq_length",
+        "tensor_model_parallel_size",
+        "hidden_dropout",
+        "attention_dropout",
+        "init_method_std",
+        "use_fused_kernels",
+        "attention_backend",
+        "activation_checkpointing",
+        "params_dtype",
+        "sequence_parallel",
+    )
+    assert GPTConfig.fields_of_kind(TUNABLE) == ("layernorm_epsilon", "rotary_base")
+    # meta.json's names: the sizes that `None` fields default to, and the padded vocabulary
+    assert GPTConfig.architecture_keys() == (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "padded_vocab_size",
+        "ffn_size",
+        "max_positions",
+        "position_embedding_type",
+        "embed_layernorm",
+        "activation",
+        "normalization",
+        "num_query_groups",
+        "add_bias_linear",
+        "untie_embeddings_and_output_weights",
+    )
+    # every compared key is a field or a property of the config
+    assert all(hasattr(config(), key) for key in GPTConfig.architecture_keys())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"normalization": "rmsnorm"}, "--normalization rmsnorm: LayerNorm only"),
+        ({"activation": "swiglu"}, "--swiglu: the MLP is GeLU"),
+        ({"num_query_groups": 2}, "--num-key-value-heads 2: grouped-query attention is not"),
+        ({"add_bias_linear": False}, "--disable-bias-linear: linear layers have biases"),
+        (
+            {"untie_embeddings_and_output_weights": True},
+            "--untie-embeddings-and-output-weights: the output layer is the word embedding",
+        ),
+        ({"normalization": "batchnorm"}, "normalization must be one of layernorm, rmsnorm"),
+        ({"num_query_groups": 0}, "num_query_groups must be a positive integer"),
+    ],
+)
+def test_llama_choices_not_built_yet_are_one_line_naming_megatron_s_flag(overrides, message):
+    with pytest.raises(ValueError) as error:
+        config(**overrides)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_one_query_group_per_head_is_multi_head_attention():
+    assert config(num_query_groups=4) == config()
+    assert config().query_groups == 4
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_each_preset_is_a_valid_architecture(name):
+    built = GPTConfig.preset(
+        name, num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
+    )
+    assert {key: getattr(built, key) for key in ARCHITECTURES[name]} == ARCHITECTURES[name]
+    assert set(ARCHITECTURES[name]) <= set(GPTConfig.fields_of_kind(ARCHITECTURE))
+
+
+def test_presets_name_gpt2_and_bloom():
+    assert ARCHITECTURES["gpt2"] == {}
+    bloom = GPTConfig.preset(
+        "bloom", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
+    )
+    assert (bloom.position_embedding_type, bloom.embed_layernorm) == ("alibi", True)
+    with pytest.raises(ValueError, match="architecture must be one of gpt2, bloom"):
+        GPTConfig.preset(
+            "llama2", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
+        )
+
+
+def test_gpt2_values_are_the_defaults_an_older_meta_json_means():
+    assert {name: GPT2[name] for name in ("activation", "normalization", "add_bias_linear")} == {
+        "activation": "gelu_tanh",
+        "normalization": "layernorm",
+        "add_bias_linear": True,
+    }
+    assert (GPT2["num_query_groups"], GPT2["untie_embeddings_and_output_weights"]) == (None, False)

@@ -4,15 +4,22 @@ Vocabulary padding follows Megatron's `_vocab_size_with_padding`: the embedding 
 smallest multiple of `make_vocab_size_divisible_by * tensor_model_parallel_size` that holds the
 tokenizer's vocabulary (50257 -> 50304 at TP=1), unless `pad_vocab_size_to` overrides it (BS).
 
-It does not import torch (`torch_dtype` does, when asked): mds-merge-mp reads a checkpoint's
-shape from here and reshapes it with numpy, without paying torch's import.
+Each field is marked (`KIND`): `architecture` fixes the parameters or the forward computation, so
+a checkpoint's must match (`architecture_keys`, meta.json's names); `tunable` is a constant of the
+forward math a resume may change on purpose, as upstream's checks let it; `run` is how this run
+computes (parallel sizes, kernels, dtype, dropout). Named presets (`ARCHITECTURES`) are partial
+configs. It does not import torch (`torch_dtype` does, when asked): mds-merge-mp reads a
+checkpoint's shape from here and reshapes it with numpy, without paying torch's import.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from .arguments import ARGUMENT_OF, SWIGLU
 
 if TYPE_CHECKING:
     import torch
@@ -24,6 +31,38 @@ PARAMS_DTYPES = ("float32", "bfloat16", "float16")
 # The MLP's GeLU -> F.gelu's `approximate`. gelu_tanh: Megatron's fused bias_gelu and openai_gelu
 # (upstream's default); gelu: the exact erf GeLU of its unfused F.gelu (--no-bias-gelu-fusion).
 ACTIVATIONS = {"gelu_tanh": "tanh", "gelu": "none"}
+GATED_ACTIVATIONS = ("swiglu",)  # Megatron-core's gated_linear_unit: named, not built yet
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+
+# Named architectures, GPTConfig fields over GPT-2's defaults (torchtitan's named model args).
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "gpt2": {},
+    "bloom": {"position_embedding_type": "alibi", "embed_layernorm": True},
+}
+
+KIND = "kind"
+ARCHITECTURE, TUNABLE, RUN = "architecture", "tunable", "run"
+
+
+def _field(kind: str, default: Any, compared_as: str | None) -> Any:
+    metadata = {KIND: kind, "compared_as": compared_as}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _architecture(default: Any = dataclasses.MISSING, *, compared_as: str | None = None) -> Any:
+    """A field that fixes the parameters or the forward math; meta.json compares it as itself or
+    as the derived size `compared_as` it sets (with others)."""
+    return _field(ARCHITECTURE, default, compared_as)
+
+
+def _tunable(default: Any) -> Any:
+    return _field(TUNABLE, default, None)
+
+
+def _run(default: Any) -> Any:
+    return _field(RUN, default, None)
 
 
 def padded_vocab_size(
@@ -36,31 +75,37 @@ def padded_vocab_size(
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Everything that fixes the model's parameters and its forward computation."""
+    """The model's architecture, and how a run computes it: each field's `KIND` says which."""
 
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    vocab_size: int
-    seq_length: int = 1024
-    ffn_hidden_size: int | None = None  # None: 4 * hidden_size, as Megatron
-    max_position_embeddings: int | None = None  # None: seq_length
-    make_vocab_size_divisible_by: int = 128
-    tensor_model_parallel_size: int = 1
-    pad_vocab_size_to: int | None = None
-    layernorm_epsilon: float = 1e-5
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    init_method_std: float = 0.02
-    position_embedding_type: str = "learned"
-    rotary_base: float = 10000.0
-    embed_layernorm: bool = False
-    activation: str = "gelu_tanh"  # a key of ACTIVATIONS; older meta.json files have none: tanh
-    use_fused_kernels: bool = True
-    attention_backend: str = "auto"
-    activation_checkpointing: str = "none"
-    params_dtype: str = "float32"
-    sequence_parallel: bool = False
+    num_layers: int = _architecture()
+    hidden_size: int = _architecture()
+    num_attention_heads: int = _architecture()
+    vocab_size: int = _architecture(compared_as="padded_vocab_size")  # the tokenizer's
+    seq_length: int = _run(1024)  # the sample length; the positions table is max_positions
+    ffn_hidden_size: int | None = _architecture(None, compared_as="ffn_size")  # None: 4 x hidden
+    max_position_embeddings: int | None = _architecture(None, compared_as="max_positions")
+    make_vocab_size_divisible_by: int = _architecture(128, compared_as="padded_vocab_size")
+    tensor_model_parallel_size: int = _run(1)
+    pad_vocab_size_to: int | None = _architecture(None, compared_as="padded_vocab_size")
+    layernorm_epsilon: float = _tunable(1e-5)
+    hidden_dropout: float = _run(0.1)
+    attention_dropout: float = _run(0.1)
+    init_method_std: float = _run(0.02)  # the initial weights' only
+    position_embedding_type: str = _architecture("learned")
+    rotary_base: float = _tunable(10000.0)
+    embed_layernorm: bool = _architecture(False)
+    activation: str = _architecture("gelu_tanh")  # a key of ACTIVATIONS
+    # Megatron-core's names for the Llama family's choices (its TransformerConfig); GPT-2's values
+    # until mds_model builds the others (`_check_built`).
+    normalization: str = _architecture("layernorm")
+    num_query_groups: int | None = _architecture(None)  # None: one per head
+    add_bias_linear: bool = _architecture(True)
+    untie_embeddings_and_output_weights: bool = _architecture(False)
+    use_fused_kernels: bool = _run(True)
+    attention_backend: str = _run("auto")
+    activation_checkpointing: str = _run("none")
+    params_dtype: str = _run("float32")
+    sequence_parallel: bool = _run(False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -132,7 +177,14 @@ class GPTConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
-        _check_choice("activation", self.activation, tuple(ACTIVATIONS))
+        _check_choice("activation", self.activation, (*ACTIVATIONS, *GATED_ACTIVATIONS))
+        _check_choice("normalization", self.normalization, NORMALIZATIONS)
+        groups = self.num_query_groups
+        if groups is not None and (not isinstance(groups, int) or groups < 1):
+            raise ValueError(f"num_query_groups must be a positive integer, got {groups!r}")
+        if groups == self.num_attention_heads:  # one group per head is plain multi-head attention
+            object.__setattr__(self, "num_query_groups", None)
+        self._check_built()
         if self.sequence_parallel and self.seq_length % tp:
             raise ValueError(
                 f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
@@ -142,6 +194,48 @@ class GPTConfig:
             raise ValueError(
                 f"rotary position embeddings need an even head dim, got {self.head_dim}"
             )
+
+    def _check_built(self) -> None:
+        """Megatron's Llama-family choices mds_model does not build yet: one line naming the
+        flag, the reason mds-train's refused flags give (mds_model.arguments)."""
+        if self.activation in GATED_ACTIVATIONS:
+            raise ValueError(SWIGLU.refused_value(True))
+        for name in ("normalization", "num_query_groups", "add_bias_linear"):
+            value = getattr(self, name)
+            if value != GPT2[name]:
+                raise ValueError(ARGUMENT_OF[name].refused_value(value))
+        if self.untie_embeddings_and_output_weights:
+            raise ValueError(ARGUMENT_OF["untie_embeddings_and_output_weights"].refused_value(True))
+
+    @classmethod
+    def preset(cls, name: str, **fields: Any) -> GPTConfig:
+        """The named architecture (`ARCHITECTURES`) with these fields (sizes, run options)."""
+        if name not in ARCHITECTURES:
+            raise ValueError(
+                f"architecture must be one of {', '.join(ARCHITECTURES)}; got {name!r}"
+            )
+        return cls(**{**ARCHITECTURES[name], **fields})
+
+    @classmethod
+    def fields_of_kind(cls, kind: str) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata[KIND] == kind)
+
+    @classmethod
+    def architecture_keys(cls) -> tuple[str, ...]:
+        """meta.json's `model` keys a checkpoint and the model loading it must agree on: each
+        architecture field, or the derived size it is compared as, once, in field order."""
+        return tuple(
+            dict.fromkeys(
+                f.metadata["compared_as"] or f.name
+                for f in dataclasses.fields(cls)
+                if f.metadata[KIND] == ARCHITECTURE
+            )
+        )
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value head groups: every head its own (GPT-2) unless num_query_groups says."""
+        return self.num_query_groups or self.num_attention_heads
 
     @property
     def sequence_parallel_active(self) -> bool:
@@ -198,3 +292,9 @@ class GPTConfig:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+# GPT-2's value of each field with a default: what an older meta.json without the field meant.
+GPT2 = {
+    f.name: f.default for f in dataclasses.fields(GPTConfig) if f.default is not dataclasses.MISSING
+}
