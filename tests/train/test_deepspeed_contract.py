@@ -31,6 +31,9 @@ def one_rank_group(tmp_path_factory):
             patch.setenv(name, value)
         store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        # DeepSpeed's communication backend over that group, which `deepspeed.initialize` would
+        # set up: a PipelineModule needs it when it is built, before any engine.
+        deepspeed.init_distributed(dist_backend="gloo")
         try:
             yield
         finally:
@@ -436,3 +439,55 @@ def test_the_pipe_model_data_parallel_topology_mds_model_builds():
     topology = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1)
     assert topology.get_axis_names() == ["pipe", "data", "model"]
     assert topology.get_rank(pipe=1, data=0, model=1) == 3
+
+
+def test_a_pipeline_module_finds_each_layer_s_files_through_ckpt_layer_path_list(tmp_path):
+    """mds_model's GPTPipe reads layer files in bigscience's numbering by overriding
+    `ckpt_layer_path_list(ckpt_dir, local_layer_idx)`: DeepSpeed's `load_state_dir` asks it for
+    the files of each local layer that holds parameters, and the layer's spec index is the local
+    one plus `partitions()[stage_id]` (what DeepSpeed's own version reads as `_local_start`)."""
+    from glob import glob
+
+    from deepspeed.pipe import LayerSpec, PipelineModule
+
+    class Shifted(PipelineModule):
+        """Reads spec index k from the files saved as layer k + 10."""
+
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.asked: list[int] = []
+
+        def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
+            self.asked.append(local_layer_idx)
+            index = local_layer_idx + self.partitions()[self.stage_id]
+            return sorted(glob(os.path.join(ckpt_dir, f"layer_{index + 10:02d}-*model_states.pt")))
+
+    def module(seed: int) -> Shifted:
+        torch.manual_seed(seed)
+        layers = [LayerSpec(torch.nn.Linear, 4, 3), torch.nn.functional.relu]
+        layers.append(LayerSpec(torch.nn.Linear, 3, 2))
+        return Shifted(layers=layers, num_stages=1, loss_fn=lambda output, target: output.sum())
+
+    saved = engine_of(module(0))
+    saved.save_checkpoint(str(tmp_path), tag="t")
+    for path in sorted((tmp_path / "t").glob("layer_*-model_states.pt")):
+        index = int(path.name[len("layer_") :].partition("-")[0])
+        path.rename(path.with_name(f"layer_{index + 10:02d}-" + path.name.partition("-")[2]))
+    loaded = engine_of(module(1))
+    assert not torch.equal(flat_values(loaded), flat_values(saved))
+    loaded.load_checkpoint(str(tmp_path), tag="t", load_module_only=True)
+    assert torch.equal(flat_values(loaded), flat_values(saved))
+    assert loaded.module.asked == [0, 2]  # the function at spec index 1 holds no state
+    assert loaded.module.partitions()[loaded.module.stage_id] == loaded.module._local_start == 0
+    # On a later stage (PP > 1, which one process cannot build) the first local spec index is
+    # the stage's partition start: `_partition_layers` sets the bounds from `parts[stage_id]`.
+    assert "self._set_bounds(start=self.parts[stage_id]," in inspect.getsource(
+        PipelineModule._partition_layers
+    )
+    assert "stage_id = self._topo.get_coord(self.global_rank).pipe" in inspect.getsource(
+        PipelineModule._partition_layers
+    )
+    assert "self.stage_id = self._topo.get_coord(self.global_rank).pipe" in inspect.getsource(
+        PipelineModule.__init__
+    )
+    assert "return self.parts" in inspect.getsource(PipelineModule.partitions)

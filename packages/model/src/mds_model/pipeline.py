@@ -177,7 +177,10 @@ class GPTPipe(PipelineModule):
         self.num_layers = num_layers
 
     def ckpt_layer_path_list(self, ckpt_dir: str, local_layer_idx: int) -> list[str]:
-        index = local_layer_idx + self._local_start
+        # DeepSpeed's `load_state_dir` asks for each local layer's files here; its own version
+        # adds the private `_local_start`, which is this stage's first spec index, as public
+        # `partitions()[stage_id]` says (tests/train/test_deepspeed_contract.py checks both).
+        index = local_layer_idx + self.partitions()[self.stage_id]
         numbering = _folder_numbering(ckpt_dir)
         if numbering is not None and numbering != OWN_NUMBERING:
             index = renumber(index, self.num_layers, source=OWN_NUMBERING, target=numbering)
