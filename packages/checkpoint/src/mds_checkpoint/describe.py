@@ -5,8 +5,8 @@ Megatron-DeepSpeed (BS) pickles `position_embedding_type` as its own enum (rotar
 alibi 3); Megatron-LM (MS) as a string (`learned_absolute`, `rope`). The tokenizer's vocabulary
 size comes from `original_vocab_size` in `checkpoint_info` (BS) or `universal_checkpoint_info`
 (deepspeedai; `source.vocabulary_info` picks) when present; without either the padded size stands
-for it, which keeps every row. The MLP's GeLU follows upstream's ParallelMLP
-(`activation_from_args`).
+for it, which keeps every row. The fields under upstream's names are mds_model.arguments' rows,
+and the MLP's GeLU its rule of upstream's ParallelMLP (`activation_from_args`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from mds_model import GPTConfig
+from mds_model.arguments import ARGUMENTS, activation_of, fields_from_args
 
 from .ptfile import Missing
 
@@ -65,22 +66,20 @@ def _position_type(value: Any) -> str:
 
 def activation_from_args(args: Any, *, where: str) -> str:
     """GPTConfig.activation as upstream's ParallelMLP picks it from these args
-    (megatron/model/transformer.py): openai_gelu -> tanh; else onnx_safe -> erf_gelu (exact);
-    else bias_gelu_fusion -> the fused tanh bias_gelu; else F.gelu (exact). Absent fields take
-    arguments.py's defaults (openai_gelu False, onnx_safe None, bias_gelu_fusion True).
-    SwiGLU, squared ReLU and bigscience's GLU activations are MLPs mds does not compute."""
+    (mds_model.arguments.activation_of). Absent fields take arguments.py's defaults (openai_gelu
+    False, onnx_safe None, bias_gelu_fusion True). SwiGLU, squared ReLU and bigscience's GLU
+    activations are MLPs mds does not compute."""
     for name in ("swiglu", "squared_relu", "glu_activation"):
         if getattr(args, name, None):
             raise ValueError(
                 f"{where}: Megatron's args set {name}={getattr(args, name)!r}, an MLP mds GPTs do "
                 "not compute (they compute a GeLU)"
             )
-    if getattr(args, "openai_gelu", False):
-        return "gelu_tanh"
-    if getattr(args, "onnx_safe", None):
-        return "gelu"
-    fused = getattr(args, "bias_gelu_fusion", None)
-    return "gelu" if fused is not None and not fused else "gelu_tanh"
+    return activation_of(
+        openai_gelu=getattr(args, "openai_gelu", False),
+        onnx_safe=getattr(args, "onnx_safe", None),
+        bias_gelu_fusion=getattr(args, "bias_gelu_fusion", None),
+    )
 
 
 def _dtype_name(args: Any) -> str:
@@ -93,12 +92,9 @@ def _dtype_name(args: Any) -> str:
 
 # Model features deepspeedai/Megatron-DeepSpeed records in its args that mds does not read yet:
 # (argument, the value that means the feature is on, what it is). A checkpoint with one on is
-# refused rather than read as a model it is not.
-_UNREAD_FEATURES = (
-    ("use_rotary_position_embeddings", True, "rotary position embeddings"),
-    ("untie_embeddings_and_output_weights", True, "an output layer untied from the embeddings"),
-    ("add_bias_linear", False, "linear layers without biases"),
-)
+# refused rather than read as a model it is not. The architecture rows' features mds_model does not
+# build (mds_model.arguments) are refused with their values.
+_UNREAD_FEATURES = (("use_rotary_position_embeddings", True, "rotary position embeddings"),)
 
 
 def _refuse_unread_features(args: Any, where: str) -> None:
@@ -108,6 +104,20 @@ def _refuse_unread_features(args: Any, where: str) -> None:
                 f"{where}: Megatron's args say {name}={on} ({what}), which mds does not read; "
                 "this checkpoint cannot be converted"
             )
+    fields = fields_from_args(args)
+    heads = fields["num_attention_heads"]
+    shape = dict(num_layers=1, hidden_size=heads, num_attention_heads=heads, vocab_size=1)
+    for argument in ARGUMENTS:
+        if argument.feature is None or argument.field not in fields:
+            continue
+        try:  # GPTConfig's own rule of what mds_model builds
+            GPTConfig(**shape, **{argument.field: fields[argument.field]})
+        except ValueError:
+            value = getattr(args, argument.arg)
+            raise ValueError(
+                f"{where}: Megatron's args say {argument.arg}={value!r} ({argument.feature}), "
+                "which mds does not read; this checkpoint cannot be converted"
+            ) from None
     experts = getattr(args, "num_experts", None)
     if (
         isinstance(experts, list | tuple)
@@ -142,22 +152,12 @@ def config_from_megatron_args(
         raise ValueError(
             f"{where}: neither padded_vocab_size nor checkpoint_info in Megatron's args"
         )
-    fields = dict(
-        num_layers=int(arg("num_layers")),
-        hidden_size=int(arg("hidden_size")),
-        num_attention_heads=int(arg("num_attention_heads")),
+    fields = fields_from_args(args)
+    fields.setdefault("seq_length", int(arg("max_position_embeddings", 1024)))
+    fields.update(
         vocab_size=int(vocab),
-        seq_length=int(arg("seq_length", arg("max_position_embeddings", 1024))),
-        ffn_hidden_size=arg("ffn_hidden_size"),
-        max_position_embeddings=arg("max_position_embeddings"),
-        make_vocab_size_divisible_by=int(arg("make_vocab_size_divisible_by", 128)),
         tensor_model_parallel_size=tensor_model_parallel_size,
-        layernorm_epsilon=float(arg("layernorm_epsilon", 1e-5)),
-        hidden_dropout=float(arg("hidden_dropout", 0.1)),
-        attention_dropout=float(arg("attention_dropout", 0.1)),
-        init_method_std=float(arg("init_method_std", 0.02)),
         position_embedding_type=_position_type(getattr(args, "position_embedding_type", None)),
-        embed_layernorm=bool(arg("embed_layernorm", False)),
         activation=activation_from_args(args, where=where),
         params_dtype=_dtype_name(args),
     )

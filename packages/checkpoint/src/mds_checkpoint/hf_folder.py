@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.arguments import HF_ACTIVATIONS, fields_from_hf_gpt2
 
 from . import safetensors_file
 from .arrays import as_tensor
@@ -26,13 +27,6 @@ CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
-# transformers' activation_function names of the two GeLUs an mds GPT computes (GPTConfig's
-# activation). The tanh ones are one formula (gelu_fast and gelu_accurate with their constants
-# written differently: within 1e-12 of gelu_new in float64); gelu_python is gelu written with erf.
-HF_ACTIVATIONS = {
-    **dict.fromkeys(("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate"), "gelu_tanh"),
-    **dict.fromkeys(("gelu", "gelu_python"), "gelu"),
-}
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -114,27 +108,24 @@ def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> 
             raise ValueError(f"{flag} is set, which mds GPTs do not implement")
     if hf.get("scale_attn_weights") is False:
         raise ValueError("scale_attn_weights is false, which mds GPTs do not implement")
-    try:
-        seq = overrides.pop("seq_length", None) or hf["n_positions"]
-        return GPTConfig(
-            num_layers=hf["n_layer"],
-            hidden_size=hf["n_embd"],
-            num_attention_heads=hf["n_head"],
-            vocab_size=hf["vocab_size"],
-            seq_length=seq,
-            ffn_hidden_size=hf.get("n_inner") or None,
-            max_position_embeddings=hf["n_positions"],
-            layernorm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-            hidden_dropout=hf.get("resid_pdrop", 0.1),
-            attention_dropout=hf.get("attn_pdrop", 0.1),
-            init_method_std=hf.get("initializer_range", 0.02),
-            activation=HF_ACTIVATIONS[activation],
-            params_dtype=stored_dtype(hf) or "float32",
-            tensor_model_parallel_size=tp,
-            **overrides,
-        )
-    except KeyError as error:
-        raise ValueError(f"no {error.args[0]!r}") from None
+    seq = overrides.pop("seq_length", None)
+    # GPT2Config has defaults for these; a GPT-2 config.json states them (the first checked is
+    # the sequence length's, unless given)
+    required = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
+    for key in required if seq else ("n_positions", *required):
+        if key not in hf:
+            raise ValueError(f"no {key!r}")
+    fields = fields_from_hf_gpt2(hf)  # the other absent keys: GPT2Config's defaults, GPTConfig's
+    fields["ffn_hidden_size"] = fields.get("ffn_hidden_size") or None  # n_inner null: 4 x n_embd
+    return GPTConfig(
+        **fields,
+        vocab_size=hf["vocab_size"],
+        seq_length=seq or hf["n_positions"],
+        activation=HF_ACTIVATIONS[activation],
+        params_dtype=stored_dtype(hf) or "float32",
+        tensor_model_parallel_size=tp,
+        **overrides,
+    )
 
 
 def _hf_name(name: str) -> str | None:

@@ -6,7 +6,7 @@ namespace), `checkpoint_version` 3.0, `iteration` and `tokens` beside the model;
 (`_universal_checkpoint_info` and megatron/model/gpt_model.py `UniversalCheckpointInfo`). Readers
 take a missing `checkpoint_version` for 0 and reorder query/key/value rows that mds already holds
 per head (`[np, 3, hn]`, version >= 2), so it is always written. `args` carries upstream's names
-for the model, topology, tokenizer and progress, with the GeLU the model computes (`gelu_args`).
+for the model (mds_model.arguments' rows and GeLU rule), topology, tokenizer and progress.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.arguments import written_args
 
 from .ptfile import GlobalName
 
@@ -57,18 +58,6 @@ def tokenizer_eod_id(tokenizer: TokenizerRecord) -> int | None:
     return GPT2_EOD_ID
 
 
-def gelu_args(config: GPTConfig) -> dict[str, Any]:
-    """Upstream's flags for the model's GeLU, read back by describe.activation_from_args and by
-    Hugging Face's convert_megatron_gpt2_checkpoint.py (gelu_fast if bias_gelu_fusion, else
-    gelu_new if openai_gelu, else gelu). Tanh: openai_gelu (upstream's openai_gelu, HF's
-    gelu_new); exact: neither, so upstream's ParallelMLP runs F.gelu and HF picks gelu. Upstream's
-    load_args_from_checkpoint does not read them: a run continuing these files passes the flags
-    (--no-bias-gelu-fusion for the exact GeLU)."""
-    return dict(
-        openai_gelu=config.activation == "gelu_tanh", bias_gelu_fusion=False, onnx_safe=None
-    )
-
-
 def megatron_args(
     config: GPTConfig,
     *,
@@ -79,22 +68,16 @@ def megatron_args(
 ) -> argparse.Namespace:
     """Upstream's `args` for this model at the target topology (the fields its loaders read:
     `check_checkpoint_args`, `load_args_from_checkpoint`, Hugging Face's converter)."""
-    h, heads = config.hidden_size, config.num_attention_heads
     position = config.position_embedding_type
     deepspeed = layout != "megatron"
+    # Upstream's load_args_from_checkpoint does not read the GeLU flags: a run continuing these
+    # files passes them (--no-bias-gelu-fusion for the exact GeLU).
     args = dict(
-        num_layers=config.num_layers,
+        **written_args(config),
         encoder_num_layers=config.num_layers,
-        hidden_size=h,
-        ffn_hidden_size=config.ffn_size,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        kv_channels=h // heads,
-        seq_length=config.seq_length,
+        kv_channels=config.head_dim,
         encoder_seq_length=config.seq_length,
-        max_position_embeddings=config.max_positions,
         padded_vocab_size=config.padded_vocab_size,
-        make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
         tensor_model_parallel_size=config.tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=None,
@@ -109,10 +92,6 @@ def megatron_args(
         consumed_train_tokens=int(progress.get("consumed_train_tokens", 0)),
         fp16=config.params_dtype == "float16",
         bf16=config.params_dtype == "bfloat16",
-        layernorm_epsilon=config.layernorm_epsilon,
-        hidden_dropout=config.hidden_dropout,
-        attention_dropout=config.attention_dropout,
-        init_method_std=config.init_method_std,
         # deepspeedai's switches; Megatron-LM's (and bigscience's) position_embedding_type
         add_position_embedding=position == "learned",
         use_rotary_position_embeddings=position == "rotary",
@@ -123,15 +102,9 @@ def megatron_args(
             if layout == "bigscience"
             else _POSITION_NAMES[position]
         ),
-        embed_layernorm=config.embed_layernorm,
-        **gelu_args(config),
-        swiglu=False,
         squared_relu=False,
-        add_bias_linear=True,
-        normalization="layernorm",
         apply_layernorm_1p=False,
         apply_residual_connection_post_layernorm=False,
-        untie_embeddings_and_output_weights=False,
         data_parallel_random_init=False,
         universal_checkpoint=False,
         deepspeed=deepspeed,

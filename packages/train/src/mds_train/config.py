@@ -14,6 +14,7 @@ from pathlib import Path
 from mds_common.flags import flag, restate
 from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
+from mds_model.arguments import activation_of
 from mds_model.flags import (
     Fp8Flags,
     GPTFlags,
@@ -151,15 +152,13 @@ class ModelSection(GPTFlags):
 
     @property
     def activation(self) -> str:
-        """GPTConfig.activation as upstream's ParallelMLP picks it (megatron/model/transformer.py):
-        openai_gelu (tanh), else onnx_safe's erf_gelu (exact), else the fused bias_gelu (tanh)
-        unless --no-bias-gelu-fusion leaves F.gelu (exact). onnx_safe is argparse `type=bool`:
-        `bool(value)`, so `--onnx-safe False` turns it on there too."""
-        if self.openai_gelu:
-            return "gelu_tanh"
-        if self.onnx_safe:
-            return "gelu"
-        return "gelu" if self.no_bias_gelu_fusion else "gelu_tanh"
+        """GPTConfig.activation as upstream's ParallelMLP picks it from these flags
+        (mds_model.arguments.activation_of)."""
+        return activation_of(
+            openai_gelu=self.openai_gelu,
+            onnx_safe=self.onnx_safe,
+            bias_gelu_fusion=not self.no_bias_gelu_fusion,
+        )
 
     def gpt_config(
         self,
