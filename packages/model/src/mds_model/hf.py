@@ -13,12 +13,9 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from .arguments import HF_ACTIVATION_OF, hf_gpt2_fields
 from .config import GPTConfig
 from .naming import HF_LAYER_NAMES, HF_QKV
-
-# GPTConfig.activation -> transformers' activation_function: "gelu_new" is Megatron's tanh formula
-# (what Hugging Face's Megatron converter writes for openai_gelu), "gelu" torch's exact F.gelu.
-HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 
 
 def _check_gpt2_shaped(config: GPTConfig) -> None:
@@ -42,17 +39,9 @@ def hf_gpt2_config(config: GPTConfig, *, eos_token_id: int | None = None) -> dic
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": config.vocab_size,  # the tokenizer's: padding rows are dropped on export
-        "n_positions": config.max_positions,
-        "n_embd": config.hidden_size,
-        "n_layer": config.num_layers,
-        "n_head": config.num_attention_heads,
-        "n_inner": config.ffn_size,
-        "activation_function": HF_ACTIVATIONS[config.activation],
-        "layer_norm_epsilon": config.layernorm_epsilon,
+        **hf_gpt2_fields(config),  # the sizes, LayerNorm's epsilon, dropouts and init std
+        "activation_function": HF_ACTIVATION_OF[config.activation],
         "embd_pdrop": config.hidden_dropout,
-        "resid_pdrop": config.hidden_dropout,
-        "attn_pdrop": config.attention_dropout,
-        "initializer_range": config.init_method_std,
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
