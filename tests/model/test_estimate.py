@@ -122,6 +122,29 @@ def test_info_cli_prints_the_figures():
     assert json.loads(as_json.output)["padded_vocab_size"] == 50304
 
 
+def test_info_takes_mds_train_s_architecture_flags():
+    """BLOOM's embedding LayerNorm adds its 2 x hidden parameters; the GeLU flags parse as
+    mds-train's (the estimate does not depend on the GeLU)."""
+    shape = ["info", "--num-layers", "2", "--hidden-size", "64", "--json"]
+
+    def config(*flags: str) -> dict:
+        result = CliRunner().invoke(app, [*shape, *flags])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    plain = config()
+    bloom = config("--embed-layernorm", "--position-embedding-type", "alibi")
+    assert (
+        bloom["config"]["embed_layernorm"] and bloom["config"]["position_embedding_type"] == "alibi"
+    )
+    # alibi drops the learned position table (1024 x 64), the embedding LayerNorm adds 2 x 64
+    assert bloom["parameters"] - plain["parameters"] == 2 * 64 - 1024 * 64
+    assert plain["config"]["activation"] == "gelu_tanh"
+    assert config("--no-bias-gelu-fusion")["config"]["activation"] == "gelu"
+    assert config("--no-bias-gelu-fusion", "--openai-gelu")["config"]["activation"] == "gelu_tanh"
+    assert config("--layernorm-epsilon", "1e-6")["config"]["layernorm_epsilon"] == 1e-6
+
+
 def test_info_cli_bad_flag_is_one_line_naming_the_flag():
     proc = subprocess.run(
         [

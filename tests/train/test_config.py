@@ -514,3 +514,48 @@ def test_recompute_methods_other_than_each_layer_get_one_line(capsys, given, mes
         main([*TINY, *given.split()])
     assert exit_info.value.code == 1
     assert capsys.readouterr().err == f"mds-train: error: {message}\n"
+
+
+def test_every_architecture_flag_of_mds_train_is_mds_model_info_s():
+    """Both take mds_model.flags.GPTFlags; the flags only mds-train has (a non-default value of
+    each, where it is valid) change no GPTConfig field a checkpoint records as architecture."""
+    from mds_common.flags import flag_fields
+    from mds_model.cli import InfoFlags
+    from mds_model.config import ARCHITECTURE, TUNABLE, GPTConfig
+    from mds_model.flags import GPTFlags
+    from mds_train.config import ModelSection
+
+    names = GPTConfig.fields_of_kind(ARCHITECTURE) + GPTConfig.fields_of_kind(TUNABLE)
+    sizes = dict(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8)
+
+    def architecture(**given) -> dict:
+        config = ModelSection(**sizes, **given).gpt_config(
+            vocab_size=64, tensor_model_parallel_size=1, params_dtype="float32"
+        )
+        return {name: getattr(config, name) for name in names}
+
+    info_flags = {name for _, spec in flag_fields(InfoFlags) for name in spec.names}
+    assert {name for _, spec in flag_fields(GPTFlags) for name in spec.names} <= info_flags
+    assert {"--embed-layernorm", "--openai-gelu", "--no-bias-gelu-fusion", "--onnx-safe"} <= (
+        info_flags
+    )
+    gpt2, tried = architecture(), 0
+    for field, spec in flag_fields(ModelSection):
+        if set(spec.names) <= info_flags:
+            continue
+        if spec.choices:
+            values = spec.choices
+        elif isinstance(field.default, bool):
+            values = (not field.default,)
+        elif isinstance(field.default, int | float):
+            values = (field.default * 2, field.default / 2)
+        else:
+            values = ("1",)
+        for value in values:
+            try:
+                changed = architecture(**{field.name: value})
+            except ValueError:
+                continue  # refused on its own (--recompute-method block)
+            assert changed == gpt2, spec.names
+            tried += 1
+    assert tried >= 10

@@ -1,8 +1,9 @@
 """The GPT's command-line flags, declared once for every mds tool (mds_common.flags): its shape
-(`ShapeFlags`, what a checkpoint records and a loader checks), the rest of `GPTConfig`'s flags
-(`GPTFlags`) and the parallel layout (`ParallelFlags`). Spellings and defaults are
-Megatron-DeepSpeed's `arguments.py`; a field's name is its argparse dest and `GPTConfig`'s field.
-`--seq-length` is mds_common.sample_flags' (the data's sample length too).
+(`ShapeFlags`, what a checkpoint records and a loader checks), the rest of `GPTConfig`'s
+architecture flags (`GPTFlags`: mds-train's and mds-model info's alike) and the parallel layout
+(`ParallelFlags`). Spellings and defaults are Megatron-DeepSpeed's `arguments.py`; a field's name is
+its argparse dest and `GPTConfig`'s field. `--seq-length` is mds_common.sample_flags' (the data's
+sample length too).
 
 Imports neither torch nor the model code: `mds-generate --help` reads these.
 """
@@ -15,8 +16,12 @@ from typing import Any
 from mds_common.flags import flag, restate
 from mds_common.sample_flags import SeqLengthFlags
 
-# Megatron's 'absolute' is the learned table; rotary and alibi as upstream.
-POSITION_TYPES = ("learned", "absolute", "rotary", "alibi")
+from .arguments import activation_of
+from .config import POSITION_EMBEDDING_TYPES
+
+# The flag's choices: GPTConfig's, with Megatron's 'absolute' for the learned table beside it.
+POSITION_ALIASES = {"absolute": "learned"}
+POSITION_TYPES = (POSITION_EMBEDDING_TYPES[0], *POSITION_ALIASES, *POSITION_EMBEDDING_TYPES[1:])
 
 
 def check_at_least(group: Any, minimum: int, *names: str) -> None:
@@ -80,10 +85,37 @@ class GPTFlags(ShapeFlags):
     sequence_parallel: bool = flag(
         "--sequence-parallel", default=False, help="Split norms and dropout along the sequence."
     )
+    layernorm_epsilon: float = flag("--layernorm-epsilon", default=1e-5, help="LayerNorm eps.")
+    embed_layernorm: bool = flag(
+        "--embed-layernorm", default=False, help="LayerNorm after the word embeddings (BLOOM)."
+    )
+    # The MLP's GeLU, chosen by upstream's flags as its ParallelMLP chooses (`activation`).
+    openai_gelu: bool = flag(
+        "--openai-gelu", default=False, help="GeLU as OpenAI's tanh approximation."
+    )
+    onnx_safe: str | None = flag(
+        "--onnx-safe",
+        help="Exact (erf) GeLU unless --openai-gelu; any non-empty value is true, as upstream's.",
+    )
+    no_bias_gelu_fusion: bool = flag(
+        "--no-bias-gelu-fusion",
+        default=False,
+        help="Exact (erf) GeLU, upstream's unfused F.gelu; default: its fused tanh bias_gelu.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_at_least(self, 1, "seq_length", "make_vocab_size_divisible_by", "pad_vocab_size_to")
+
+    @property
+    def activation(self) -> str:
+        """GPTConfig.activation as upstream's ParallelMLP picks it from these flags
+        (mds_model.arguments.activation_of)."""
+        return activation_of(
+            openai_gelu=self.openai_gelu,
+            onnx_safe=self.onnx_safe,
+            bias_gelu_fusion=not self.no_bias_gelu_fusion,
+        )
 
     def gpt_fields(self) -> dict[str, Any]:
         """These flags as GPTConfig's keyword arguments (unset sizes left to GPTConfig)."""
@@ -95,11 +127,14 @@ class GPTFlags(ShapeFlags):
                 "make_vocab_size_divisible_by",
                 "pad_vocab_size_to",
                 "sequence_parallel",
+                "layernorm_epsilon",
+                "embed_layernorm",
             )
             if getattr(self, name) is not None
         }
         position = self.position_embedding_type
-        fields["position_embedding_type"] = "learned" if position == "absolute" else position
+        fields["position_embedding_type"] = POSITION_ALIASES.get(position, position)
+        fields["activation"] = self.activation
         return fields
 
 

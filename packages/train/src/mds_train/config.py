@@ -14,7 +14,6 @@ from pathlib import Path
 from mds_common.flags import flag, restate
 from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
 from mds_model import GPTConfig
-from mds_model.arguments import activation_of
 from mds_model.flags import (
     Fp8Flags,
     GPTFlags,
@@ -51,14 +50,10 @@ class ModelSection(GPTFlags):
     hidden_size: int = restate(GPTFlags, "hidden_size", required=True)
     num_attention_heads: int = restate(GPTFlags, "num_attention_heads", required=True)
     seq_length: int = restate(GPTFlags, "seq_length", required=True)
-    layernorm_epsilon: float = flag("--layernorm-epsilon", default=1e-5, help="LayerNorm eps.")
     init_method_std: float = flag("--init-method-std", default=0.02, help="Weight init std.")
     hidden_dropout: float = flag("--hidden-dropout", default=0.1, help="Dropout on hidden states.")
     attention_dropout: float = flag(
         "--attention-dropout", default=0.1, help="Dropout on attention probabilities."
-    )
-    embed_layernorm: bool = flag(
-        "--embed-layernorm", default=False, help="LayerNorm after the word embeddings (BLOOM)."
     )
     checkpoint_activations: bool = flag(
         "--checkpoint-activations", default=False, help="Recompute each layer in backward."
@@ -111,19 +106,6 @@ class ModelSection(GPTFlags):
         default=False,
         help="Pure-torch paths instead of Triton kernels (the model's and the bf16 optimizer's).",
     )
-    # The MLP's GeLU, chosen by upstream's flags as its ParallelMLP chooses (`activation`).
-    openai_gelu: bool = flag(
-        "--openai-gelu", default=False, help="GeLU as OpenAI's tanh approximation."
-    )
-    onnx_safe: str | None = flag(
-        "--onnx-safe",
-        help="Exact (erf) GeLU unless --openai-gelu; any non-empty value is true, as upstream's.",
-    )
-    no_bias_gelu_fusion: bool = flag(
-        "--no-bias-gelu-fusion",
-        default=False,
-        help="Exact (erf) GeLU, upstream's unfused F.gelu; default: its fused tanh bias_gelu.",
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -150,16 +132,6 @@ class ModelSection(GPTFlags):
                 "attention backends: give one"
             )
 
-    @property
-    def activation(self) -> str:
-        """GPTConfig.activation as upstream's ParallelMLP picks it from these flags
-        (mds_model.arguments.activation_of)."""
-        return activation_of(
-            openai_gelu=self.openai_gelu,
-            onnx_safe=self.onnx_safe,
-            bias_gelu_fusion=not self.no_bias_gelu_fusion,
-        )
-
     def gpt_config(
         self,
         *,
@@ -176,12 +148,9 @@ class ModelSection(GPTFlags):
             **self.gpt_fields(),
             vocab_size=vocab_size,
             tensor_model_parallel_size=tensor_model_parallel_size,
-            layernorm_epsilon=self.layernorm_epsilon,
             hidden_dropout=self.hidden_dropout,
             attention_dropout=self.attention_dropout,
             init_method_std=self.init_method_std,
-            embed_layernorm=self.embed_layernorm,
-            activation=self.activation,
             use_fused_kernels=kernels_available and not self.no_fused_kernels,
             attention_backend="flash"
             if self.use_flash_attn
