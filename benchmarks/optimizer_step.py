@@ -41,7 +41,10 @@ def build(shape: dict, *, use_kernel: bool):
         param.data.normal_(0.0, 0.02, generator=generator)
         param.grad = torch.randn(param.shape, device="cuda", generator=generator).bfloat16()
     optimizer = MasterWeightAdamW(
-        parameter_groups(model, 0.1), betas=(0.9, 0.95), eps=1e-8, use_kernel=use_kernel
+        parameter_groups(model, 0.1, config=config),
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        use_kernel=use_kernel,
     )
     for group in optimizer.param_groups:
         group["lr"] = 1e-4

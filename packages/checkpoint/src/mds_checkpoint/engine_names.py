@@ -18,16 +18,19 @@ from typing import Any
 from mds_model import GPTConfig
 from mds_model.naming import (
     EMBEDDING_INDEX,
-    FINAL_NORM,
-    LAYER_NAMES,
     MEGATRON_PREFIXES,
     OWN_NUMBERING,
     TIED_PREFIX,
     canonical_layer_key,
-    embedding_names,
     layer_name,
     layer_of,
     pipe_layer_indices,
+)
+from mds_model.parameters import (
+    Param,
+    embedding_parameters,
+    final_parameters,
+    layer_parameters,
 )
 
 
@@ -101,13 +104,6 @@ def megatron_to_plain(name: str) -> str:
     raise ValueError(f"parameter {name} is not one of Megatron's GPT names")
 
 
-def _embedding(config: GPTConfig) -> tuple[str, ...]:
-    return embedding_names(
-        learned_positions=config.position_embedding_type == "learned",
-        embed_layernorm=config.embed_layernorm,
-    )
-
-
 def pipeline_to_plain(name: str, num_layers: int, numbering: str = OWN_NUMBERING) -> str:
     """A PipelineModule parameter name -> the plain GPT name."""
     if name.startswith(TIED_PREFIX):
@@ -137,34 +133,31 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
     return stages
 
 
-def module_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[str]:
-    """Plain names of the parameters one stage holds, in its module's registration order (the
-    pipeline registers its tied embedding first, also on the last stage that uses it as head)."""
+def module_parameters(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[Param]:
+    """The parameter-table rows of one stage, in its module's registration order (the pipeline
+    registers its tied embedding first, also on the last stage that uses it as head)."""
     layers = stage_layers(config.num_layers, num_stages)[stage] if num_stages > 1 else None
     last = stage == num_stages - 1
-    names: list[str] = []
+    params: list[Param] = []
     if stage == 0 or (num_stages > 1 and last):
-        names += _embedding(config)
+        params += embedding_parameters(config)
     for i in layers if layers is not None else range(config.num_layers):
-        names += [layer_name(i, local) for local in LAYER_NAMES]
+        params += layer_parameters(config, i)
     if last:
-        names += FINAL_NORM
-    return names
+        params += final_parameters(config)
+    return params
 
 
-def is_matrix(name: str) -> bool:
-    """Megatron's decayed group: the 2-D weights (embeddings and linear weights)."""
-    if name.startswith("embedding.word_embeddings.norm."):
-        return False
-    return name.startswith("embedding.") or (
-        name.endswith(".weight") and ("query_key_value" in name or ".dense" in name)
-    )
+def module_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[str]:
+    """Plain names of the parameters one stage holds, in its module's registration order."""
+    return [param.name for param in module_parameters(config, stage=stage, num_stages=num_stages)]
 
 
 def optimizer_order(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[str]:
-    """The order of mds-train's optimizer over one stage: decayed weights, then the rest."""
-    names = module_order(config, stage=stage, num_stages=num_stages)
-    return [n for n in names if is_matrix(n)] + [n for n in names if not is_matrix(n)]
+    """The order of mds-train's optimizer over one stage: the decayed group, then the rest
+    (mds_train.model_setup.parameter_groups takes the same table's `decay`)."""
+    params = module_parameters(config, stage=stage, num_stages=num_stages)
+    return [p.name for p in params if p.decay] + [p.name for p in params if not p.decay]
 
 
 def plain_engine_to_plain(name: str) -> str:

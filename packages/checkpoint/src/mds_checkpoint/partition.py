@@ -1,4 +1,5 @@
-"""Tensor-parallel shards <-> whole tensors, one parameter at a time (`names.split_of` says how).
+"""Tensor-parallel shards <-> whole tensors, one parameter at a time (the split kind of
+mds_model's parameter table, through `naming.split_of`, says how).
 
 Merging concatenates shards on the split dimension and checks that replicated copies agree bit for
 bit (Megatron's `merge_mp_partitions` silently takes rank 0's); splitting cuts a whole tensor into

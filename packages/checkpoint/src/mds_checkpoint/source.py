@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
-from mds_model.naming import (
-    FINAL_NORM,
-    LAYER_NAMES,
-    QKV_PER_HEAD,
-    embedding_names,
-    layer_name,
+from mds_model.naming import QKV_PER_HEAD
+from mds_model.parameters import (
+    Param,
+    embedding_parameters,
+    final_parameters,
+    layer_parameters,
 )
 
 from . import ptfile
@@ -268,16 +268,13 @@ def open_source(path: str | Path, *, iteration: int | None = None) -> Source:
     return source
 
 
-def expected_names(config: GPTConfig, part: str) -> tuple[str, ...]:
+def part_parameters(config: GPTConfig, part: str) -> tuple[Param, ...]:
+    """The rows of mds_model's parameter table one part holds (names and whole shapes)."""
     if part == EMBEDDING:
-        return embedding_names(
-            learned_positions=config.position_embedding_type == "learned",
-            embed_layernorm=config.embed_layernorm,
-        )
+        return embedding_parameters(config)
     if part == FINAL:
-        return FINAL_NORM
-    index = int(part.split(".")[1])
-    return tuple(layer_name(index, local) for local in LAYER_NAMES)
+        return final_parameters(config)
+    return layer_parameters(config, int(part.split(".")[1]))
 
 
 def merged_part(
@@ -288,7 +285,8 @@ def merged_part(
     against the source's config."""
     shards = source.reader.read_part(part)
     where = source.reader.where(part)
-    wanted = expected_names(source.config, part)
+    params = part_parameters(source.config, part)
+    wanted = [param.name for param in params]
     for rank, shard in enumerate(shards):
         missing = [name for name in wanted if name not in shard]
         extra = [name for name in shard if name not in wanted]
@@ -300,41 +298,11 @@ def merged_part(
         name: merge_shards(name, [s[name] for s in shards], where=where, allocate=allocate)
         for name in wanted
     }
-    _check_shapes(source.config, merged, where)
-    return merged
-
-
-def whole_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Shapes of the whole (TP-merged) tensors of a layer, by name inside the layer."""
-    h, f = config.hidden_size, config.ffn_size
-    shapes = {local: (h,) for local in LAYER_NAMES}
-    shapes.update(
-        {
-            "self_attention.query_key_value.weight": (3 * h, h),
-            "self_attention.query_key_value.bias": (3 * h,),
-            "self_attention.dense.weight": (h, h),
-            "mlp.dense_h_to_4h.weight": (f, h),
-            "mlp.dense_h_to_4h.bias": (f,),
-            "mlp.dense_4h_to_h.weight": (h, f),
-        }
-    )
-    return shapes
-
-
-def _check_shapes(config: GPTConfig, merged: dict[str, np.ndarray], where: str) -> None:
-    h = config.hidden_size
-    layer_shapes = whole_shapes(config)
-    for name, tensor in merged.items():
-        if name.startswith("layers."):
-            expected = layer_shapes[name.split(".", 2)[2]]
-        elif name == "embedding.word_embeddings.weight":
-            expected = (config.padded_vocab_size, h)
-        elif name == "embedding.position_embeddings.weight":
-            expected = (config.max_positions, h)
-        else:
-            expected = (h,)
-        if tuple(tensor.shape) != expected:
+    for param in params:
+        shape = tuple(merged[param.name].shape)
+        if shape != param.shape:
             raise ValueError(
-                f"{where}: {name} is {tuple(tensor.shape)} after joining the TP shards, expected "
-                f"{expected} for this model"
+                f"{where}: {param.name} is {shape} after joining the TP shards, expected "
+                f"{param.shape} for this model"
             )
+    return merged

@@ -1,7 +1,7 @@
 """Readers of the source layouts, one model part at a time: "embedding", "layers.I", "final".
 
 Each reader answers `read_part(part)` with one dict per tensor-parallel rank, keyed by plain-GPT
-names (`mds_model.naming`); `merge.py` joins them. Layouts (README: "Layouts read"):
+names (`mds_model.naming`); `partition.py` joins them. Layouts (README: "Layouts read"):
 - DeepSpeed pipeline files (mds-train with PP > 1, Megatron-DeepSpeed): `layer_XX-model_YY-model_
   states.pt`, XX the GPTModelPipe index, YY the TP rank. bigscience's GPTModelPipe numbers them
   01 embedding, 03.. layers, N+4 final norm (its two transpose lambdas take 02 and N+3);

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from . import parameters as table
 from .config import GPTConfig
 
 GIB = 2**30
@@ -53,24 +54,18 @@ def check_plan(config: GPTConfig, plan: Plan) -> None:
 
 
 def layer_parameters(config: GPTConfig) -> int:
-    """One transformer layer: QKV, dense, two LayerNorms, the MLP (12h^2 + 13h when ffn = 4h)."""
-    h, f = config.hidden_size, config.ffn_size
-    return 4 * h * h + 2 * h * f + 9 * h + f
+    """One transformer layer (12h^2 + 13h for GPT-2 with ffn = 4h): parameters.py's rows."""
+    return sum(param.numel for param in table.layer_parameters(config))
 
 
 def embedding_parameters(config: GPTConfig) -> int:
-    h = config.hidden_size
-    count = config.padded_vocab_size * h
-    if config.position_embedding_type == "learned":
-        count += config.max_positions * h
-    if config.embed_layernorm:
-        count += 2 * h
-    return count
+    return sum(param.numel for param in table.embedding_parameters(config))
 
 
 def total_parameters(config: GPTConfig, *, exclude_embeddings: bool = False) -> int:
     """Whole model, tied LM head counted once."""
-    body = config.num_layers * layer_parameters(config) + 2 * config.hidden_size  # + final norm
+    body = config.num_layers * layer_parameters(config)
+    body += sum(param.numel for param in table.final_parameters(config))
     return body if exclude_embeddings else body + embedding_parameters(config)
 
 
@@ -86,18 +81,18 @@ def flops_per_token(config: GPTConfig) -> dict[str, float]:
 
 
 def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
-    """Parameters held by the busiest GPU: the first stage (embedding + its share of layers)."""
-    t, h = config.tensor_model_parallel_size, config.hidden_size
-    f = config.ffn_size
-    split = 4 * h * h + 2 * h * f + 3 * h + f  # matrices and column-parallel biases: divided by TP
-    replicated = layer_parameters(config) - split
+    """Parameters held by the busiest GPU: the first stage (embedding + its share of layers),
+    each parameter's TP shard (parameters.py's split)."""
+    t = config.tensor_model_parallel_size
+
+    def on_one_gpu(params) -> int:
+        return sum(p.numel if p.split.dim is None else p.numel // t for p in params)
+
     layers = -(-config.num_layers // plan.pipeline_model_parallel_size)
-    count = layers * (split // t + replicated)
-    count += config.padded_vocab_size * h // t + (
-        embedding_parameters(config) - config.padded_vocab_size * h
-    )
+    count = layers * on_one_gpu(table.layer_parameters(config))
+    count += on_one_gpu(table.embedding_parameters(config))
     if plan.pipeline_model_parallel_size == 1:
-        count += 2 * h
+        count += on_one_gpu(table.final_parameters(config))
     return count
 
 

@@ -15,7 +15,8 @@ import torch
 
 from .arguments import HF_ACTIVATION_OF, hf_gpt2_fields
 from .config import GPTConfig
-from .naming import HF_LAYER_NAMES, HF_QKV
+from .naming import HF_QKV
+from .parameters import layer_parameters
 
 
 def _check_gpt2_shaped(config: GPTConfig) -> None:
@@ -77,7 +78,7 @@ def to_hf_gpt2_state_dict(
     `save_pretrained` leaves it out: `from_pretrained` ties it to `transformer.wte.weight`.
     """
     _check_gpt2_shaped(config)
-    h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
+    h, v = config.hidden_size, config.vocab_size
     heads, head_dim = config.num_attention_heads, config.head_dim
     words = state_dict.get("embedding.word_embeddings.weight")
     if words is None or words.dim() != 2 or words.shape[0] < v or words.shape[1] != h:
@@ -93,17 +94,14 @@ def to_hf_gpt2_state_dict(
         "transformer.ln_f.weight": _get(state_dict, "final_layernorm.weight", (h,)).clone(),
         "transformer.ln_f.bias": _get(state_dict, "final_layernorm.bias", (h,)).clone(),
     }
-    shapes = {
-        "self_attention.dense.weight": (h, h),
-        "mlp.dense_h_to_4h.weight": (f, h),
-        "mlp.dense_h_to_4h.bias": (f,),
-        "mlp.dense_4h_to_h.weight": (h, f),
-    }
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
-        for name, (hf_name, transpose) in HF_LAYER_NAMES.items():
-            tensor = _get(state_dict, ours + name, shapes.get(name, (h,)))
-            out[theirs + hf_name] = (tensor.t() if transpose else tensor).contiguous().clone()
+        for param in layer_parameters(config, i):
+            if param.hf_name is None:
+                continue  # query_key_value: reordered below
+            tensor = _get(state_dict, param.name, param.shape)
+            tensor = tensor.t() if param.hf_transposed else tensor
+            out[param.hf_name] = tensor.contiguous().clone()
         # Rows [heads, 3, head_dim] -> [3, heads, head_dim]: all q, then all k, then all v.
         weight = _get(state_dict, f"{ours}{HF_QKV}.weight", (3 * h, h))
         bias = _get(state_dict, f"{ours}{HF_QKV}.bias", (3 * h,))
@@ -134,7 +132,7 @@ def from_hf_gpt2_parts(
     final norm (new tensors). With a lazy mapping (one tensor read per lookup) a converter holds
     one part, never the whole model."""
     _check_gpt2_shaped(config)
-    h, f, v = config.hidden_size, config.ffn_size, config.vocab_size
+    h, v = config.hidden_size, config.vocab_size
     heads, head_dim = config.num_attention_heads, config.head_dim
     wte = _get(hf_state_dict, "transformer.wte.weight", (v, h))
     words = wte.new_zeros(config.padded_vocab_size, h)
@@ -146,18 +144,17 @@ def from_hf_gpt2_parts(
             hf_state_dict, "transformer.wpe.weight", (config.max_positions, h)
         ).clone(),
     }
-    hf_shapes = {
-        "attn.c_proj.weight": (h, h),
-        "mlp.c_fc.weight": (h, f),
-        "mlp.c_fc.bias": (f,),
-        "mlp.c_proj.weight": (f, h),
-    }
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."
         layer = {}
-        for name, (hf_name, transpose) in HF_LAYER_NAMES.items():
-            tensor = _get(hf_state_dict, theirs + hf_name, hf_shapes.get(hf_name, (h,)))
-            layer[ours + name] = (tensor.t() if transpose else tensor).contiguous().clone()
+        for param in layer_parameters(config, i):
+            if param.hf_name is None:
+                continue  # query_key_value: reordered below
+            transpose = param.hf_transposed
+            tensor = _get(
+                hf_state_dict, param.hf_name, param.shape[::-1] if transpose else param.shape
+            )
+            layer[param.name] = (tensor.t() if transpose else tensor).contiguous().clone()
         weight = _get(hf_state_dict, theirs + "attn.c_attn.weight", (h, 3 * h)).t()
         bias = _get(hf_state_dict, theirs + "attn.c_attn.bias", (3 * h,))
         weight = weight.reshape(3, heads, head_dim, h).transpose(0, 1).reshape(3 * h, h)

@@ -11,73 +11,28 @@ Namings, each translated to and from the plain one:
   state_dict_for_save_checkpoint writes it and DeepSpeed's plain engine names its parameters.
 - DeepSpeed's PipelineModule: `tied_modules.embed.X` (`TIED_PREFIX`) and `{spec index}.X`, the spec
   indices of each fork's GPTModelPipe (`PIPE_GAPS`, `pipe_layer_indices`).
-- Hugging Face's GPT2LMHeadModel: `HF_LAYER_NAMES` (`transformer.h.I.` + name; Conv1D weights
-  transposed), `HF_QKV`.
-Tensor-parallel split: `split_of` (Megatron's `mpu/layers.py`: column-parallel weights on dim 0,
-row-parallel on dim 1, the padded vocabulary rows on dim 0, the rest replicated). The
+- Hugging Face's GPT2LMHeadModel: parameters.py's `hf_name`s, and `HF_QKV` (reordered).
+Names, shapes, tensor-parallel splits and Hugging Face names of the parameters themselves come from
+one table, `parameters.py`; this module adds how other layouts spell and number them. The
 query_key_value rows of one TP rank: `QKV_ORDERS`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-# --- The plain GPT's names and their tensor-parallel split --------------------------------------
+# The plain GPT's names and their tensor-parallel split: parameters.py's table.
+from .parameters import FINAL_NORM, WORD_EMBEDDINGS, Split, split_of_local  # noqa: F401
 
-WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
-POSITION_EMBEDDINGS = "embedding.position_embeddings.weight"
-EMBED_NORM = ("embedding.word_embeddings.norm.weight", "embedding.word_embeddings.norm.bias")
-FINAL_NORM = ("final_layernorm.weight", "final_layernorm.bias")
-
-# Names inside one transformer layer, in the order the module registers them.
-LAYER_NAMES = (
-    "input_layernorm.weight",
-    "input_layernorm.bias",
-    "self_attention.query_key_value.weight",
-    "self_attention.query_key_value.bias",
-    "self_attention.dense.weight",
-    "self_attention.dense.bias",
-    "post_attention_layernorm.weight",
-    "post_attention_layernorm.bias",
-    "mlp.dense_h_to_4h.weight",
-    "mlp.dense_h_to_4h.bias",
-    "mlp.dense_4h_to_h.weight",
-    "mlp.dense_4h_to_h.bias",
-)
-_COLUMN = {
-    "self_attention.query_key_value.weight",
-    "self_attention.query_key_value.bias",
-    "mlp.dense_h_to_4h.weight",
-    "mlp.dense_h_to_4h.bias",
-}
-_ROW = {"self_attention.dense.weight", "mlp.dense_4h_to_h.weight"}
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 # Older Megatron spellings inside a layer.
 LAYER_ALIASES = {"attention.": "self_attention."}
 
 
-@dataclass(frozen=True)
-class Split:
-    """How one parameter lies over TP ranks: `dim` None is replicated; `vocab` marks the padded
-    word-embedding rows (re-padded when TP changes)."""
-
-    dim: int | None
-    vocab: bool = False
-
-
 def split_of(name: str) -> Split:
-    """The split rule of a plain-GPT parameter name."""
-    if name == WORD_EMBEDDINGS:
-        return Split(0, vocab=True)
+    """The split rule of a plain-GPT parameter name (parameters.py's split kind)."""
     match = _LAYER.fullmatch(name)
-    if match:
-        local = match.group(2)
-        if local in _COLUMN:
-            return Split(0)
-        if local in _ROW:
-            return Split(1)
-    return Split(None)
+    return split_of_local(name if match is None else match.group(2))
 
 
 def layer_name(index: int, local: str) -> str:
@@ -96,25 +51,6 @@ def canonical_layer_key(key: str) -> str:
         if key.startswith(old):
             return new + key[len(old) :]
     return key
-
-
-def embedding_names(*, learned_positions: bool, embed_layernorm: bool) -> tuple[str, ...]:
-    names = [WORD_EMBEDDINGS]
-    if embed_layernorm:
-        names += EMBED_NORM
-    if learned_positions:
-        names.append(POSITION_EMBEDDINGS)
-    return tuple(names)
-
-
-def model_names(num_layers: int, *, learned_positions: bool, embed_layernorm: bool) -> list[str]:
-    """Every parameter of the plain GPT, in `GPT.named_parameters()` order."""
-    names = list(
-        embedding_names(learned_positions=learned_positions, embed_layernorm=embed_layernorm)
-    )
-    for i in range(num_layers):
-        names += [layer_name(i, local) for local in LAYER_NAMES]
-    return names + list(FINAL_NORM)
 
 
 # --- DeepSpeed pipeline numbering -------------------------------------------------------------
@@ -178,20 +114,6 @@ TIED_PREFIX = "tied_modules.embed."  # the pipeline engine's tied embedding (Tie
 
 # --- Hugging Face's GPT2LMHeadModel -----------------------------------------------------------
 
-# Per-layer parameters: plain name -> (HF name inside `transformer.h.I.`, transposed: HF's Conv1D
-# stores (in, out) where our linears store (out, in)).
-HF_LAYER_NAMES = {
-    "input_layernorm.weight": ("ln_1.weight", False),
-    "input_layernorm.bias": ("ln_1.bias", False),
-    "self_attention.dense.weight": ("attn.c_proj.weight", True),
-    "self_attention.dense.bias": ("attn.c_proj.bias", False),
-    "post_attention_layernorm.weight": ("ln_2.weight", False),
-    "post_attention_layernorm.bias": ("ln_2.bias", False),
-    "mlp.dense_h_to_4h.weight": ("mlp.c_fc.weight", True),
-    "mlp.dense_h_to_4h.bias": ("mlp.c_fc.bias", False),
-    "mlp.dense_4h_to_h.weight": ("mlp.c_proj.weight", True),
-    "mlp.dense_4h_to_h.bias": ("mlp.c_proj.bias", False),
-}
 # The fused QKV (HF: `attn.c_attn`, columns [all q | all k | all v]; ours rows per head).
 HF_QKV = "self_attention.query_key_value"
 

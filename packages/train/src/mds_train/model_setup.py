@@ -74,12 +74,12 @@ class TrainingGPT(torch.nn.Module):
         return masked_mean(self.gpt(tokens, labels), loss_mask)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # noqa: D102
-        from mds_checkpoint.engine_names import megatron_nested
+        from mds_checkpoint import megatron_nested
 
         return megatron_nested(self.gpt.state_dict(*args, **kwargs))
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign=False):  # noqa: D102
-        from mds_checkpoint.engine_names import megatron_flat
+        from mds_checkpoint import megatron_flat
 
         flat = megatron_flat(state_dict) if "language_model" in state_dict else state_dict
         return self.gpt.load_state_dict(flat, strict=strict, assign=assign)
@@ -142,15 +142,27 @@ class TrainingSetup:
     fp8: Any = None  # mds_model.fp8.Fp8Training under --fp8-e4m3/--fp8-hybrid: update per step
 
 
-def parameter_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def parameter_groups(
+    module: torch.nn.Module, weight_decay: float, *, config: GPTConfig, is_pipeline: bool = False
+) -> list[dict[str, Any]]:
     """Megatron's `_get_params_for_weight_decay_optimization`: norms and biases get no decay.
 
-    In the GPT those are exactly the 1-D parameters; embeddings and linear weights are 2-D.
+    Which ones those are is mds_model's parameter table's `decay` (by each parameter's plain
+    name): the same table mds-merge-mp reads the optimizer's order from
+    (mds_checkpoint.engine_names.optimizer_order), so a new weight cannot land in one group here
+    and in the other there.
     """
+    from mds_checkpoint import plain_parameter_name
+    from mds_model.parameters import parameters
+
+    decays = {param.name: param.decay for param in parameters(config)}
     decay, no_decay = [], []
-    for param in module.parameters():  # tied parameters come once
+    for name, param in module.named_parameters():  # tied parameters come once
         if param.requires_grad:
-            (no_decay if param.dim() < 2 else decay).append(param)
+            plain = plain_parameter_name(name, num_layers=config.num_layers, pipeline=is_pipeline)
+            if plain not in decays:  # the table and the module disagree: an internal bug
+                raise RuntimeError(f"{name} ({plain}) is not in mds_model's parameter table")
+            (decay if decays[plain] else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -194,7 +206,9 @@ def build_training_setup(
     ds_config = build_deepspeed_config(
         config, topology, gpt_config, user_ds, is_pipeline=is_pipeline
     )
-    params = parameter_groups(module, config.optimizer.weight_decay)
+    params = parameter_groups(
+        module, config.optimizer.weight_decay, config=gpt_config, is_pipeline=is_pipeline
+    )
     optimizer = build_client_optimizer(config, topology, params, ds_config, user_ds)
     apply_zero3_external_parameters(module, ds_config, is_pipeline=is_pipeline)
     engine = initialize_engine(

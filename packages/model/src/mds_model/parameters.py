@@ -1,0 +1,215 @@
+"""The GPT's parameters as data: one row per parameter, derived from the config, saying its plain
+name (`GPT.named_parameters()`'s), its whole shape (all tensor-parallel shards joined), how it
+lies over tensor-parallel ranks, whether Megatron decays it, and its name in Hugging Face's
+GPT2LMHeadModel. `tests/model/test_parameters.py` holds it equal to the module for every preset,
+so it cannot drift from what `gpt.py`, `transformer.py` and `attention.py` build.
+
+What derives from it: the names and splits of `naming.py` (and so every checkpoint reader and
+writer), the checkpoint's shape checks, the optimizer's decay groups and order (mds-train's
+groups and mds-merge-mp's reading of them must agree, or Adam moments go to the wrong
+parameter), the Hugging Face conversion's names and shapes, and `mds-model info`'s counts.
+The split kinds are Megatron's (`mpu/layers.py`), as Megatron-Bridge's mapping types name them.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
+
+# How a parameter lies over TP ranks (Megatron's mpu/layers.py):
+REPLICATED = "replicated"  # every rank holds it whole: norms, row-parallel biases, positions
+ROWS = "rows"  # column-parallel outputs: dim 0 cut in TP contiguous blocks
+COLUMNS = "columns"  # row-parallel inputs: dim 1 cut in TP contiguous blocks
+VOCAB_ROWS = "vocab_rows"  # the padded vocabulary rows on dim 0, re-padded when TP changes
+QKV = "qkv"  # query/key/value rows grouped per head (per key/value group), whole groups per rank
+SPLITS = (REPLICATED, ROWS, COLUMNS, VOCAB_ROWS, QKV)
+_SPLIT_DIMS = {REPLICATED: None, ROWS: 0, COLUMNS: 1, VOCAB_ROWS: 0, QKV: 0}
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one parameter lies over TP ranks: `kind` one of SPLITS; `dim` the cut dimension (None:
+    replicated); `vocab` marks the padded word-embedding rows."""
+
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPLITS:
+            raise ValueError(f"split kind {self.kind!r} is not one of {SPLITS}")
+
+    @property
+    def dim(self) -> int | None:
+        return _SPLIT_DIMS[self.kind]
+
+    @property
+    def vocab(self) -> bool:
+        return self.kind == VOCAB_ROWS
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the plain GPT."""
+
+    name: str  # GPT.named_parameters()'s: `layers.3.mlp.dense_h_to_4h.weight`
+    shape: tuple[int, ...]  # whole: every TP shard joined (the padded vocabulary rows included)
+    split: Split
+    decay: bool  # Megatron's weight-decay group: embeddings and linear weights, not norms/biases
+    hf_name: str | None = None  # GPT2LMHeadModel's (`transformer.h.3.mlp.c_fc.weight`), if any
+    hf_transposed: bool = False  # HF's Conv1D stores (in, out) where our linears store (out, in)
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    def local_shape(self, tensor_model_parallel_size: int) -> tuple[int, ...]:
+        """The shape one TP rank holds."""
+        dim = self.split.dim
+        if dim is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[dim] //= tensor_model_parallel_size
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A parameter of the table before the config sizes it: `local` is its name inside its part
+    (a layer, the embedding, the final norm); `hf` GPT-2's name inside its part and whether
+    transposed."""
+
+    local: str
+    shape: Callable[[GPTConfig], tuple[int, ...]]
+    split: str
+    decay: bool
+    hf: tuple[str, bool] | None = None
+
+
+def _h(config: GPTConfig) -> tuple[int, ...]:
+    return (config.hidden_size,)
+
+
+# The parts of the GPT, each in the order its module registers its parameters.
+_WORDS = _Row(
+    "embedding.word_embeddings.weight",
+    lambda c: (c.padded_vocab_size, c.hidden_size),
+    VOCAB_ROWS,
+    True,
+    ("transformer.wte.weight", False),
+)
+_EMBED_NORM = (  # BLOOM's LayerNorm on the word embeddings (`--embed-layernorm`)
+    _Row("embedding.word_embeddings.norm.weight", _h, REPLICATED, False),
+    _Row("embedding.word_embeddings.norm.bias", _h, REPLICATED, False),
+)
+_POSITIONS = _Row(
+    "embedding.position_embeddings.weight",
+    lambda c: (c.max_positions, c.hidden_size),
+    REPLICATED,
+    True,
+    ("transformer.wpe.weight", False),
+)
+_LAYER = (
+    _Row("input_layernorm.weight", _h, REPLICATED, False, ("ln_1.weight", False)),
+    _Row("input_layernorm.bias", _h, REPLICATED, False, ("ln_1.bias", False)),
+    # GPT-2's c_attn holds [all q | all k | all v] columns: a reordering, not a rename (hf.py).
+    _Row(
+        "self_attention.query_key_value.weight",
+        lambda c: (3 * c.hidden_size, c.hidden_size),
+        QKV,
+        True,
+    ),
+    _Row("self_attention.query_key_value.bias", lambda c: (3 * c.hidden_size,), QKV, False),
+    _Row(
+        "self_attention.dense.weight",
+        lambda c: (c.hidden_size, c.hidden_size),
+        COLUMNS,
+        True,
+        ("attn.c_proj.weight", True),
+    ),
+    _Row("self_attention.dense.bias", _h, REPLICATED, False, ("attn.c_proj.bias", False)),
+    _Row("post_attention_layernorm.weight", _h, REPLICATED, False, ("ln_2.weight", False)),
+    _Row("post_attention_layernorm.bias", _h, REPLICATED, False, ("ln_2.bias", False)),
+    _Row(
+        "mlp.dense_h_to_4h.weight",
+        lambda c: (c.ffn_size, c.hidden_size),
+        ROWS,
+        True,
+        ("mlp.c_fc.weight", True),
+    ),
+    _Row("mlp.dense_h_to_4h.bias", lambda c: (c.ffn_size,), ROWS, False, ("mlp.c_fc.bias", False)),
+    _Row(
+        "mlp.dense_4h_to_h.weight",
+        lambda c: (c.hidden_size, c.ffn_size),
+        COLUMNS,
+        True,
+        ("mlp.c_proj.weight", True),
+    ),
+    _Row("mlp.dense_4h_to_h.bias", _h, REPLICATED, False, ("mlp.c_proj.bias", False)),
+)
+_FINAL_NORM = (
+    _Row("final_layernorm.weight", _h, REPLICATED, False, ("transformer.ln_f.weight", False)),
+    _Row("final_layernorm.bias", _h, REPLICATED, False, ("transformer.ln_f.bias", False)),
+)
+HF_LAYER_PREFIX = "transformer.h.{}."
+
+
+def _param(row: _Row, config: GPTConfig, *, name: str, hf_prefix: str = "") -> Param:
+    hf_name, transposed = (None, False) if row.hf is None else (hf_prefix + row.hf[0], row.hf[1])
+    return Param(
+        name=name,
+        shape=row.shape(config),
+        split=Split(row.split),
+        decay=row.decay,
+        hf_name=hf_name,
+        hf_transposed=transposed,
+    )
+
+
+def embedding_parameters(config: GPTConfig) -> tuple[Param, ...]:
+    """The embedding's: word embeddings [+ their norm] [+ learned positions]."""
+    rows = [_WORDS]
+    if config.embed_layernorm:
+        rows += _EMBED_NORM
+    if config.position_embedding_type == "learned":
+        rows.append(_POSITIONS)
+    return tuple(_param(row, config, name=row.local) for row in rows)
+
+
+def layer_parameters(config: GPTConfig, index: int | None = None) -> tuple[Param, ...]:
+    """One transformer layer's, named `layers.{index}.X` (by X alone when `index` is None)."""
+    prefix = "" if index is None else f"layers.{index}."
+    hf_prefix = "" if index is None else HF_LAYER_PREFIX.format(index)
+    return tuple(
+        _param(row, config, name=prefix + row.local, hf_prefix=hf_prefix) for row in _LAYER
+    )
+
+
+def final_parameters(config: GPTConfig) -> tuple[Param, ...]:
+    """The final norm's (the head is tied to the word embeddings)."""
+    return tuple(_param(row, config, name=row.local) for row in _FINAL_NORM)
+
+
+def parameters(config: GPTConfig) -> tuple[Param, ...]:
+    """Every parameter of the plain GPT, in `GPT.named_parameters()` order (the tied head once)."""
+    layers = (p for i in range(config.num_layers) for p in layer_parameters(config, i))
+    return (*embedding_parameters(config), *layers, *final_parameters(config))
+
+
+def split_of_local(local: str) -> Split:
+    """The split of a parameter by its name inside its part (a layer's, or the embedding's and
+    final norm's full names): the same for every config of today's architectures."""
+    for row in (_WORDS, *_EMBED_NORM, _POSITIONS, *_LAYER, *_FINAL_NORM):
+        if row.local == local:
+            return Split(row.split)
+    return Split(REPLICATED)
+
+
+WORD_EMBEDDINGS = _WORDS.local
+FINAL_NORM = tuple(row.local for row in _FINAL_NORM)
