@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 import torch
+from mds_checkpoint import CheckpointMeta, Parallel, Progress, tag_for
+
+# The package's own writer (internal: only its benchmark and tests write a checkpoint with it)
 from mds_checkpoint.arrays import as_array
-from mds_checkpoint.layout import tag_for
-from mds_checkpoint.meta import CheckpointMeta, Parallel, Progress
 from mds_checkpoint.output import output_meta, target_config, write_meta
 from mds_checkpoint.source import part_names
 from mds_checkpoint.writer import CheckpointWriter

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from mds_checkpoint.flags import CheckedShapeFlags, LoadFlags
+from mds_checkpoint import CheckedShapeFlags, LoadFlags
 from mds_common.flags import flag, restate
 from mds_model.flags import HalfFlags
 from mds_tokenize.flags import TokenizerFlags, tokenizer_spec

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_checkpoint.describe import check_model_flags
-from mds_checkpoint.hf_folder import (
-    CONFIG,
+from mds_checkpoint import HF_CONFIG as CONFIG
+from mds_checkpoint import (
     HFWeights,
+    check_model_flags,
     gpt_config_from_hf,
     hf_folder_tokenizer,
     is_hf_folder,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_checkpoint.ptfile import FOREIGN_CLASSES_PICKLE
+from mds_checkpoint import FOREIGN_CLASSES_PICKLE
 
 from .deepspeed_engine import checkpoint_engine_loading_with
 

@@ -104,7 +104,7 @@ def restore_loss_scaler(ds_optimizer: Any, record: dict[str, Any] | None) -> boo
         return False
     # What DeepSpeed's `DynamicLossScaler` changes as it runs, as mds-merge-mp records it; its
     # settings (window, minimum, hysteresis) stay this run's flags.
-    from mds_checkpoint.loss_scale import STATE_FIELDS
+    from mds_checkpoint import LOSS_SCALER_STATE_FIELDS as STATE_FIELDS
 
     missing = [name for name in STATE_FIELDS if name not in record]
     if missing:
@@ -178,8 +178,7 @@ def restore_zero3(
     `fp32_partitioned_groups_flat[g]` (the masters; the same tensor in fp32 runs), whose torch
     AdamW state holds the moments. The weights-only case takes this TP rank's mp_rank `module`.
     """
-    from mds_checkpoint import UniversalState, plain_parameter_name
-    from mds_checkpoint.engine_names import megatron_flat
+    from mds_checkpoint import UniversalState, megatron_flat, plain_parameter_name
 
     ds_optimizer = engine.optimizer
     if zero3_keeps_partitions_on_nvme(ds_optimizer):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from mds_checkpoint.meta import CheckpointMeta, Parallel, model_fields
+from mds_checkpoint import CheckpointMeta, Parallel, model_fields
 from mds_common.files import FolderInUse, FolderLock, write_text_atomically
 from mds_common.sidecar import distribution_version
 from mds_indexed_data import parse_data_path

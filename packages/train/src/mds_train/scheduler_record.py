@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mds_checkpoint.upstream_state import scheduler_progress as recorded_progress
+from mds_checkpoint import scheduler_progress as recorded_progress
 
 from .config import Topology, TrainConfig
 from .schedule import LearningRateSchedule, TokenLearningRateSchedule

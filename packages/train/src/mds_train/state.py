@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mds_checkpoint.meta import Progress
+from mds_checkpoint import Progress
 from mds_model import RNGStatesTracker
 
 

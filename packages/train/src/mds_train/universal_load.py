@@ -20,8 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mds_checkpoint.layout import CLIENT_KEY
-from mds_checkpoint.meta import CheckpointMeta, read_meta
+from mds_checkpoint import CLIENT_KEY, CheckpointMeta, read_meta
 
 from .checkpointing import (
     SHAPE_FIELDS,
@@ -40,8 +39,9 @@ logger = logging.getLogger(__name__)
 def find_universal_checkpoint(load_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The universal checkpoint folder `--load` names and its description (meta.json, or one
     built from its mp_rank files where ds_to_universal wrote it)."""
-    from mds_checkpoint.layout import LATEST_UNIVERSAL
-    from mds_checkpoint.universal import FOLDER, GLOBAL_STATE, universal_meta
+    from mds_checkpoint import LATEST_UNIVERSAL, universal_meta
+    from mds_checkpoint import UNIVERSAL_FOLDER as FOLDER
+    from mds_checkpoint import UNIVERSAL_GLOBAL_STATE as GLOBAL_STATE
 
     pointer = load_dir / LATEST_UNIVERSAL
     if pointer.is_file():
@@ -132,7 +132,8 @@ def _check_engine_names(engine: Any, path: Path) -> None:
     """DeepSpeed's loader opens `zero/<the engine's parameter name>` and fails on an assert when
     it is not there (a universal checkpoint of the other engine: plain vs pipeline), and without
     naming the file when one of its state files is missing or cut short."""
-    from mds_checkpoint.universal import FOLDER, check_parameter_files
+    from mds_checkpoint import UNIVERSAL_FOLDER as FOLDER
+    from mds_checkpoint import check_parameter_files
 
     for name, _ in engine.module.named_parameters():
         folder = path / FOLDER / name
@@ -148,7 +149,7 @@ def _check_engine_names(engine: Any, path: Path) -> None:
 
 def _client_state(path: Path) -> dict[str, Any]:
     """The first mp_rank file's keys (progress: every rank's are the same)."""
-    from mds_checkpoint.locate import MP_RANK_FILE
+    from mds_checkpoint import MP_RANK_FILE
 
     files = sorted(p for p in path.iterdir() if MP_RANK_FILE.fullmatch(p.name))
     return load_rank_file(files[0], mmap=True)

@@ -24,8 +24,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from mds_checkpoint.layout import LATEST
-from mds_checkpoint.meta import MDS_LAYOUT, UPSTREAM_LAYOUT, CheckpointMeta, read_meta
+from mds_checkpoint import LATEST, MDS_LAYOUT, UPSTREAM_LAYOUT, CheckpointMeta, read_meta
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def loadable_as_is(
     at PP = 1 (mds-train runs the plain engine there); query/key/value rows not per head
     (checkpoint_version < 2, or FPDT's blocks); or, when the optimizer is loaded, ZeRO
     partitions for another stage or DP size."""
-    from mds_checkpoint.source import open_source
+    from mds_checkpoint import open_source
     from mds_model.naming import QKV_PER_HEAD
 
     source = open_source(folder)
@@ -98,8 +97,8 @@ def convert_upstream(
         )
     base = converted_folder(save_dir, source)
     if rank == 0:
-        from mds_checkpoint.config import ReshapeConfig
-        from mds_checkpoint.reshape import reshape
+        from mds_checkpoint import ReshapeConfig
+        from mds_checkpoint import reshape_checkpoint as reshape
 
         shutil.rmtree(base, ignore_errors=True)  # left by a run killed while converting
         config = ReshapeConfig(
