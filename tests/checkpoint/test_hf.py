@@ -204,3 +204,20 @@ def test_a_hugging_face_folder_without_config_json_is_named_so(merge_mp, tmp_pat
         prog = " ".join(["mds-merge-mp", *command])
         assert result.stderr == f"{prog}: error: {expected}"
         assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_hugging_face_folder_given_as_a_checkpoint_points_to_import_hf(merge_mp, tmp_path):
+    """merge and export-hf read training checkpoints; a Hugging Face model folder given to them
+    is named as such, with the command that converts it (it was "not a checkpoint (no latest
+    ...)")."""
+    folder = tmp_path / "hf"
+    _gpt2("gelu_new").save_pretrained(folder)
+    for command in ([], ["export-hf"]):
+        result = merge_mp(*command, "--load", folder, "--save", tmp_path / "out")
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == (
+            f"{' '.join(['mds-merge-mp', *command])}: error: {folder}: a Hugging Face model "
+            f"folder, not a training checkpoint; convert it with mds-merge-mp import-hf --load "
+            f"{folder} --save DIR (mds-generate reads it as it is)\n"
+        )
+        assert not (tmp_path / "out").exists()

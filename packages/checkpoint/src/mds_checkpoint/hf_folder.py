@@ -43,6 +43,12 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
+def is_hf_model_folder(path: Path) -> bool:
+    """A Hugging Face model folder: config.json beside its weights."""
+    weights = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN)
+    return (path / CONFIG).is_file() and any((path / name).is_file() for name in weights)
+
+
 def missing_config(path: Path) -> str | None:
     """The one line for a folder of Hugging Face files (weights, or a tokenizer only) without
     `config.json`, as a download or copy that left it behind is; None when the folder has a

@@ -92,11 +92,16 @@ def locate_checkpoint(path: Path, *, iteration: int | None = None) -> Located:
         return _checked(folder)
     if (path / MEGATRON_TRACKER).is_file():
         return _checked(_tracker_folder(path))
-    from .hf_folder import missing_config  # torch with it: only on the way to an error
+    from .hf_folder import is_hf_model_folder, missing_config  # torch: only on the way to an error
 
     hugging_face = missing_config(path)
     if hugging_face is not None:
         raise ValueError(hugging_face)
+    if is_hf_model_folder(path):
+        raise ValueError(
+            f"{path}: a Hugging Face model folder, not a training checkpoint; convert it with "
+            f"mds-merge-mp import-hf --load {path} --save DIR (mds-generate reads it as it is)"
+        )
     raise ValueError(
         f"{path}: not a checkpoint (no {LATEST} or {MEGATRON_TRACKER} file, and no mp_rank_* or "
         "layer_* files); give the --save folder of a training run or one global_stepN folder"
