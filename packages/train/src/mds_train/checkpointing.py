@@ -20,23 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_checkpoint import (
+from mds_checkpoint import locate_checkpoint
+from mds_checkpoint.layout import (
     CLIENT_KEY,
     CLIENT_VERSION,
     DEEPSPEED_TAG,
     LATEST,
     META,
     PARTIAL_SUFFIX,
-    UPSTREAM_LAYOUT,
-    CheckpointMeta,
-    Progress,
     fp8_file,
-    locate_checkpoint,
-    meta_text,
-    read_meta,
     rng_file,
     tag_for,
 )
+from mds_checkpoint.meta import UPSTREAM_LAYOUT, CheckpointMeta, Progress, meta_text, read_meta
 from mds_common.files import (
     WriteFailed,
     fsync_directory,
@@ -47,6 +43,7 @@ from mds_common.files import (
 )
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.config import GPT2
 from mds_tokenize import check_checkpoint_tokenizer
 
 from .deepspeed_engine import refresh_master_weights, set_progress
@@ -62,28 +59,23 @@ from .state import (
 
 logger = logging.getLogger(__name__)
 
-# meta.json's model fields that must match to load weights (TP/PP are checked separately).
-SHAPE_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "ffn_size",
-    "max_positions",
-    "position_embedding_type",
-    "embed_layernorm",
-    "activation",
+# Fields that follow from the TP size (the vocabulary is padded to a multiple of
+# --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
+TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
+# meta.json's model fields that must match to load weights: GPTConfig's architecture fields, in
+# meta.json's names (TP/PP are checked separately).
+SHAPE_FIELDS = tuple(
+    name for name in GPTConfig.architecture_keys() if name not in TP_DEPENDENT_FIELDS
 )
-# What a meta.json written before a field existed means by its absence (mds computed tanh GeLU).
-FIELD_DEFAULTS = {"activation": "gelu_tanh"}
+# What a meta.json written before a field existed means by its absence: GPT-2's value, what mds
+# computed then (the tanh GeLU, LayerNorm, biases, a tied output layer).
+FIELD_DEFAULTS = {name: GPT2[name] for name in SHAPE_FIELDS if name in GPT2}
 # The flags that give a run each activation (ModelSection.activation), for the mismatch's error.
 _ACTIVATION_FLAGS = {
     "gelu": "add --no-bias-gelu-fusion",
     "gelu_tanh": "drop --no-bias-gelu-fusion and --onnx-safe, or add --openai-gelu",
 }
 TOKENIZER_CHANGE_FLAG = "--allow-tokenizer-change"
-# Fields that follow from the TP size (the vocabulary is padded to a multiple of
-# --make-vocab-size-divisible-by x TP): compared after TP, so a TP change is named as such.
-TP_DEPENDENT_FIELDS = ("padded_vocab_size",)
 
 
 @dataclass(frozen=True)
@@ -147,7 +139,7 @@ def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[st
     query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
     vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`, the
     scheduler's state (save_checkpoint adds the RNG states)."""
-    from mds_checkpoint import upstream_keys
+    from mds_checkpoint.upstream_state import upstream_keys
 
     return upstream_keys(
         meta.config(where="this run"),
@@ -251,8 +243,8 @@ def check_readable(path: Path, meta: CheckpointMeta, *, loads_optimizer: bool) -
     load (66 lines, no file named). Reads only each file's directory. Without the optimizer
     state (--no-load-optim, --finetune) DeepSpeed reads no ZeRO-1/2 partition file, so a damaged
     one does not stop the load; ZeRO-3's partitions hold the weights and are always read."""
-    from mds_checkpoint import ZERO_OPTIMIZER_FILE
-    from mds_checkpoint import check_pt_file as check
+    from mds_checkpoint.layout import ZERO_OPTIMIZER_FILE
+    from mds_checkpoint.ptfile import check
 
     skip_partitions = not loads_optimizer and meta.parallel.zero_stage != 3
     for file in sorted(path.rglob("*.pt")):

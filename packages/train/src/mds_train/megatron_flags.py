@@ -13,6 +13,8 @@ import inspect
 from typing import Any, NamedTuple
 
 from mds_common.ignored_flags import MANY, IgnoredFlags, RefusedFlags, ignored, refused
+from mds_model.arguments import ARGUMENTS, SWIGLU
+from mds_model.config import GPT2
 
 _ACTIVATIONS = "activation checkpointing is mds_model's own"
 _FUSION = "use --no-fused-kernels to turn every kernel off"
@@ -24,7 +26,23 @@ _EFFICIENCY = (
     "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD, its own sample indexes) is not "
     "supported; mds-train reads the sample-index caches of mds-index (--data-cache-path)"
 )
-_GPT2 = "mds_model is GPT-2's architecture"
+# The architecture mds_model does not build yet: the flags of mds_model.arguments' rows that
+# GPTConfig refuses other values of, with its reasons; a GPT-2 value given is noted.
+_HARMLESS = {"normalization": "LayerNorm is mds_model's"}
+_NOT_BUILT = [
+    refused(SWIGLU.flag, why=SWIGLU.refusal, nargs=0),
+    *(
+        refused(
+            argument.flag,
+            why=argument.refusal,
+            nargs=0 if isinstance(GPT2[argument.field], bool) else 1,
+            allowed=(GPT2[argument.field],) if argument.field in _HARMLESS else (),
+            harmless=_HARMLESS.get(argument.field, ""),
+        )
+        for argument in ARGUMENTS
+        if argument.refusal
+    ),
+]
 
 IGNORED = IgnoredFlags(
     [
@@ -162,23 +180,7 @@ REFUSED = RefusedFlags(
             allowed=("1", "1.0"),
             harmless="the whole head dimension is rotated",
         ),
-        refused("--swiglu", why=f"the MLP is GeLU ({_GPT2})", nargs=0),
-        refused(
-            "--normalization",
-            why=f"LayerNorm only ({_GPT2})",
-            allowed=("layernorm",),
-            harmless="LayerNorm is mds_model's",
-        ),
-        refused(
-            "--untie-embeddings-and-output-weights",
-            why=f"the output layer is the word embedding ({_GPT2})",
-            nargs=0,
-        ),
-        refused("--disable-bias-linear", why=f"linear layers have biases ({_GPT2})", nargs=0),
-        refused(
-            "--num-key-value-heads",
-            why="grouped-query attention is not supported; every head has its keys and values",
-        ),
+        *_NOT_BUILT,
         refused(
             "--tokenizer-model",
             why="SentencePiece tokenizers are not supported; give --tokenizer-type "
