@@ -20,19 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_checkpoint import locate_checkpoint
-from mds_checkpoint.layout import (
+from mds_checkpoint import (
     CLIENT_KEY,
     CLIENT_VERSION,
     DEEPSPEED_TAG,
     LATEST,
     META,
     PARTIAL_SUFFIX,
+    UPSTREAM_LAYOUT,
+    CheckpointMeta,
+    Progress,
     fp8_file,
+    locate_checkpoint,
+    meta_text,
+    read_meta,
     rng_file,
     tag_for,
 )
-from mds_checkpoint.meta import UPSTREAM_LAYOUT, CheckpointMeta, Progress, meta_text, read_meta
 from mds_common.files import (
     WriteFailed,
     fsync_directory,
@@ -139,7 +143,7 @@ def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[st
     query/key/value rows mds holds per head), `args`, `iteration`, `tokens`, and the
     vocabulary and parameter patterns of `checkpoint_info` / `universal_checkpoint_info`, the
     scheduler's state (save_checkpoint adds the RNG states)."""
-    from mds_checkpoint.upstream_state import upstream_keys
+    from mds_checkpoint import upstream_keys
 
     return upstream_keys(
         meta.config(where="this run"),
@@ -243,8 +247,8 @@ def check_readable(path: Path, meta: CheckpointMeta, *, loads_optimizer: bool) -
     load (66 lines, no file named). Reads only each file's directory. Without the optimizer
     state (--no-load-optim, --finetune) DeepSpeed reads no ZeRO-1/2 partition file, so a damaged
     one does not stop the load; ZeRO-3's partitions hold the weights and are always read."""
-    from mds_checkpoint.layout import ZERO_OPTIMIZER_FILE
-    from mds_checkpoint.ptfile import check
+    from mds_checkpoint import ZERO_OPTIMIZER_FILE
+    from mds_checkpoint import check_pt_file as check
 
     skip_partitions = not loads_optimizer and meta.parallel.zero_stage != 3
     for file in sorted(path.rglob("*.pt")):
