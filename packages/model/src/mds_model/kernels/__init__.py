@@ -8,12 +8,14 @@ from ._common import triton_available
 from .bias_gelu import bias_gelu
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layer_norm import add_layer_norm
+from .rms_norm import add_rms_norm
 from .skinny_linear import MAX_FUSED_NORM_WIDTH, skinny_add_norm_linear, skinny_linear
 from .softmax import scaled_masked_softmax
 
 __all__ = [
     "MAX_FUSED_NORM_WIDTH",
     "add_layer_norm",
+    "add_rms_norm",
     "bias_gelu",
     "scaled_masked_softmax",
     "skinny_add_norm_linear",
