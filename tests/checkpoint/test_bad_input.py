@@ -142,6 +142,19 @@ def test_a_missing_optimizer_partition_is_named(capsys, tmp_path, request, check
     )
 
 
+def test_a_missing_zero3_partition_is_named(capsys, tmp_path, zero3_checkpoint):
+    """ZeRO-3's weights live in its partition files: the last DP rank's missing is named (the
+    DP size is the one the files were saved at, not the count found, which gave "hold N values
+    per rank, the parameter shapes need M")."""
+    source = tmp_path / "source"
+    shutil.copytree(zero3_checkpoint, source)
+    folder = source / (source / "latest").read_text().strip()
+    name = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    (folder / name).unlink()
+    message = _fails(capsys, tmp_path, "--load", source)
+    assert message == f"{folder}: missing rank files: {name}"
+
+
 def _exit(capsys, *args):
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in args])

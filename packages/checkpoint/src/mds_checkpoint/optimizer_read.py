@@ -31,7 +31,7 @@ from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
 from .ptfile import Missing
 from .source import Source
-from .zero3 import Zero3Partitions
+from .zero3 import Zero3Partitions, saved_dp_size
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 _ZERO_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
@@ -126,7 +126,7 @@ class OptimizerState:
         folder = source.folder
         num_mp = source.tensor_model_parallel_size * source.pipeline_model_parallel_size
         files = sorted(files)
-        num_dp = _saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"])
+        num_dp = saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"])
         if num_dp is None:  # older files: the recorded DP size, else the largest rank's
             ranks = [int(_ZERO_FILE.fullmatch(path.name).group(1)) for path in files]
             num_dp = source.meta.parallel.data_parallel_size or max(ranks) + 1
@@ -274,19 +274,6 @@ def _torch_entry(path: Path, index: int, position: int) -> dict[str, np.ndarray]
     if masters is not None:
         entry["fp32"] = masters[position]
     return entry
-
-
-def _saved_dp_size(optimizer_state: dict) -> int | None:
-    """The data-parallel size a ZeRO partition file was written at: DeepSpeed's
-    `partition_count` (one per group at ZeRO-1/2 and in the BF16 optimizer, one number at
-    ZeRO-3); None when the file records none."""
-    count = optimizer_state.get("partition_count")
-    if isinstance(count, list | tuple):
-        count = max(count, default=None)
-    try:
-        return None if count is None else int(count)
-    except (TypeError, ValueError):
-        return None
 
 
 def _hyperparameters(optimizer_state: dict) -> list[dict[str, Any]]:

@@ -39,6 +39,19 @@ def _flat_slice(groups: list[np.ndarray], start: int, length: int) -> np.ndarray
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def saved_dp_size(optimizer_state: dict) -> int | None:
+    """The data-parallel size a ZeRO partition file was written at: DeepSpeed's
+    `partition_count` (one per group at ZeRO-1/2 and in the BF16 optimizer, one number at
+    ZeRO-3); None when the file records none."""
+    count = optimizer_state.get("partition_count")
+    if isinstance(count, list | tuple):
+        count = max(count, default=None)
+    try:
+        return None if count is None else int(count)
+    except (TypeError, ValueError):
+        return None
+
+
 class Zero3Partitions:
     """One TP rank's ZeRO-3 files: `read(name, key)` for key fp32, exp_avg or exp_avg_sq."""
 
@@ -47,7 +60,8 @@ class Zero3Partitions:
         files = sorted(folder.glob(f"zero_pp_rank_*_mp_rank_{tp:02d}_optim_states.pt"))
         if not files:
             raise ValueError(f"{folder}: missing rank files: no ZeRO-3 partitions of TP rank {tp}")
-        world = len(files)
+        # The DP size the files were written at (the count found falls short when one is lost).
+        world = saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"]) or len(files)
         wanted = [f"zero_pp_rank_{d}_mp_rank_{tp:02d}_optim_states.pt" for d in range(world)]
         absent = [name for name in wanted if not (folder / name).is_file()]
         if absent:
