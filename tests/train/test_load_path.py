@@ -49,6 +49,17 @@ def test_a_requeue_first_run_starts_from_scratch(tmp_path, leftovers):
     assert find_checkpoint(save, save_dir=save) is None
 
 
+def test_a_requeue_with_only_upstream_s_iteration_file_loads_its_checkpoint(tmp_path):
+    """--save X --load X where X holds a checkpoint and Megatron-DeepSpeed's
+    latest_checkpointed_iteration.txt but no `latest`: the checkpoint it names is loaded (it used
+    to start from scratch beside it)."""
+    save = tmp_path / "ckpt"
+    folder = checkpoint(save, 3, latest=False)
+    (save / "latest_checkpointed_iteration.txt").write_text("3")
+    path, meta = find_checkpoint(save, save_dir=save)
+    assert path == folder and meta.iteration == 3
+
+
 @pytest.mark.parametrize("contents", [[], ["metrics.jsonl"], ["notes.txt", "run1"]])
 @pytest.mark.parametrize("save_elsewhere", [True, False])
 def test_a_load_folder_without_a_checkpoint_is_an_error(tmp_path, contents, save_elsewhere):

@@ -25,6 +25,7 @@ from mds_checkpoint import (
     CLIENT_VERSION,
     DEEPSPEED_TAG,
     LATEST,
+    MEGATRON_TRACKER,
     META,
     PARTIAL_SUFFIX,
     UPSTREAM_LAYOUT,
@@ -208,7 +209,8 @@ def find_checkpoint(
             logger.info("no checkpoint in %s yet; starting from scratch", load_dir)
             return None
         raise ValueError(f"{load_dir}: --load folder does not exist")
-    if requeue and not (load_dir / LATEST).exists() and not (load_dir / META).exists():
+    pointers = (LATEST, MEGATRON_TRACKER, META)  # Megatron-DeepSpeed's iteration file alone too
+    if requeue and not any((load_dir / name).exists() for name in pointers):
         partial = sorted(p.name for p in load_dir.glob("*" + PARTIAL_SUFFIX))
         note = f" (only unfinished saves: {', '.join(partial)})" if partial else ""
         logger.warning("no checkpoint in %s%s; starting from scratch", load_dir, note)
