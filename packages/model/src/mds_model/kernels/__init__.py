@@ -11,6 +11,7 @@ from .layer_norm import add_layer_norm
 from .rms_norm import add_rms_norm
 from .skinny_linear import MAX_FUSED_NORM_WIDTH, skinny_add_norm_linear, skinny_linear
 from .softmax import scaled_masked_softmax
+from .swiglu import swiglu
 
 __all__ = [
     "MAX_FUSED_NORM_WIDTH",
@@ -20,6 +21,7 @@ __all__ = [
     "scaled_masked_softmax",
     "skinny_add_norm_linear",
     "skinny_linear",
+    "swiglu",
     "triton_available",
     "vocab_parallel_cross_entropy",
 ]
