@@ -15,13 +15,17 @@ import dataclasses
 from typing import Any
 
 from mds_model import GPTConfig
-from mds_model.arguments import ARGUMENTS, activation_of, fields_from_args
+from mds_model.arguments import (
+    ARGUMENTS,
+    POSITION_OF_BIGSCIENCE,
+    POSITION_OF_MEGATRON,
+    activation_of,
+    fields_from_args,
+)
 
 from .ptfile import Missing
 
 CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(GPTConfig))
-_BS_POSITION_TYPES = {1: "rotary", 2: "learned", 3: "alibi"}
-_MS_POSITION_TYPES = {"learned_absolute": "learned", "absolute": "learned", "rope": "rotary"}
 
 
 def config_from_meta(model: dict[str, Any], *, where: str) -> GPTConfig:
@@ -55,12 +59,12 @@ def _position_type(value: Any) -> str:
         return "learned"
     if isinstance(value, Missing):
         number = value.args[0] if value.args else None
-        if number in _BS_POSITION_TYPES:
-            return _BS_POSITION_TYPES[number]
+        if number in POSITION_OF_BIGSCIENCE:
+            return POSITION_OF_BIGSCIENCE[number]
     name = getattr(value, "name", value)
     if isinstance(name, str):
         name = name.split(".")[-1]
-        return _MS_POSITION_TYPES.get(name, name)
+        return POSITION_OF_MEGATRON.get(name, name)
     raise ValueError(f"unknown position_embedding_type {value!r}")
 
 

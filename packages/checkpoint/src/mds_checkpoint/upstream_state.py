@@ -18,7 +18,7 @@ from typing import Any
 
 from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
 from mds_model import GPTConfig
-from mds_model.arguments import written_args
+from mds_model.arguments import BIGSCIENCE_POSITIONS, MEGATRON_POSITIONS, written_args
 
 from .ptfile import GlobalName
 
@@ -26,9 +26,6 @@ CHECKPOINT_VERSION = 3.0
 UNIVERSAL_CHECKPOINT_VERSION = 0.4  # deepspeed/checkpoint/constants.py (DeepSpeed 0.19)
 GPT2_EOD_TOKEN = "<|endoftext|>"
 GPT2_EOD_ID = 50256  # in GPT-2's vocab.json, the file GPT2BPETokenizer reads
-# Megatron-LM's spelling of position_embedding_type; bigscience pickles its enum (below).
-_POSITION_NAMES = {"learned": "learned_absolute", "rotary": "rope", "alibi": "alibi"}
-_BIGSCIENCE_POSITIONS = {"rotary": 1, "learned": 2, "alibi": 3}  # megatron/enums.py
 
 
 class _BigscienceEnum:
@@ -98,9 +95,9 @@ def megatron_args(
         rotary_percent=1.0,
         rope_theta=config.rotary_base,
         position_embedding_type=(
-            _BigscienceEnum(_BIGSCIENCE_POSITIONS[position])
+            _BigscienceEnum(BIGSCIENCE_POSITIONS[position])
             if layout == "bigscience"
-            else _POSITION_NAMES[position]
+            else MEGATRON_POSITIONS[position]
         ),
         squared_relu=False,
         apply_layernorm_1p=False,

@@ -1,6 +1,7 @@
 """GPTConfig's architecture under upstream's names: one row per Megatron argument (its pickled
-`args` attribute, its command-line flag, Hugging Face GPT-2's `config.json` key), Megatron's GeLU
-rule (megatron/model/transformer.py ParallelMLP) and transformers' GeLU names.
+`args` attribute, its command-line flag, Hugging Face GPT-2's `config.json` key), the position
+types' names, Megatron's GeLU rule (megatron/model/transformer.py ParallelMLP) and transformers'
+GeLU names.
 
 Reading and writing upstream's `args` (mds_checkpoint.describe, upstream_state), Hugging Face's
 GPT-2 config (mds_model.hf, mds_checkpoint.hf_folder), mds-train's refused flags and GPTConfig's
@@ -119,6 +120,14 @@ ARGUMENT_OF = {argument.field: argument for argument in ARGUMENTS}
 SWIGLU = Argument(
     "activation", "swiglu", "--swiglu", refusal=f"the MLP is GeLU ({GPT2_ARCHITECTURE})"
 )
+
+
+# GPTConfig.position_embedding_type in upstream's args: Megatron-LM's strings (written; read with
+# the older and flag spelling `absolute`) and bigscience's pickled enum (megatron/enums.py).
+MEGATRON_POSITIONS = {"learned": "learned_absolute", "rotary": "rope", "alibi": "alibi"}
+POSITION_OF_MEGATRON = {"absolute": "learned", **{n: p for p, n in MEGATRON_POSITIONS.items()}}
+BIGSCIENCE_POSITIONS = {"rotary": 1, "learned": 2, "alibi": 3}
+POSITION_OF_BIGSCIENCE = {number: position for position, number in BIGSCIENCE_POSITIONS.items()}
 
 
 def activation_of(*, openai_gelu: Any, onnx_safe: Any, bias_gelu_fusion: Any) -> str:
