@@ -85,3 +85,16 @@ def test_no_flag_is_in_two_tables():
     assert own == set()
     for flag in [*IGNORED.flags, *REFUSED.flags]:
         assert classify(flag.names[0]).status in ("ignored", "refused"), flag.names
+
+
+def test_every_architecture_row_s_flag_is_taken_or_refused_with_gpt_config_s_reason():
+    """mds_model.arguments' rows: a flag mds-train takes, or one it refuses for the reason
+    GPTConfig gives for the same value."""
+    from mds_model.arguments import ARGUMENTS, SWIGLU
+
+    for argument in (*ARGUMENTS, SWIGLU):
+        status, detail = classify(argument.flag)
+        if argument.refusal is None:
+            assert status == "works", argument.flag
+        else:
+            assert (status, detail.split(" (accepted")[0]) == ("refused", argument.refusal)
