@@ -54,16 +54,16 @@ ARGUMENTS = (
     Argument("num_layers", "num_layers", "--num-layers", "n_layer", int),
     Argument("hidden_size", "hidden_size", "--hidden-size", "n_embd", int),
     Argument("num_attention_heads", "num_attention_heads", "--num-attention-heads", "n_head", int),
+    # None fields (4 x hidden, seq_length) are written as the sizes they stand for
     Argument(
-        "ffn_hidden_size", "ffn_hidden_size", "--ffn-hidden-size", "n_inner", None, "ffn_size"
+        "ffn_hidden_size", "ffn_hidden_size", "--ffn-hidden-size", "n_inner", written="ffn_size"
     ),
     Argument(
         "max_position_embeddings",
         "max_position_embeddings",
         "--max-position-embeddings",
         "n_positions",
-        None,
-        "max_positions",
+        written="max_positions",
     ),
     Argument("seq_length", "seq_length", "--seq-length", read=int),
     Argument(
