@@ -45,10 +45,7 @@ ARCHITECTURE, TUNABLE, RUN = "architecture", "tunable", "run"
 
 
 def _field(kind: str, default: Any, compared_as: str | None) -> Any:
-    metadata = {KIND: kind, "compared_as": compared_as}
-    if default is dataclasses.MISSING:
-        return dataclasses.field(metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata={KIND: kind, "compared_as": compared_as})
 
 
 def _architecture(default: Any = dataclasses.MISSING, *, compared_as: str | None = None) -> Any:
