@@ -163,7 +163,7 @@ def test_rotary_is_refused_in_one_line(merge_mp, tp2pp2_checkpoint, tmp_path):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == (
         f"mds-merge-mp export-hf: error: {source / 'global_step2'}: position_embedding_type "
-        "'rotary' has no GPT2LMHeadModel equivalent (GPT-2 has learned positions); not exported\n"
+        "'rotary' has no GPT2LMHeadModel equivalent (GPT-2's is 'learned'); not exported\n"
     )
     assert not (tmp_path / "hf").exists()
 

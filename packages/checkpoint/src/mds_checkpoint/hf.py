@@ -24,6 +24,7 @@ from mds_model import (
     GPTConfig,
     from_hf_gpt2_parts,
     from_hf_gpt2_state_dict,
+    gpt2_problem,
     hf_gpt2_config,
     to_hf_gpt2_state_dict,
 )
@@ -61,16 +62,9 @@ class ExportResult:
 
 
 def _refuse_non_gpt2(config: GPTConfig, where: Path) -> None:
-    if config.position_embedding_type != "learned":
-        raise ValueError(
-            f"{where}: position_embedding_type {config.position_embedding_type!r} has no "
-            "GPT2LMHeadModel equivalent (GPT-2 has learned positions); not exported"
-        )
-    if config.embed_layernorm:
-        raise ValueError(
-            f"{where}: the embedding LayerNorm (--embed-layernorm, BLOOM) has no GPT2LMHeadModel "
-            "equivalent; not exported"
-        )
+    problem = gpt2_problem(config)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}; not exported")
 
 
 def export_hf(config: ExportConfig) -> ExportResult:

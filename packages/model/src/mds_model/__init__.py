@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .hf import (
         from_hf_gpt2_parts,
         from_hf_gpt2_state_dict,
+        gpt2_problem,
         hf_gpt2_config,
         to_hf_gpt2_state_dict,
     )
@@ -42,6 +43,7 @@ _LAZY = {
     "hf": (
         "from_hf_gpt2_parts",
         "from_hf_gpt2_state_dict",
+        "gpt2_problem",
         "hf_gpt2_config",
         "to_hf_gpt2_state_dict",
     ),
@@ -71,6 +73,7 @@ __all__ = [
     "format_estimate",
     "from_hf_gpt2_parts",
     "from_hf_gpt2_state_dict",
+    "gpt2_problem",
     "gpt_layer_specs",
     "hf_gpt2_config",
     "layer_parameters",

@@ -14,19 +14,35 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from .arguments import HF_ACTIVATION_OF, hf_gpt2_fields
-from .config import GPTConfig
+from .config import GPT2, GPTConfig
 from .naming import HF_QKV
 from .parameters import layer_parameters
 
+# Architecture fields GPT2LMHeadModel has no setting for: it expresses GPT-2's value only.
+_GPT2_ONLY = (
+    "position_embedding_type",
+    "embed_layernorm",
+    "normalization",
+    "num_query_groups",
+    "add_bias_linear",
+    "untie_embeddings_and_output_weights",
+)
+
+
+def gpt2_problem(config: GPTConfig) -> str | None:
+    """Why GPT2LMHeadModel cannot hold this model, in a few words; None when it can (the one
+    check of export-hf and of this module's converters)."""
+    for name in _GPT2_ONLY:
+        value = getattr(config, name)
+        if value != GPT2[name]:
+            return f"{name} {value!r} has no GPT2LMHeadModel equivalent (GPT-2's is {GPT2[name]!r})"
+    return None
+
 
 def _check_gpt2_shaped(config: GPTConfig) -> None:
-    if config.position_embedding_type != "learned":
-        raise ValueError(
-            f"GPT-2 has learned position embeddings; position_embedding_type "
-            f"{config.position_embedding_type!r} has no Hugging Face GPT-2 equivalent"
-        )
-    if config.embed_layernorm:
-        raise ValueError("GPT-2 has no embedding LayerNorm; embed_layernorm must be False")
+    problem = gpt2_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def hf_gpt2_config(config: GPTConfig, *, eos_token_id: int | None = None) -> dict:
