@@ -19,7 +19,7 @@ from torch import nn
 
 from . import kernels
 from .config import GPTConfig
-from .layers import LayerNorm, VocabParallelEmbedding, _master_slice
+from .layers import LayerNorm, VocabParallelEmbedding, _master_slice, norm_for
 from .parallel import (
     ParallelGroups,
     copy_to_tensor_parallel,
@@ -193,12 +193,8 @@ class GPT(nn.Module):
         # With sequence parallelism the final norm runs after the all-gather, on gradients that
         # are partial per rank (the head has no copy_to_tensor_parallel): sum them over TP.
         sp = config.sequence_parallel_active
-        self.final_layernorm = LayerNorm(
-            config.hidden_size,
-            eps=config.layernorm_epsilon,
-            use_kernel=config.use_fused_kernels,
-            dtype=config.torch_dtype,
-            sequence_parallel_group=groups.tp_group if sp else None,
+        self.final_layernorm = norm_for(
+            config, sequence_parallel_group=groups.tp_group if sp else None
         )
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .config import GPTConfig
 from .fp8.linear import Fp8Slot, fp8_linear
 from .parallel import (
     ParallelGroups,
@@ -69,9 +70,10 @@ def sequence_parallel_param(param: torch.Tensor, group: dist.ProcessGroup | None
     return param if group is None else copy_to_tensor_parallel(param, group)
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm over the last dimension: `forward(x)` returns the normed tensor, and `add_norm(x,
-    residual)` fuses the residual add before it (Megatron's separate add, then apex's LayerNorm).
+class _Norm(nn.Module):
+    """A norm over the last dimension: `forward(x)` returns the normed tensor, `add_norm(x,
+    residual)` fuses the residual add before it (Megatron's separate add, then the norm), and
+    `norm_and_residual(x)` passes x on for a later add. Subclasses say which kernel (`_normalize`).
 
     sequence_parallel_group: set when the input is a sequence-parallel slice (its grads are summed).
     """
@@ -89,39 +91,81 @@ class LayerNorm(nn.Module):
         self.eps, self.use_kernel = eps, use_kernel
         self.sequence_parallel_group = sequence_parallel_group
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
         if sequence_parallel_group is not None:
-            self.weight.sequence_parallel = self.bias.sequence_parallel = True
+            self.weight.sequence_parallel = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., H) -> LayerNorm(x) * weight + bias, in x's dtype."""
-        normed, _ = self._add_layer_norm(x, None)
+        """x (..., H) -> the normed x, in x's dtype."""
+        normed, _ = self._normalize(x, None)
         return normed
 
     def norm_and_residual(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(LayerNorm(x), x) for a block that adds x back later: with the kernel the second is a
-        view of x whose gradient the LayerNorm's backward adds into x's in the same pass,
-        instead of autograd adding the two afterwards (an add over the activations per layer)."""
-        return self._add_layer_norm(x, None)
+        """(norm(x), x) for a block that adds x back later: with the kernel the second is a
+        view of x whose gradient the norm's backward adds into x's in the same pass, instead of
+        autograd adding the two afterwards (an add over the activations per layer)."""
+        return self._normalize(x, None)
 
     def add_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(normed, summed): summed = x + residual (the next residual), normed = LayerNorm(summed).
+        """(normed, summed): summed = x + residual (the next residual), normed = norm(summed).
 
         Under autocast the residual stream (fp32) meets half-precision matmul outputs: both are
         promoted to the wider dtype, as torch's `+` would.
         """
         dtype = torch.promote_types(x.dtype, residual.dtype)
-        return self._add_layer_norm(x.to(dtype), residual.to(dtype))
+        return self._normalize(x.to(dtype), residual.to(dtype))
 
-    def _add_layer_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
-        group = self.sequence_parallel_group
-        weight = sequence_parallel_param(self.weight, group)
-        bias = sequence_parallel_param(self.bias, group)
+    def _normalize(self, x: torch.Tensor, residual: torch.Tensor | None):
+        raise NotImplementedError
+
+    def _param(self, param: torch.Tensor) -> torch.Tensor:
+        return sequence_parallel_param(param, self.sequence_parallel_group)
+
+
+class LayerNorm(_Norm):
+    """LayerNorm with a weight and a bias (GPT-2's, Megatron's default)."""
+
+    def __init__(self, hidden_size: int, **kwargs) -> None:
+        super().__init__(hidden_size, **kwargs)
+        self.bias = nn.Parameter(torch.zeros_like(self.weight))
+        if self.sequence_parallel_group is not None:
+            self.bias.sequence_parallel = True
+
+    def _normalize(self, x: torch.Tensor, residual: torch.Tensor | None):
         return kernels.add_layer_norm(
-            x, weight, bias, eps=self.eps, residual=residual, use_kernel=self.use_kernel
+            x,
+            self._param(self.weight),
+            self._param(self.bias),
+            eps=self.eps,
+            residual=residual,
+            use_kernel=self.use_kernel,
         )
+
+
+class RMSNorm(_Norm):
+    """RMSNorm with a weight and no bias (Llama's; upstream's `--normalization rmsnorm`),
+    statistics in fp32 (kernels.add_rms_norm)."""
+
+    def _normalize(self, x: torch.Tensor, residual: torch.Tensor | None):
+        return kernels.add_rms_norm(
+            x, self._param(self.weight), eps=self.eps, residual=residual, use_kernel=self.use_kernel
+        )
+
+
+# GPTConfig.normalization -> the module: the one place a layer's norms are chosen.
+NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+def norm_for(config: GPTConfig, **kwargs) -> _Norm:
+    """The config's norm over its hidden size (`sequence_parallel_group` as the caller says)."""
+    return NORMS[config.normalization](
+        config.hidden_size,
+        eps=config.layernorm_epsilon,
+        use_kernel=config.use_fused_kernels,
+        dtype=config.torch_dtype,
+        **kwargs,
+    )
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -17,7 +17,7 @@ from torch import nn
 from . import kernels
 from .attention import ParallelSelfAttention
 from .config import GPTConfig
-from .layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
+from .layers import ColumnParallelLinear, RowParallelLinear, norm_for
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint, init_rng
 
@@ -76,11 +76,8 @@ class ParallelTransformerLayer(nn.Module):
         # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
         self.sequence_parallel = config.sequence_parallel_active
         layer_norm = functools.partial(
-            LayerNorm,
-            config.hidden_size,
-            eps=config.layernorm_epsilon,
-            use_kernel=config.use_fused_kernels,
-            dtype=config.torch_dtype,
+            norm_for,
+            config,
             sequence_parallel_group=groups.tp_group if self.sequence_parallel else None,
         )
         with init_rng(None if init_seed is None else init_seed + layer_number):
