@@ -17,7 +17,6 @@ Files are memory-mapped, so one parameter's slices are read without loading a wh
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 from . import ptfile, universal
 from .arrays import to_float32
 from .engine_names import optimizer_order
+from .layout import ZERO_OPTIMIZER_FILE
 from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
 from .ptfile import Missing
@@ -34,7 +34,6 @@ from .source import Source
 from .zero3 import Zero3Partitions, saved_dp_size
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
-_ZERO_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
 
 class OptimizerState:
@@ -56,7 +55,7 @@ class OptimizerState:
                 "--no-load-optim, or --finetune)"
             )
         self._universal = None
-        zero_files = [p for p in folder.iterdir() if _ZERO_FILE.fullmatch(p.name)]
+        zero_files = [p for p in folder.iterdir() if ZERO_OPTIMIZER_FILE.fullmatch(p.name)]
         if (folder / universal.FOLDER / universal.GLOBAL_STATE).is_file():  # reshaped before
             self._universal = universal.UniversalState(folder)
             self.step = self._universal.step
@@ -128,7 +127,7 @@ class OptimizerState:
         files = sorted(files)
         num_dp = saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"])
         if num_dp is None:  # older files: the recorded DP size, else the largest rank's
-            ranks = [int(_ZERO_FILE.fullmatch(path.name).group(1)) for path in files]
+            ranks = [int(ZERO_OPTIMIZER_FILE.fullmatch(path.name).group(1)) for path in files]
             num_dp = source.meta.parallel.data_parallel_size or max(ranks) + 1
         prefix = "bf16_" if files[0].name.startswith("bf16_") else ""
         wanted = {
