@@ -197,12 +197,15 @@ class GPTConfig:
         flag, the reason mds-train's refused flags give (mds_model.arguments)."""
         if self.activation in GATED_ACTIVATIONS:
             raise ValueError(SWIGLU.refused_value(True))
-        for name in ("normalization", "num_query_groups", "add_bias_linear"):
+        for name in (
+            "normalization",
+            "num_query_groups",
+            "add_bias_linear",
+            "untie_embeddings_and_output_weights",
+        ):
             value = getattr(self, name)
             if value != GPT2[name]:
                 raise ValueError(ARGUMENT_OF[name].refused_value(value))
-        if self.untie_embeddings_and_output_weights:
-            raise ValueError(ARGUMENT_OF["untie_embeddings_and_output_weights"].refused_value(True))
 
     @classmethod
     def preset(cls, name: str, **fields: Any) -> GPTConfig:
