@@ -175,7 +175,8 @@ def check_checkpoint_tokenizer(
     files by content (`TokenizerRecord.same_as`), the same number of ids. `model_rows`: the
     embedding rows the checkpoint holds, which every id of `given` must have. `change_flag`: the
     tool's flag that says a change is meant (named in the message); with `change_allowed` only
-    the rows must fit. A record that names nothing (Megatron's files) is checked by size alone."""
+    the rows must fit. A record of Megatron's args (paths only, often of another machine) is
+    compared by content where its files are here, else by kind and the rows alone."""
     rows = None if given.vocab_size is None else given.embedding_rows()
     if None not in (model_rows, rows) and rows > model_rows:
         raise ValueError(
