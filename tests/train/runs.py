@@ -47,6 +47,27 @@ def data_flags(shared_data: Path, cache: Path) -> list[str]:
     ]
 
 
+def checkpoint_test_flags(shared_data: Path, cache: Path, out: Path, *extra) -> list[str]:
+    """The tiny model without dropout, a loss line every iteration, no evaluation, its metrics
+    in `out`, then `extra`: the runs the checkpoint tests save, damage and resume."""
+    flags = [
+        *MODEL, *OPTIMIZER, *NO_DROPOUT, *data_flags(shared_data, cache),
+        *"--lr-decay-iters 20 --log-interval 1 --eval-iters 0 --output-dir".split(), out, *extra,
+    ]  # fmt: skip
+    return [str(flag) for flag in flags]
+
+
+def universal_of(checkpoint: Path, out: Path) -> Path:
+    """`mds-merge-mp --with-optimizer` of `checkpoint` (a save folder or one global_stepN folder)
+    into `out`, in this process: the universal checkpoint the resume tests load."""
+    from mds_checkpoint.cli import main as merge_mp
+
+    with pytest.raises(SystemExit) as exit_:
+        merge_mp(["--load", str(checkpoint), "--save", str(out), "--with-optimizer"])
+    assert exit_.value.code == 0
+    return out
+
+
 def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # CPU training takes the pure-torch paths

@@ -20,13 +20,9 @@ def _train(runs, flags):
 
 
 def _flags(runs, shared_data, data_cache, out: Path, vocab: Path, *extra) -> list[str]:
-    data = runs.data_flags(shared_data, data_cache)
-    data[data.index("--vocab-file") + 1] = str(vocab)
-    return [
-        *runs.MODEL, *runs.OPTIMIZER, *runs.NO_DROPOUT, *data,
-        *"--lr-decay-iters 20 --log-interval 1 --eval-iters 0 --output-dir".split(), str(out),
-        *map(str, extra),
-    ]  # fmt: skip
+    flags = runs.checkpoint_test_flags(shared_data, data_cache, out, *extra)
+    flags[flags.index("--vocab-file") + 1] = str(vocab)
+    return flags
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +58,9 @@ def vocabularies(shared_data, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def universal(trained, tmp_path_factory) -> Path:
+def universal(runs, trained, tmp_path_factory) -> Path:
     """The checkpoint through mds-merge-mp --with-optimizer (meta.json keeps its tokenizer)."""
-    from mds_checkpoint.cli import main as merge_mp
-
-    out = tmp_path_factory.mktemp("tokenizer-universal") / "universal"
-    with pytest.raises(SystemExit) as exit_:
-        merge_mp(["--load", str(trained), "--save", str(out), "--with-optimizer"])
-    assert exit_.value.code == 0
-    return out
+    return runs.universal_of(trained, tmp_path_factory.mktemp("tokenizer-universal") / "universal")
 
 
 def _refused(result, vocab: Path, trained_vocab: Path, out: Path, words: str) -> None:

@@ -18,15 +18,11 @@ import pytest
 ERROR = "mds-train: error: "
 PARTITION = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 WORDS = "language_model.embedding.word_embeddings.weight"
+ZERO1 = ("--zero-stage", "1")
 
 
 def _train(runs, shared_data, data_cache, out: Path, *extra) -> object:
-    flags = [
-        *runs.MODEL, *runs.OPTIMIZER, *runs.NO_DROPOUT, *runs.data_flags(shared_data, data_cache),
-        *"--zero-stage 1 --lr-decay-iters 20 --log-interval 1 --eval-iters 0".split(),
-        "--output-dir", out, *extra,
-    ]  # fmt: skip
-    return runs.train([str(flag) for flag in flags])
+    return runs.train(runs.checkpoint_test_flags(shared_data, data_cache, out, *ZERO1, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +58,8 @@ def test_a_damaged_partition_stops_only_a_load_that_reads_it(
 
 
 @pytest.fixture(scope="module")
-def universal(zero1_save, tmp_path_factory) -> Path:
-    from mds_checkpoint.cli import main as merge_mp
-
-    out = tmp_path_factory.mktemp("zero1-universal") / "universal"
-    with pytest.raises(SystemExit) as exit_:
-        merge_mp(["--load", str(zero1_save), "--save", str(out), "--with-optimizer"])
-    assert exit_.value.code == 0
-    return out
+def universal(runs, zero1_save, tmp_path_factory) -> Path:
+    return runs.universal_of(zero1_save, tmp_path_factory.mktemp("zero1-universal") / "universal")
 
 
 @pytest.mark.parametrize("damage", ["missing exp_avg", "fp32 cut short"])

@@ -28,12 +28,8 @@ def _run(runs, tool: str, *args) -> subprocess.CompletedProcess:
     return result
 
 
-def _flags(runs, shared_data, data_cache, out: Path, *extra) -> list:
-    return [
-        *runs.MODEL, *runs.OPTIMIZER, *runs.NO_DROPOUT, *runs.data_flags(shared_data, data_cache),
-        *"--lr-decay-iters 20 --log-interval 1 --eval-iters 0 --train-iters 4".split(),
-        "--output-dir", out, *extra,
-    ]  # fmt: skip
+def _flags(runs, shared_data, data_cache, out: Path, *extra) -> list[str]:
+    return runs.checkpoint_test_flags(shared_data, data_cache, out, "--train-iters", 4, *extra)
 
 
 def test_a_new_weight_keeps_its_adam_moments_through_merge_mp_and_a_resume(
