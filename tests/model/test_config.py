@@ -76,7 +76,7 @@ def test_defaults_follow_megatron():
         ),
         (
             {"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4},
-            "rotary position embeddings need an even head dim",
+            "rotary position embeddings need an even number of rotated dimensions",
         ),
     ],
 )
@@ -137,6 +137,7 @@ def test_every_field_is_marked_and_the_architecture_is_what_a_checkpoint_must_ma
         "ffn_size",
         "max_positions",
         "position_embedding_type",
+        "rotary_percent",
         "embed_layernorm",
         "activation",
         "normalization",
@@ -151,22 +152,30 @@ def test_every_field_is_marked_and_the_architecture_is_what_a_checkpoint_must_ma
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"normalization": "rmsnorm"}, "--normalization rmsnorm: LayerNorm only"),
-        ({"activation": "swiglu"}, "--swiglu: the MLP is GeLU"),
-        ({"num_query_groups": 2}, "--num-key-value-heads 2: grouped-query attention is not"),
-        ({"add_bias_linear": False}, "--disable-bias-linear: linear layers have biases"),
-        (
-            {"untie_embeddings_and_output_weights": True},
-            "--untie-embeddings-and-output-weights: the output layer is the word embedding",
-        ),
         ({"normalization": "batchnorm"}, "normalization must be one of layernorm, rmsnorm"),
         ({"num_query_groups": 0}, "num_query_groups must be a positive integer"),
+        ({"num_query_groups": 3}, "num_query_groups (3) must divide num_attention_heads (4)"),
+        (
+            {"num_query_groups": 2, "tensor_model_parallel_size": 4},
+            "num_query_groups (2) must divide num_attention_heads (4) and be divisible by "
+            "tensor_model_parallel_size (4)",
+        ),
+        ({"rotary_percent": 0.0}, "rotary_percent must be in (0, 1]"),
     ],
 )
-def test_llama_choices_not_built_yet_are_one_line_naming_megatron_s_flag(overrides, message):
+def test_llama_choices_are_checked_in_one_line(overrides, message):
     with pytest.raises(ValueError) as error:
         config(**overrides)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_swiglu_ffn_default_is_upstream_s_rule():
+    """megatron/arguments.py: with --swiglu and no --ffn-hidden-size, int((4h * 2/3) / 64) * 64."""
+    llama = GPTConfig.preset(
+        "llama", num_layers=2, hidden_size=2048, num_attention_heads=16, vocab_size=9
+    )
+    assert llama.ffn_size == 5440 and config().ffn_size == 4 * 64
+    assert llama.rotary_dim == 128 and config(rotary_percent=0.25).rotary_dim == 4
 
 
 def test_one_query_group_per_head_is_multi_head_attention():
@@ -183,13 +192,22 @@ def test_each_preset_is_a_valid_architecture(name):
     assert set(ARCHITECTURES[name]) <= set(GPTConfig.fields_of_kind(ARCHITECTURE))
 
 
-def test_presets_name_gpt2_and_bloom():
+def test_presets_name_gpt2_bloom_and_llama():
     assert ARCHITECTURES["gpt2"] == {}
     bloom = GPTConfig.preset(
         "bloom", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
     )
     assert (bloom.position_embedding_type, bloom.embed_layernorm) == ("alibi", True)
-    with pytest.raises(ValueError, match="architecture must be one of gpt2, bloom"):
+    llama = GPTConfig.preset(
+        "llama", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
+    )
+    assert (llama.normalization, llama.activation, llama.position_embedding_type) == (
+        "rmsnorm",
+        "swiglu",
+        "rotary",
+    )
+    assert not llama.add_bias_linear and llama.untie_embeddings_and_output_weights
+    with pytest.raises(ValueError, match="architecture must be one of gpt2, bloom, llama"):
         GPTConfig.preset(
             "llama2", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=9
         )

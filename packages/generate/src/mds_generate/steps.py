@@ -48,9 +48,7 @@ class CachedSteps:
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
         self.cpu_head = None
         if device.type == "cpu" and model.groups.tp_size == 1:
-            self.cpu_head = CpuLmHead(
-                model.embedding.word_embeddings.weight, vocab_size=model.config.vocab_size
-            )
+            self.cpu_head = CpuLmHead(model.head_weight, vocab_size=model.config.vocab_size)
         # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
         function = _decode_one if self.cpu_head is None else _decode_one_hidden
         self.compiled = torch.compile(function, fullgraph=True, dynamic=False) if compile else None

@@ -4,9 +4,8 @@ types' names, Megatron's GeLU rule (megatron/model/transformer.py ParallelMLP) a
 GeLU names.
 
 Reading and writing upstream's `args` (mds_checkpoint.describe, upstream_state), Hugging Face's
-GPT-2 config (mds_model.hf, mds_checkpoint.hf_folder), mds-train's refused flags and GPTConfig's
-refusal of what mds_model does not build yet all read these rows. Imports neither torch nor the
-model code.
+GPT-2 config (mds_model.hf, mds_checkpoint.hf_folder) and mds-train's flags read these rows.
+Imports neither torch nor the model code.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import GPTConfig
-
-GPT2_ARCHITECTURE = "mds_model is GPT-2's architecture"
 
 
 @dataclass(frozen=True)
@@ -31,19 +28,10 @@ class Argument:
     hf: str | None = None  # Hugging Face GPT2Config's key; None where GPT-2 has none
     read: Callable[[Any], Any] | None = None  # args' value -> the field's (None: as it is)
     written: str | None = None  # GPTConfig's derived size written instead of the field
-    # Values mds_model does not build: `refusal` is mds-train's refused flag's reason and
-    # GPTConfig's error; `feature` what a checkpoint's args with another value hold.
-    refusal: str | None = None
-    feature: str | None = None
 
     def value(self, config: GPTConfig) -> Any:
         """The field as upstream's args and flags hold it."""
         return getattr(config, self.written or self.field)
-
-    def refused_value(self, value: Any) -> str:
-        """GPTConfig's one line for a value of this field that mds_model does not build."""
-        given = self.flag if isinstance(value, bool) else f"{self.flag} {value}"
-        return f"{given}: {self.refusal}"
 
 
 def _normalization(value: Any) -> str:
@@ -79,47 +67,30 @@ ARGUMENTS = (
     Argument("attention_dropout", "attention_dropout", "--attention-dropout", "attn_pdrop", float),
     Argument("init_method_std", "init_method_std", "--init-method-std", "initializer_range", float),
     Argument("embed_layernorm", "embed_layernorm", "--embed-layernorm", read=bool),
-    Argument(
-        "normalization",
-        "normalization",
-        "--normalization",
-        read=_normalization,
-        refusal=f"LayerNorm only ({GPT2_ARCHITECTURE})",
-        feature="another normalization than LayerNorm",
-    ),
+    Argument("normalization", "normalization", "--normalization", read=_normalization),
     Argument(
         "num_query_groups",
         "num_key_value_heads",  # deepspeedai's; Megatron-LM's num_query_groups
         "--num-key-value-heads",
         read=int,
         written="query_groups",
-        refusal="grouped-query attention is not supported; every head has its keys and values",
-        feature="grouped-query attention",
     ),
-    Argument(
-        "add_bias_linear",
-        "add_bias_linear",
-        "--disable-bias-linear",
-        read=bool,
-        refusal=f"linear layers have biases ({GPT2_ARCHITECTURE})",
-        feature="linear layers without biases",
-    ),
+    # stored inverted: the flag is --disable-bias-linear (args.add_bias_linear False)
+    Argument("add_bias_linear", "add_bias_linear", "--disable-bias-linear", read=bool),
     Argument(
         "untie_embeddings_and_output_weights",
         "untie_embeddings_and_output_weights",
         "--untie-embeddings-and-output-weights",
         read=bool,
-        refusal=f"the output layer is the word embedding ({GPT2_ARCHITECTURE})",
-        feature="an output layer untied from the embeddings",
     ),
+    Argument("rotary_base", "rope_theta", "--rotary-position-embeddings-theta", read=float),
+    Argument("rotary_percent", "rotary_percent", "--rotary-percent", read=float),
 )
 ARGUMENT_OF = {argument.field: argument for argument in ARGUMENTS}
 
-# GPTConfig.activation's gated MLP, upstream's --swiglu (Megatron-core: gated_linear_unit with
-# SiLU), as the rows above: refused by GPTConfig and mds-train alike until mds_model builds it.
-SWIGLU = Argument(
-    "activation", "swiglu", "--swiglu", refusal=f"the MLP is GeLU ({GPT2_ARCHITECTURE})"
-)
+# GPTConfig.activation's gated MLP: upstream's --swiglu (args.swiglu; Megatron-core's
+# gated_linear_unit with SiLU), which wins over the GeLU switches (`activation_of`).
+SWIGLU = Argument("activation", "swiglu", "--swiglu", read=bool)
 
 
 # GPTConfig.position_embedding_type in upstream's args: Megatron-LM's strings (written; read with
@@ -130,12 +101,16 @@ BIGSCIENCE_POSITIONS = {"rotary": 1, "learned": 2, "alibi": 3}
 POSITION_OF_BIGSCIENCE = {number: position for position, number in BIGSCIENCE_POSITIONS.items()}
 
 
-def activation_of(*, openai_gelu: Any, onnx_safe: Any, bias_gelu_fusion: Any) -> str:
+def activation_of(
+    *, openai_gelu: Any, onnx_safe: Any, bias_gelu_fusion: Any, swiglu: Any = False
+) -> str:
     """GPTConfig.activation as upstream's ParallelMLP picks it (megatron/model/transformer.py):
-    openai_gelu (tanh), else onnx_safe's erf_gelu (exact), else the fused bias_gelu (tanh) unless
-    bias_gelu_fusion is off, leaving F.gelu (exact). Each is taken for its truth, as upstream's
-    (`--onnx-safe False` is argparse `type=bool`: true); bias_gelu_fusion None is its default,
-    on."""
+    swiglu first, then openai_gelu (tanh), else onnx_safe's erf_gelu (exact), else the fused
+    bias_gelu (tanh) unless bias_gelu_fusion is off, leaving F.gelu (exact). Each is taken for
+    its truth, as upstream's (`--onnx-safe False` is argparse `type=bool`: true);
+    bias_gelu_fusion None is its default, on."""
+    if swiglu:
+        return "swiglu"
     if openai_gelu:
         return "gelu_tanh"
     if onnx_safe:

@@ -1,12 +1,15 @@
 """Tensor-parallel causal self-attention (Megatron's `ParallelAttention`) with four core backends.
 
 QKV comes out of one column-parallel linear laid out per partition as `[heads/TP, 3, head_dim]`
-(Megatron checkpoint version >= 2). The core runs flash-attn's function when importable (CUDA, half
+(Megatron checkpoint version >= 2), or with grouped-query attention (`num_query_groups`) as
+upstream's `[groups/TP, heads/groups + 2, head_dim]`: each group's queries, then its key and value,
+which the group's query heads share. The core runs flash-attn's function when importable (CUDA, half
 precision), else `scaled_dot_product_attention`, else (ALiBi, or cached queries shorter than keys)
 explicit scores through the kernel API's scaled masked softmax. `cudnn` is SDPA with cuDNN's fused
 attention first in its order (on CUDA; SDPA's others where cuDNN does not take the input): on an
 H100 its forward and backward took 0.68 ms against the flash backend's 0.96 at the 345M shape.
-Rotary follows GPT-NeoX's rotate-half over the whole head; ALiBi slopes follow Press et al. and
+Rotary follows GPT-NeoX's rotate-half over the first `rotary_dim` dimensions of each head
+(all of it by default); ALiBi slopes follow Press et al. and
 BS, sliced per TP partition. Decoding with a KV cache (`mds_model.decoding`) builds on
 `project_qkv`, `attend` and `project_out`.
 """
@@ -60,13 +63,15 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for rotary positions; not saved in checkpoints (derived from the config)."""
+    """cos/sin tables for rotary positions over a head's first `dim` dimensions (the rest pass
+    through: upstream's --rotary-percent, GPT-NeoX's rotary_pct); not saved in checkpoints."""
 
-    def __init__(self, head_dim: int, *, max_positions: int, base: float) -> None:
+    def __init__(self, dim: int, *, max_positions: int, base: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.dim = dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, dim)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
@@ -83,11 +88,22 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin[positions].unsqueeze(1).to(x.dtype)
         return self._rotate(x, cos, sin)
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.dim != x.shape[-1]:
+            head, rest = x[..., : self.dim], x[..., self.dim :]
+            return torch.cat((self._rotate(head, cos, sin), rest), dim=-1)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
+
+
+def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Keys or values of the key/value groups (B, groups, S, hd) -> one per query head (B, heads,
+    S, hd): head i reads group i // (heads / groups), as upstream's and transformers' repeat_kv."""
+    groups = x.shape[1]
+    if groups == num_heads:
+        return x
+    return x.repeat_interleave(num_heads // groups, dim=1)
 
 
 class ParallelSelfAttention(nn.Module):
@@ -100,13 +116,15 @@ class ParallelSelfAttention(nn.Module):
         h, dtype = config.hidden_size, config.torch_dtype
         self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
         self.num_local_heads = config.num_attention_heads // groups.tp_size
+        self.num_local_groups = config.query_groups // groups.tp_size
         self.head_dim = config.head_dim
         sequence_parallel = config.sequence_parallel_active
         self.query_key_value = ColumnParallelLinear(
             h,
-            3 * h,
+            config.qkv_size,
             groups=groups,
             init_std=config.init_method_std,
+            bias=config.add_bias_linear,
             sequence_parallel=sequence_parallel,
             dtype=dtype,
         )
@@ -115,13 +133,14 @@ class ParallelSelfAttention(nn.Module):
             h,
             groups=groups,
             init_std=config.output_layer_init_std,
+            bias=config.add_bias_linear,
             sequence_parallel=sequence_parallel,
             dtype=dtype,
         )
         self.rotary = None
         if config.position_embedding_type == "rotary":
             self.rotary = RotaryEmbedding(
-                self.head_dim, max_positions=config.max_positions, base=config.rotary_base
+                config.rotary_dim, max_positions=config.max_positions, base=config.rotary_base
             )
         self.alibi: torch.Tensor | None = None
         if config.position_embedding_type == "alibi":
@@ -155,14 +174,21 @@ class ParallelSelfAttention(nn.Module):
     def project_qkv(
         self, x: torch.Tensor, *, position_offset: int = 0, positions: torch.Tensor | None = None
     ):
-        """x (S, B, H) -> queries, keys and values (B, heads/TP, S, hd) each, rotated when rotary:
-        at positions position_offset onwards, or at per-row positions (B, S)."""
-        qkv = self.query_key_value(x)  # (S, B, 3H/TP) as [heads/TP, 3, head_dim] per position
+        """x (S, B, H) -> queries (B, heads/TP, S, hd), keys and values (B, groups/TP, S, hd)
+        (groups: heads without grouped-query attention), rotated when rotary: at positions
+        position_offset onwards, or at per-row positions (B, S)."""
+        qkv = self.query_key_value(x)  # (S, B, qkv_size/TP), per group [queries, key, value]
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
-        qkv = qkv.view(seq, batch, self.num_local_heads, 3, self.head_dim)
-        # unbind, not three index ops: its backward writes one stacked gradient instead of three
-        # zero-filled full-size ones.
-        q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
+        per_group = self.num_local_heads // self.num_local_groups
+        qkv = qkv.view(seq, batch, self.num_local_groups, per_group + 2, self.head_dim)
+        if per_group == 1:
+            # unbind, not three index ops: its backward writes one stacked gradient instead of
+            # three zero-filled full-size ones.
+            q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.unbind(dim=3))  # each (B, nh, S, hd)
+        else:
+            q, k, v = qkv.split([per_group, 1, 1], dim=3)
+            q = q.reshape(seq, batch, self.num_local_heads, self.head_dim).permute(1, 2, 0, 3)
+            k, v = (t.squeeze(3).permute(1, 2, 0, 3) for t in (k, v))  # (B, ng, S, hd)
         if self.rotary is not None and positions is not None:
             q, k = self.rotary.at(q, positions), self.rotary.at(k, positions)
         elif self.rotary is not None:
@@ -185,7 +211,7 @@ class ParallelSelfAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + causal mask [+ ALiBi]) v.
 
-        q (B, nh, Sq, hd), k and v (B, nh, Sk, hd) -> (B, nh, Sq, hd).
+        q (B, nh, Sq, hd), k and v (B, nh or groups, Sk, hd) -> (B, nh, Sq, hd).
         """
         p = self.config.attention_dropout if self.training else 0.0
         sq, sk = q.shape[2], k.shape[2]
@@ -196,6 +222,8 @@ class ParallelSelfAttention(nn.Module):
             backend = "sdpa"
         if backend == "cudnn" and not q.is_cuda:
             backend = "sdpa"
+        if backend != "flash":  # flash-attn takes grouped keys and values as they are
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         with self._dropout_rng(p):  # dropout on TP-split heads must differ per rank
             if backend == "flash":
                 out = flash_attn_func(

@@ -19,8 +19,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .arguments import ARGUMENT_OF, SWIGLU
-
 if TYPE_CHECKING:
     import torch
 
@@ -31,13 +29,23 @@ PARAMS_DTYPES = ("float32", "bfloat16", "float16")
 # The MLP's GeLU -> F.gelu's `approximate`. gelu_tanh: Megatron's fused bias_gelu and openai_gelu
 # (upstream's default); gelu: the exact erf GeLU of its unfused F.gelu (--no-bias-gelu-fusion).
 ACTIVATIONS = {"gelu_tanh": "tanh", "gelu": "none"}
-GATED_ACTIVATIONS = ("swiglu",)  # Megatron-core's gated_linear_unit: named, not built yet
+# Gated MLPs (Megatron-core's gated_linear_unit): dense_h_to_4h is [gate; up] on each TP rank,
+# activation(gate) * up; upstream's --swiglu.
+GATED_ACTIVATIONS = ("swiglu",)
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 # Named architectures, GPTConfig fields over GPT-2's defaults (torchtitan's named model args).
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "gpt2": {},
     "bloom": {"position_embedding_type": "alibi", "embed_layernorm": True},
+    # upstream's Llama scripts' flag block (examples_deepspeed/pretrain_llama*_distributed.sh)
+    "llama": {
+        "position_embedding_type": "rotary",
+        "normalization": "rmsnorm",
+        "activation": "swiglu",
+        "add_bias_linear": False,
+        "untie_embeddings_and_output_weights": True,
+    },
 }
 
 KIND = "kind"
@@ -89,13 +97,13 @@ class GPTConfig:
     attention_dropout: float = _run(0.1)
     init_method_std: float = _run(0.02)  # the initial weights' only
     position_embedding_type: str = _architecture("learned")
-    rotary_base: float = _tunable(10000.0)
+    rotary_base: float = _tunable(10000.0)  # upstream's --rotary-position-embeddings-theta
+    rotary_percent: float = _architecture(1.0)  # rotate the first int(head_dim * p) dimensions
     embed_layernorm: bool = _architecture(False)
     activation: str = _architecture("gelu_tanh")  # a key of ACTIVATIONS
-    # Megatron-core's names for the Llama family's choices (its TransformerConfig); GPT-2's values
-    # until mds_model builds the others (`_check_built`).
+    # Megatron-core's names for the Llama family's choices (its TransformerConfig).
     normalization: str = _architecture("layernorm")
-    num_query_groups: int | None = _architecture(None)  # None: one per head
+    num_query_groups: int | None = _architecture(None)  # key/value heads; None: one per head
     add_bias_linear: bool = _architecture(True)
     untie_embeddings_and_output_weights: bool = _architecture(False)
     use_fused_kernels: bool = _run(True)
@@ -181,31 +189,25 @@ class GPTConfig:
             raise ValueError(f"num_query_groups must be a positive integer, got {groups!r}")
         if groups == self.num_attention_heads:  # one group per head is plain multi-head attention
             object.__setattr__(self, "num_query_groups", None)
-        self._check_built()
+        if self.num_attention_heads % self.query_groups or self.query_groups % tp:
+            raise ValueError(
+                f"num_query_groups ({self.query_groups}) must divide num_attention_heads "
+                f"({self.num_attention_heads}) and be divisible by tensor_model_parallel_size "
+                f"({tp})"
+            )
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
         if self.sequence_parallel and self.seq_length % tp:
             raise ValueError(
                 f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
                 f"tensor_model_parallel_size ({tp})"
             )
-        if self.position_embedding_type == "rotary" and self.head_dim % 2:
+        if self.position_embedding_type == "rotary" and self.rotary_dim % 2:
             raise ValueError(
-                f"rotary position embeddings need an even head dim, got {self.head_dim}"
+                "rotary position embeddings need an even number of rotated dimensions, got "
+                f"{self.rotary_dim} (head dim {self.head_dim} x rotary_percent "
+                f"{self.rotary_percent})"
             )
-
-    def _check_built(self) -> None:
-        """Megatron's Llama-family choices mds_model does not build yet: one line naming the
-        flag, the reason mds-train's refused flags give (mds_model.arguments)."""
-        if self.activation in GATED_ACTIVATIONS:
-            raise ValueError(SWIGLU.refused_value(True))
-        for name in (
-            "normalization",
-            "num_query_groups",
-            "add_bias_linear",
-            "untie_embeddings_and_output_weights",
-        ):
-            value = getattr(self, name)
-            if value != GPT2[name]:
-                raise ValueError(ARGUMENT_OF[name].refused_value(value))
 
     @classmethod
     def preset(cls, name: str, **fields: Any) -> GPTConfig:
@@ -256,8 +258,29 @@ class GPTConfig:
         return ACTIVATIONS[self.activation]
 
     @property
+    def gated(self) -> bool:
+        """The MLP is gated: dense_h_to_4h holds [gate; up] (2 x ffn rows)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
     def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
+        """The MLP's inner size; by default 4 x hidden, or upstream's --swiglu rule
+        int((4h * 2/3) / 64) * 64 (megatron/arguments.py)."""
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.gated:
+            return int((4 * self.hidden_size * 2 / 3) / 64) * 64
+        return 4 * self.hidden_size
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotated dimensions of each head, upstream's int(head_dim * rotary_percent)."""
+        return int(self.head_dim * self.rotary_percent)
+
+    @property
+    def qkv_size(self) -> int:
+        """query_key_value's output rows: every head's query, each group's key and value."""
+        return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
 
     @property
     def max_positions(self) -> int:

@@ -5,10 +5,10 @@ returns logits: one kind of result per method. Decoding with a KV cache runs ove
 parameters in `mds_model.decoding` (`Decoder`).
 
 Same layers as the pipeline (`pipeline.py`): Megatron's embedding (vocab-parallel words + learned
-positions [+ BLOOM's embed LayerNorm]), N transformer layers on (S, B, H), a final LayerNorm and the
-LM head tied to the word embeddings. Logits stay vocab-parallel (B, S, V/TP) and go straight into
-the vocab-parallel cross-entropy, as Megatron's `parallel_lm_logits` and
-`vocab_parallel_cross_entropy`.
+positions [+ BLOOM's embed LayerNorm]), N transformer layers on (S, B, H), a final norm and the
+LM head: the word embeddings (tied), or Megatron's untied `output_layer` (vocab-parallel rows).
+Logits stay vocab-parallel (B, S, V/TP) and go straight into the vocab-parallel cross-entropy, as
+Megatron's `parallel_lm_logits` and `vocab_parallel_cross_entropy`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from . import kernels
 from .config import GPTConfig
-from .layers import LayerNorm, VocabParallelEmbedding, _master_slice, norm_for
+from .layers import LayerNorm, VocabParallelEmbedding, _mark_parallel, _master_slice, norm_for
 from .parallel import (
     ParallelGroups,
     copy_to_tensor_parallel,
@@ -88,6 +88,24 @@ class Embedding(nn.Module):
             x = x + self.position_embeddings(positions)
         p = self.config.hidden_dropout if self.training else 0.0
         return F.dropout(x, p=p) if p > 0.0 else x
+
+
+class OutputLayer(nn.Module):
+    """The untied LM head's weight (upstream's --untie-embeddings-and-output-weights): this rank's
+    rows of the padded vocabulary, as the word embeddings' (Megatron's `output_layer`, the
+    pipeline's `lm_head`: a column-parallel linear without bias); `lm_logits` applies it."""
+
+    def __init__(self, config: GPTConfig, *, groups: ParallelGroups) -> None:
+        super().__init__()
+        self.groups, self.config = groups, config
+        weight = _master_slice(
+            (config.padded_vocab_size, config.hidden_size),
+            std=config.init_method_std,
+            partition_dim=0,
+            groups=groups,
+            dtype=config.torch_dtype,
+        )
+        self.weight = _mark_parallel(nn.Parameter(weight), 0)
 
 
 def to_sequence_first(
@@ -196,6 +214,10 @@ class GPT(nn.Module):
         self.final_layernorm = norm_for(
             config, sequence_parallel_group=groups.tp_group if sp else None
         )
+        self.output_layer = None
+        if config.untie_embeddings_and_output_weights:
+            with init_rng(None if init_seed is None else init_seed + config.num_layers + 1):
+                self.output_layer = OutputLayer(config, groups=groups)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """tokens, labels (B, S) int64 -> per-token cross-entropy (B, S) in fp32.
@@ -224,10 +246,23 @@ class GPT(nn.Module):
         return self._head(to_batch_first(x, groups=self.groups, sequence_parallel=sp))
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final LayerNorm and the tied LM head: (B, S, H) -> (B, S, V/TP)."""
+        """Final norm and the LM head: (B, S, H) -> (B, S, V/TP)."""
+        return self.lm_head(self.final_layernorm(x))
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's rows of the padded vocabulary on this rank (B, S, H) @ weight^T: the
+        untied output layer's, or the word embeddings'."""
+        if self.output_layer is not None:
+            return self.output_layer.weight
+        return self.embedding.word_embeddings.weight
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (B, S, H) -> vocab-parallel logits (B, S, V/TP): the untied
+        output layer, or the word embeddings."""
         return lm_logits(
-            self.final_layernorm(x),
-            self.embedding.word_embeddings.weight,
+            normed,
+            self.head_weight,
             self.groups,
             sequence_parallel=self.config.sequence_parallel_active,
         )
@@ -237,8 +272,10 @@ class GPT(nn.Module):
         return gather_from_tensor_parallel(logits, self.groups.tp_group)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        """Parameters on this rank (tied head counted once)."""
+        """Parameters on this rank (a tied head counted once; an untied one is an embedding)."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             total -= sum(p.numel() for p in self.embedding.parameters())
+            if self.output_layer is not None:
+                total -= self.output_layer.weight.numel()
         return total

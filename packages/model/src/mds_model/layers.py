@@ -26,6 +26,7 @@ from .parallel import (
     reduce_scatter_to_sequence_parallel,
     scatter_to_tensor_parallel,
 )
+from .parameters import GATED, ROWS, Split
 
 
 def _master_slice(
@@ -35,11 +36,16 @@ def _master_slice(
     partition_dim: int,
     groups: ParallelGroups,
     dtype: torch.dtype,
+    split: Split | None = None,
 ) -> torch.Tensor:
+    """This rank's blocks of a seeded master (`split`: a GATED weight's two halves' blocks;
+    by default one contiguous block on partition_dim)."""
     master = torch.empty(shape, dtype=torch.float32)
     nn.init.normal_(master, mean=0.0, std=std)
-    part = master.chunk(groups.tp_size, dim=partition_dim)[groups.tp_rank]
-    return part.to(dtype).contiguous()
+    split = split or Split(ROWS)
+    blocks = split.rank_blocks(shape[partition_dim], groups.tp_size, groups.tp_rank)
+    parts = [master.narrow(partition_dim, start, stop - start) for start, stop in blocks]
+    return torch.cat(parts, dim=partition_dim).to(dtype).contiguous()
 
 
 def _mark_parallel(param: nn.Parameter, partition_dim: int) -> nn.Parameter:
@@ -241,6 +247,7 @@ class ColumnParallelLinear(_Linear):
 
     skip_bias_add: forward leaves this rank's bias slice out, for the caller to fuse it into the
     next op (the MLP's bias+GeLU reads `.bias`), as Megatron's `skip_bias_add`.
+    gated: the output is [gate; up] (a gated MLP's), each rank holding its block of each half.
     sequence_parallel: the input is this rank's sequence slice, all-gathered before the matmul.
     """
 
@@ -256,6 +263,7 @@ class ColumnParallelLinear(_Linear):
         skip_bias_add: bool = False,
         sequence_parallel: bool = False,
         dtype: torch.dtype = torch.float32,
+        gated: bool = False,
     ) -> None:
         super().__init__()
         self.sequence_parallel = sequence_parallel
@@ -270,6 +278,7 @@ class ColumnParallelLinear(_Linear):
                     partition_dim=0,
                     groups=groups,
                     dtype=dtype,
+                    split=Split(GATED) if gated else None,
                 )
             ),
             0,

@@ -20,19 +20,30 @@ query_key_value rows of one TP rank: `QKV_ORDERS`.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
 
 # The plain GPT's names and their tensor-parallel split: parameters.py's table.
-from .parameters import FINAL_NORM, WORD_EMBEDDINGS, Split, split_of_local  # noqa: F401
+from .parameters import (  # noqa: F401
+    FINAL_NORM,
+    OUTPUT_LAYER,
+    WORD_EMBEDDINGS,
+    Split,
+    split_of_local,
+)
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 # Older Megatron spellings inside a layer.
 LAYER_ALIASES = {"attention.": "self_attention."}
 
 
-def split_of(name: str) -> Split:
-    """The split rule of a plain-GPT parameter name (parameters.py's split kind)."""
+def split_of(name: str, config: GPTConfig) -> Split:
+    """The split rule of a plain-GPT parameter name in this config's architecture (parameters.py's
+    split kind)."""
     match = _LAYER.fullmatch(name)
-    return split_of_local(name if match is None else match.group(2))
+    return split_of_local(name if match is None else match.group(2), config)
 
 
 def layer_name(index: int, local: str) -> str:
@@ -98,8 +109,8 @@ def renumber(index: int, num_layers: int, *, source: str, target: str) -> int:
         return EMBEDDING_INDEX
     if first <= index < first + num_layers:
         return target_first + index - first
-    if index == final:
-        return target_final
+    if index in (final, final + 1):  # the final norm, the untied head one after it
+        return target_final + index - final
     raise ValueError(f"spec index {index} holds no parameters of a {num_layers}-layer GPTModelPipe")
 
 
@@ -107,10 +118,15 @@ def renumber(index: int, num_layers: int, *, source: str, target: str) -> int:
 
 MEGATRON_PREFIXES = {  # Megatron's nested names -> the plain GPT's
     "language_model.embedding.": "embedding.",
+    "language_model.output_layer.": "output_layer.",  # the untied head (language_model.py)
     "language_model.encoder.": "",
     "language_model.transformer.": "",  # checkpoint_version 0's spelling
 }
 TIED_PREFIX = "tied_modules.embed."  # the pipeline engine's tied embedding (TiedLayerSpec "embed")
+# The untied head: upstream's LMHeadPipe (megatron/model/transformer.py) holds it as `lm_head`, in
+# its own layer file one spec after the final norm (deepspeedai's GPTModelPipe); the untied
+# embedding is a plain LayerSpec, `{EMBEDDING_INDEX}.word_embeddings.weight` to the engine.
+LM_HEAD = "lm_head."
 
 # --- Hugging Face's GPT2LMHeadModel -----------------------------------------------------------
 

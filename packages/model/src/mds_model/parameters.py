@@ -26,9 +26,15 @@ REPLICATED = "replicated"  # every rank holds it whole: norms, row-parallel bias
 ROWS = "rows"  # column-parallel outputs: dim 0 cut in TP contiguous blocks
 COLUMNS = "columns"  # row-parallel inputs: dim 1 cut in TP contiguous blocks
 VOCAB_ROWS = "vocab_rows"  # the padded vocabulary rows on dim 0, re-padded when TP changes
-QKV = "qkv"  # query/key/value rows grouped per head (per key/value group), whole groups per rank
-SPLITS = (REPLICATED, ROWS, COLUMNS, VOCAB_ROWS, QKV)
-_SPLIT_DIMS = {REPLICATED: None, ROWS: 0, COLUMNS: 1, VOCAB_ROWS: 0, QKV: 0}
+# query/key/value rows grouped per key/value group, [groups, heads/groups + 2, head_dim] (the
+# group's queries, its key, its value; per head [heads, 3, head_dim] without grouping): whole
+# groups per rank, so contiguous blocks of dim 0 as ROWS.
+QKV = "qkv"
+# A gated MLP's dense_h_to_4h: whole [gate; up], each rank [gate_r; up_r] (upstream chunks each
+# rank's output in two): rank r holds block r of each half.
+GATED = "gated"
+SPLITS = (REPLICATED, ROWS, COLUMNS, VOCAB_ROWS, QKV, GATED)
+_SPLIT_DIMS = {REPLICATED: None, ROWS: 0, COLUMNS: 1, VOCAB_ROWS: 0, QKV: 0, GATED: 0}
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,20 @@ class Split:
     @property
     def vocab(self) -> bool:
         return self.kind == VOCAB_ROWS
+
+    def rank_blocks(self, size: int, tensor_model_parallel_size: int, rank: int):
+        """The [start, stop) ranges of the whole tensor's `dim` that TP rank `rank` holds, in the
+        order the rank holds them (its shard is their concatenation): one block, or one of each
+        half for GATED. Torch-free: numpy readers and torch modules cut and join by it."""
+        tp = tensor_model_parallel_size
+        halves = 2 if self.kind == GATED else 1
+        if size % (halves * tp):
+            raise ValueError(
+                f"{size} entries on dimension {self.dim} do not split into {halves * tp} "
+                f"equal blocks ({self.kind}, tensor-parallel size {tp})"
+            )
+        part, block = size // halves, size // (halves * tp)
+        return [(h * part + rank * block, h * part + (rank + 1) * block) for h in range(halves)]
 
 
 @dataclass(frozen=True)
@@ -87,9 +107,13 @@ class _Row:
 
     local: str
     shape: Callable[[GPTConfig], tuple[int, ...]]
-    split: str
+    split: str | Callable[[GPTConfig], str]
     decay: bool
     hf: tuple[str, bool] | None = None
+    present: Callable[[GPTConfig], bool] = lambda config: True
+
+    def split_for(self, config: GPTConfig) -> Split:
+        return Split(self.split if isinstance(self.split, str) else self.split(config))
 
 
 def _h(config: GPTConfig) -> tuple[int, ...]:
@@ -115,17 +139,41 @@ _POSITIONS = _Row(
     True,
     ("transformer.wpe.weight", False),
 )
+
+
+def _norm_bias(config: GPTConfig) -> bool:
+    return config.normalization == "layernorm"  # RMSNorm has a weight only
+
+
+def _linear_bias(config: GPTConfig) -> bool:
+    return config.add_bias_linear  # upstream's --disable-bias-linear drops the four
+
+
+def _mlp_rows(config: GPTConfig) -> int:
+    return 2 * config.ffn_size if config.gated else config.ffn_size
+
+
+def _mlp_split(config: GPTConfig) -> str:
+    return GATED if config.gated else ROWS
+
+
 _LAYER = (
     _Row("input_layernorm.weight", _h, REPLICATED, False, ("ln_1.weight", False)),
-    _Row("input_layernorm.bias", _h, REPLICATED, False, ("ln_1.bias", False)),
+    _Row("input_layernorm.bias", _h, REPLICATED, False, ("ln_1.bias", False), _norm_bias),
     # GPT-2's c_attn holds [all q | all k | all v] columns: a reordering, not a rename (hf.py).
     _Row(
         "self_attention.query_key_value.weight",
-        lambda c: (3 * c.hidden_size, c.hidden_size),
+        lambda c: (c.qkv_size, c.hidden_size),
         QKV,
         True,
     ),
-    _Row("self_attention.query_key_value.bias", lambda c: (3 * c.hidden_size,), QKV, False),
+    _Row(
+        "self_attention.query_key_value.bias",
+        lambda c: (c.qkv_size,),
+        QKV,
+        False,
+        present=_linear_bias,
+    ),
     _Row(
         "self_attention.dense.weight",
         lambda c: (c.hidden_size, c.hidden_size),
@@ -133,17 +181,31 @@ _LAYER = (
         True,
         ("attn.c_proj.weight", True),
     ),
-    _Row("self_attention.dense.bias", _h, REPLICATED, False, ("attn.c_proj.bias", False)),
+    _Row(
+        "self_attention.dense.bias",
+        _h,
+        REPLICATED,
+        False,
+        ("attn.c_proj.bias", False),
+        _linear_bias,
+    ),
     _Row("post_attention_layernorm.weight", _h, REPLICATED, False, ("ln_2.weight", False)),
-    _Row("post_attention_layernorm.bias", _h, REPLICATED, False, ("ln_2.bias", False)),
+    _Row("post_attention_layernorm.bias", _h, REPLICATED, False, ("ln_2.bias", False), _norm_bias),
     _Row(
         "mlp.dense_h_to_4h.weight",
-        lambda c: (c.ffn_size, c.hidden_size),
-        ROWS,
+        lambda c: (_mlp_rows(c), c.hidden_size),
+        _mlp_split,
         True,
         ("mlp.c_fc.weight", True),
     ),
-    _Row("mlp.dense_h_to_4h.bias", lambda c: (c.ffn_size,), ROWS, False, ("mlp.c_fc.bias", False)),
+    _Row(
+        "mlp.dense_h_to_4h.bias",
+        lambda c: (_mlp_rows(c),),
+        _mlp_split,
+        False,
+        ("mlp.c_fc.bias", False),
+        _linear_bias,
+    ),
     _Row(
         "mlp.dense_4h_to_h.weight",
         lambda c: (c.hidden_size, c.ffn_size),
@@ -151,11 +213,34 @@ _LAYER = (
         True,
         ("mlp.c_proj.weight", True),
     ),
-    _Row("mlp.dense_4h_to_h.bias", _h, REPLICATED, False, ("mlp.c_proj.bias", False)),
+    _Row(
+        "mlp.dense_4h_to_h.bias",
+        _h,
+        REPLICATED,
+        False,
+        ("mlp.c_proj.bias", False),
+        _linear_bias,
+    ),
 )
 _FINAL_NORM = (
     _Row("final_layernorm.weight", _h, REPLICATED, False, ("transformer.ln_f.weight", False)),
-    _Row("final_layernorm.bias", _h, REPLICATED, False, ("transformer.ln_f.bias", False)),
+    _Row(
+        "final_layernorm.bias",
+        _h,
+        REPLICATED,
+        False,
+        ("transformer.ln_f.bias", False),
+        _norm_bias,
+    ),
+)
+# The untied output layer (upstream's --untie-embeddings-and-output-weights): Megatron's
+# `language_model.output_layer`, the pipeline's `lm_head` in its own layer file.
+_OUTPUT_LAYER = _Row(
+    "output_layer.weight",
+    lambda c: (c.padded_vocab_size, c.hidden_size),
+    VOCAB_ROWS,
+    True,
+    present=lambda c: c.untie_embeddings_and_output_weights,
 )
 HF_LAYER_PREFIX = "transformer.h.{}."
 
@@ -165,7 +250,7 @@ def _param(row: _Row, config: GPTConfig, *, name: str, hf_prefix: str = "") -> P
     return Param(
         name=name,
         shape=row.shape(config),
-        split=Split(row.split),
+        split=row.split_for(config),
         decay=row.decay,
         hf_name=hf_name,
         hf_transposed=transposed,
@@ -179,7 +264,7 @@ def embedding_parameters(config: GPTConfig) -> tuple[Param, ...]:
         rows += _EMBED_NORM
     if config.position_embedding_type == "learned":
         rows.append(_POSITIONS)
-    return tuple(_param(row, config, name=row.local) for row in rows)
+    return tuple(_param(row, config, name=row.local) for row in rows if row.present(config))
 
 
 def layer_parameters(config: GPTConfig, index: int | None = None) -> tuple[Param, ...]:
@@ -187,29 +272,44 @@ def layer_parameters(config: GPTConfig, index: int | None = None) -> tuple[Param
     prefix = "" if index is None else f"layers.{index}."
     hf_prefix = "" if index is None else HF_LAYER_PREFIX.format(index)
     return tuple(
-        _param(row, config, name=prefix + row.local, hf_prefix=hf_prefix) for row in _LAYER
+        _param(row, config, name=prefix + row.local, hf_prefix=hf_prefix)
+        for row in _LAYER
+        if row.present(config)
     )
 
 
 def final_parameters(config: GPTConfig) -> tuple[Param, ...]:
-    """The final norm's (the head is tied to the word embeddings)."""
-    return tuple(_param(row, config, name=row.local) for row in _FINAL_NORM)
+    """The final norm's."""
+    return tuple(_param(row, config, name=row.local) for row in _FINAL_NORM if row.present(config))
+
+
+def head_parameters(config: GPTConfig) -> tuple[Param, ...]:
+    """The untied output layer's; none when the head is the word embeddings (tied)."""
+    return tuple(
+        _param(row, config, name=row.local) for row in (_OUTPUT_LAYER,) if row.present(config)
+    )
 
 
 def parameters(config: GPTConfig) -> tuple[Param, ...]:
-    """Every parameter of the plain GPT, in `GPT.named_parameters()` order (the tied head once)."""
+    """Every parameter of the plain GPT, in `GPT.named_parameters()` order (a tied head once)."""
     layers = (p for i in range(config.num_layers) for p in layer_parameters(config, i))
-    return (*embedding_parameters(config), *layers, *final_parameters(config))
+    return (
+        *embedding_parameters(config),
+        *layers,
+        *final_parameters(config),
+        *head_parameters(config),
+    )
 
 
-def split_of_local(local: str) -> Split:
-    """The split of a parameter by its name inside its part (a layer's, or the embedding's and
-    final norm's full names): the same for every config of today's architectures."""
-    for row in (_WORDS, *_EMBED_NORM, _POSITIONS, *_LAYER, *_FINAL_NORM):
+def split_of_local(local: str, config: GPTConfig) -> Split:
+    """The split of a parameter by its name inside its part (a layer's, or the embedding's,
+    final norm's and output layer's full names) in this config's architecture."""
+    for row in (_WORDS, *_EMBED_NORM, _POSITIONS, *_LAYER, *_FINAL_NORM, _OUTPUT_LAYER):
         if row.local == local:
-            return Split(row.split)
+            return row.split_for(config)
     return Split(REPLICATED)
 
 
 WORD_EMBEDDINGS = _WORDS.local
+OUTPUT_LAYER = _OUTPUT_LAYER.local
 FINAL_NORM = tuple(row.local for row in _FINAL_NORM)

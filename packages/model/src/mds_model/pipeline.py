@@ -4,8 +4,9 @@ Indices match deepspeedai/Megatron-DeepSpeed's GPTModelPipe (megatron/model/gpt_
 `pretrain_gpt.py` reads the layer files as its own (`layer_01-model_00-model_states.pt` for the
 embedding, `layer_02..layer_{N+1}` for the transformer layers, `layer_{N+2}` for the final
 LayerNorm): 0 input cast, 1 embedding (tied 'embed'; its output is sequence-first, (S, B, H)),
-2..N+1 layers, N+2 final LayerNorm (back to batch-first), N+3 LM head tied to the embedding (no
-file), N+4 the slot of Megatron's fp32 logits cast (here a pass-through: the vocab-parallel CE
+2..N+1 layers, N+2 final norm (back to batch-first), N+3 LM head tied to the embedding (no
+file; untied: upstream's LMHeadPipe, `lm_head.weight` in its own file, and the embedding not
+tied), N+4 the slot of Megatron's fp32 logits cast (here a pass-through: the vocab-parallel CE
 reads half logits). bigscience's fork puts transpose lambdas at 2 and N+3 instead, numbering the
 layers 3..N+2 and the norm N+4 (what mds-train wrote before; `GPTPipe.ckpt_layer_path_list`
 still reads those files).
@@ -24,6 +25,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from .config import GPTConfig
 from .gpt import (
     Embedding,
+    OutputLayer,
     check_groups,
     lm_logits,
     lm_losses,
@@ -31,10 +33,10 @@ from .gpt import (
     to_batch_first,
     to_sequence_first,
 )
-from .layers import LayerNorm
+from .layers import LayerNorm, RMSNorm
 from .naming import LAYER_FILE, OWN_NUMBERING, pipe_numbering, renumber
 from .parallel import ParallelGroups
-from .rng import RNGStatesTracker
+from .rng import RNGStatesTracker, init_rng
 from .transformer import ParallelTransformerLayer
 
 EMBED_TIE_KEY = "embed"
@@ -55,9 +57,9 @@ class ParallelTransformerLayerPipe(ParallelTransformerLayer):
     """A transformer layer in the pipeline, (S, B, H) -> (S, B, H); the class name is Megatron's."""
 
 
-class FinalLayerNormPipe(LayerNorm):
-    """The final LayerNorm, (S, B, H) -> (B, S, H); its file holds plain `weight` and `bias`, as
-    Megatron-DeepSpeed's."""
+class _FinalNormPipe:
+    """The final norm, (S, B, H) -> (B, S, H); its file holds the norm's plain `weight` [and
+    `bias`], as Megatron-DeepSpeed's."""
 
     def __init__(
         self, hidden_size: int, *, groups: ParallelGroups, sequence_parallel: bool, **kwargs
@@ -69,6 +71,37 @@ class FinalLayerNormPipe(LayerNorm):
         sp = self.sequence_parallel
         batch_first = to_batch_first(x, groups=self.groups, sequence_parallel=sp)
         return super().forward(batch_first)
+
+
+class FinalLayerNormPipe(_FinalNormPipe, LayerNorm):
+    pass
+
+
+class FinalRMSNormPipe(_FinalNormPipe, RMSNorm):
+    pass
+
+
+# GPTConfig.normalization -> the pipeline's final norm (layers.NORMS's, in pipeline form).
+FINAL_NORM_PIPES = {"layernorm": FinalLayerNormPipe, "rmsnorm": FinalRMSNormPipe}
+
+
+class LMHeadPipe(torch.nn.Module):
+    """The untied LM head, (B, S, H) -> vocab-parallel logits; its file holds `lm_head.weight`,
+    as upstream's LMHeadPipe (megatron/model/transformer.py)."""
+
+    def __init__(self, config: GPTConfig, *, groups: ParallelGroups, init_seed: int | None):
+        super().__init__()
+        with init_rng(None if init_seed is None else init_seed + config.num_layers + 1):
+            self.lm_head = OutputLayer(config, groups=groups)
+        self.groups, self.config = groups, config
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return lm_logits(
+            hidden,
+            self.lm_head.weight,
+            self.groups,
+            sequence_parallel=self.config.sequence_parallel_active,
+        )
 
 
 def _lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
@@ -121,16 +154,19 @@ def gpt_layer_specs(
     """The N+5 entries of GPTModelPipe, in deepspeedai/Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
     sp = config.sequence_parallel_active
-    specs: list[LayerSpec | Callable] = [
-        _CastInputs(config.torch_dtype),
-        TiedLayerSpec(
+    untied = config.untie_embeddings_and_output_weights
+    embedding = (
+        LayerSpec(EmbeddingPipe, config, **embed_kwargs)
+        if untied
+        else TiedLayerSpec(
             EMBED_TIE_KEY,
             EmbeddingPipe,
             config,
             **embed_kwargs,
             tied_weight_attr="word_embeddings.weight",
-        ),
-    ]
+        )
+    )
+    specs: list[LayerSpec | Callable] = [_CastInputs(config.torch_dtype), embedding]
     for i in range(config.num_layers):
         specs.append(
             LayerSpec(
@@ -142,9 +178,21 @@ def gpt_layer_specs(
                 init_seed=init_seed,
             )
         )
+    head = (
+        LayerSpec(LMHeadPipe, config, groups=groups, init_seed=init_seed)
+        if untied
+        else TiedLayerSpec(
+            EMBED_TIE_KEY,
+            EmbeddingPipe,
+            config,
+            **embed_kwargs,
+            forward_fn=_lm_head,
+            tied_weight_attr="word_embeddings.weight",
+        )
+    )
     specs += [
         LayerSpec(
-            FinalLayerNormPipe,
+            FINAL_NORM_PIPES[config.normalization],
             config.hidden_size,
             groups=groups,
             sequence_parallel=sp,
@@ -153,14 +201,7 @@ def gpt_layer_specs(
             dtype=config.torch_dtype,
             sequence_parallel_group=groups.tp_group if sp else None,
         ),
-        TiedLayerSpec(
-            EMBED_TIE_KEY,
-            EmbeddingPipe,
-            config,
-            **embed_kwargs,
-            forward_fn=_lm_head,
-            tied_weight_attr="word_embeddings.weight",
-        ),
+        head,
         _logits_pass_through,
     ]
     return specs

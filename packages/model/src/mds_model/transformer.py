@@ -2,8 +2,9 @@
 
 Names inside a layer are those of Megatron-DeepSpeed's `layer_XX-model_YY-model_states.pt` files:
 input_layernorm, self_attention.{query_key_value,dense}, post_attention_layernorm,
-mlp.{dense_h_to_4h,dense_4h_to_h}. The residual add before the second LayerNorm and the MLP's
-bias+GeLU go through the kernel API (fused in Triton, or their pure-torch references).
+mlp.{dense_h_to_4h,dense_4h_to_h}. The residual add before the second norm and the MLP's
+activation (bias+GeLU, or SwiGLU) go through the kernel API (fused in Triton, or their pure-torch
+references). The config chooses the norm (`layers.norm_for`) and the MLP (`mlp_for`).
 """
 
 from __future__ import annotations
@@ -23,39 +24,71 @@ from .rng import RNGStatesTracker, checkpoint, init_rng
 
 
 class ParallelMLP(nn.Module):
-    """h -> ffn (column-parallel, bias kept apart for the fused bias+GeLU) -> h (row-parallel)."""
+    """h -> ffn (column-parallel) -> activation -> h (row-parallel). GeLU with the first bias
+    kept apart for the fused bias+GeLU (`GeluMLP`) or SwiGLU over [gate; up] (`SwiGLUMLP`)."""
+
+    gated = False
 
     def __init__(self, config: GPTConfig, *, groups: ParallelGroups) -> None:
         super().__init__()
         self.use_kernel = config.use_fused_kernels
-        self.gelu_approximate = config.gelu_approximate
         self.dense_h_to_4h = ColumnParallelLinear(
             config.hidden_size,
-            config.ffn_size,
+            2 * config.ffn_size if self.gated else config.ffn_size,
             groups=groups,
             init_std=config.init_method_std,
-            skip_bias_add=True,
+            bias=config.add_bias_linear,
+            skip_bias_add=not self.gated,
             sequence_parallel=config.sequence_parallel_active,
             dtype=config.torch_dtype,
+            gated=self.gated,
         )
         self.dense_4h_to_h = RowParallelLinear(
             config.ffn_size,
             config.hidden_size,
             groups=groups,
             init_std=config.output_layer_init_std,
+            bias=config.add_bias_linear,
             sequence_parallel=config.sequence_parallel_active,
             dtype=config.torch_dtype,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dense_h_to_4h(x)  # (S, B, ffn/TP), bias left out for the fused bias+GeLU
-        y = kernels.bias_gelu(
-            y,
-            self.dense_h_to_4h.bias,
-            approximate=self.gelu_approximate,
-            use_kernel=self.use_kernel,
-        )
+        y = self.activation(self.dense_h_to_4h(x))  # (S, B, ffn/TP)
         return self.dense_4h_to_h(y)  # (S, B, H), reduced over TP
+
+    def activation(self, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class GeluMLP(ParallelMLP):
+    """GPT-2's: gelu(x A + b), the bias added inside the fused bias+GeLU."""
+
+    def __init__(self, config: GPTConfig, *, groups: ParallelGroups) -> None:
+        super().__init__(config, groups=groups)
+        self.gelu_approximate = config.gelu_approximate
+
+    def activation(self, y: torch.Tensor) -> torch.Tensor:
+        bias = self.dense_h_to_4h.bias
+        if bias is None:  # --disable-bias-linear
+            return F.gelu(y, approximate=self.gelu_approximate)
+        return kernels.bias_gelu(
+            y, bias, approximate=self.gelu_approximate, use_kernel=self.use_kernel
+        )
+
+
+class SwiGLUMLP(ParallelMLP):
+    """Llama's: silu(gate) * up over this rank's [gate_r; up_r] (upstream's --swiglu)."""
+
+    gated = True
+
+    def activation(self, y: torch.Tensor) -> torch.Tensor:
+        return kernels.swiglu(y, use_kernel=self.use_kernel)
+
+
+def mlp_for(config: GPTConfig, *, groups: ParallelGroups) -> ParallelMLP:
+    """The config's MLP: the one place it is chosen."""
+    return (SwiGLUMLP if config.gated else GeluMLP)(config, groups=groups)
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -86,7 +119,7 @@ class ParallelTransformerLayer(nn.Module):
                 config, groups=groups, rng_tracker=rng_tracker
             )
             self.post_attention_layernorm = layer_norm()
-            self.mlp = ParallelMLP(config, groups=groups)
+            self.mlp = mlp_for(config, groups=groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (S, B, H) [or its (S/TP, B, H) sequence-parallel slice] -> the same shape."""

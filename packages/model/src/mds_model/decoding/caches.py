@@ -1,6 +1,7 @@
 """The decoding caches of `Decoder`: `KVCache` grows by concatenation (`Decoder.decode`);
 `StaticKVCache` is preallocated with per-row positions (`Decoder.decode_static_hidden`: ragged
-batches, CUDA graphs). Keys and values are (B, heads/TP, S, head_dim), as attention reads them.
+batches, CUDA graphs). Keys and values are (B, groups/TP, S, head_dim), as attention reads them
+(groups: the heads, without grouped-query attention).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class StaticKVCache:
         shape = (
             2,
             batch_size,
-            config.num_attention_heads // tensor_parallel_size,
+            config.query_groups // tensor_parallel_size,  # grouped-query attention: the groups'
             max_length,
             config.head_dim,
         )

@@ -17,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..attention import ParallelSelfAttention
-from ..gpt import GPT, lm_logits
+from ..attention import ParallelSelfAttention, repeat_kv
+from ..config import GPTConfig
+from ..gpt import GPT
 from ..transformer import ParallelTransformerLayer
 from .caches import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
 from .projections import decode_add_norm_linear, decode_linear
@@ -33,6 +34,7 @@ class Decoder:
         if any(layer.sequence_parallel for layer in model.layers):
             raise ValueError("decoding needs a config with sequence_parallel=False")
         self.model = model
+        self.fused = fused_decoding(model.config)
 
     def decode(self, tokens: torch.Tensor, *, cache: KVCache) -> torch.Tensor:
         """tokens (B, S_new) at positions cache.num_positions onwards -> their vocab-parallel
@@ -86,11 +88,23 @@ class Decoder:
         # norm, fused into its QKV product for one token per row, or the final norm).
         first, *others = zip(model.layers, cache.layers, strict=True)
         out, summed = _static_layer(
-            first[0], first[0].input_layernorm(x), x, cache=first[1], positions=positions, bias=bias
+            first[0],
+            first[0].input_layernorm(x),
+            x,
+            cache=first[1],
+            positions=positions,
+            bias=bias,
+            fused=self.fused,
         )
         for layer, layer_cache in others:
             out, summed = _static_layer_after(
-                layer, out, summed, cache=layer_cache, positions=positions, bias=bias
+                layer,
+                out,
+                summed,
+                cache=layer_cache,
+                positions=positions,
+                bias=bias,
+                fused=self.fused,
             )
         normed, _ = model.final_layernorm.add_norm(out, summed)
         x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
@@ -99,16 +113,28 @@ class Decoder:
         return x
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The tied LM head: the final LayerNorm's output (B, S, H) -> vocab-parallel logits
-        (B, S, V/TP)."""
-        model = self.model
-        return lm_logits(hidden, model.embedding.word_embeddings.weight, model.groups)
+        """The LM head: the final norm's output (B, S, H) -> vocab-parallel logits (B, S, V/TP)."""
+        return self.model.lm_head(hidden)
 
     def _check_num_layers(self, cache: KVCache | StaticKVCache) -> None:
         if len(cache.layers) != len(self.model.layers):
             raise ValueError(
                 f"the cache has {len(cache.layers)} layers, the model {len(self.model.layers)}"
             )
+
+
+def fused_decoding(config: GPTConfig) -> bool:
+    """Whether the static-cache step takes its fused paths (GPT-2's block): keys and values
+    scattered straight from the QKV output and each LayerNorm fused into the next product. They
+    need learned or ALiBi positions (no rotation between projection and attention), LayerNorm,
+    the GeLU MLP with biases and per-head QKV rows; other blocks run the layers' own modules."""
+    return (
+        config.position_embedding_type != "rotary"
+        and config.normalization == "layernorm"
+        and not config.gated
+        and config.add_bias_linear
+        and config.num_query_groups is None
+    )
 
 
 def _decode_layer(
@@ -132,20 +158,22 @@ def _static_layer(
     cache: StaticLayerCache,
     positions: torch.Tensor,
     bias: torch.Tensor,
+    fused: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer on the static cache without its first LayerNorm and last add, which the caller
+    """The layer on the static cache without its first norm and last add, which the caller
     fuses with the neighbouring layers' (one kernel fewer each): normed = input_layernorm(residual)
     -> (mlp_out, summed), the layer's output being summed + mlp_out."""
     attention = layer.self_attention
-    if attention.rotary is not None:  # the rotation sits between projection and attention
+    if not fused:
         q, k, v = attention.project_qkv(normed, positions=positions)
         keys, values = cache.write(k, v, positions)
         attn = _attend_slots(attention, q, keys, values, bias)
-    else:
-        qkv = decode_linear(
-            attention.query_key_value, normed, use_kernel=attention.config.use_fused_kernels
-        )
-        attn = _attend_qkv(attention, qkv, cache=cache, positions=positions, bias=bias)
+        normed, summed = layer.post_attention_layernorm.add_norm(attn, residual)
+        return layer.mlp(normed), summed
+    qkv = decode_linear(
+        attention.query_key_value, normed, use_kernel=attention.config.use_fused_kernels
+    )
+    attn = _attend_qkv(attention, qkv, cache=cache, positions=positions, bias=bias)
     return _mlp(layer, attn, residual)
 
 
@@ -157,14 +185,17 @@ def _static_layer_after(
     cache: StaticLayerCache,
     positions: torch.Tensor,
     bias: torch.Tensor,
+    fused: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`_static_layer` from the previous layer's (mlp_out, summed), whose add and this layer's
     input LayerNorm run inside the QKV product's kernel for one token per row
     (`decode_add_norm_linear`): the layer's input is residual + out."""
     attention = layer.self_attention
-    if attention.rotary is not None:
+    if not fused:
         normed, summed = layer.input_layernorm.add_norm(out, residual)
-        return _static_layer(layer, normed, summed, cache=cache, positions=positions, bias=bias)
+        return _static_layer(
+            layer, normed, summed, cache=cache, positions=positions, bias=bias, fused=False
+        )
     qkv, summed = decode_add_norm_linear(
         layer.input_layernorm,
         out,
@@ -231,6 +262,7 @@ def _masked_attention(
     """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd), plus the additive
     bias (B, 1, Sq, L). ALiBi's key positions are the slots."""
     q = q.to(k.dtype)
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     if attention.alibi is None and not attention.config.explicit_attention_scores:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(attention.head_dim)
