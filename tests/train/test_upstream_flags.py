@@ -54,8 +54,7 @@ def test_harmless_values_of_refused_flags_and_ignored_flags_are_noted_once(monke
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     argv = [
         *REQUIRED,
-        *"--num-experts 1 --mlp-type standard --normalization layernorm".split(),
-        *"--rotary-percent 1.0".split(),
+        *"--num-experts 1 --mlp-type standard".split(),
         *"--cpu_torch_adam --no-gradient-accumulation-fusion".split(),
         "--no-async-tensor-model-parallel-allreduce",
         *"--moe-loss-coeff 0.01 --no-load-lr-state".split(),
@@ -63,14 +62,12 @@ def test_harmless_values_of_refused_flags_and_ignored_flags_are_noted_once(monke
     values = parse(argv)
     build_config(values)
     notes = megatron_flags_given(values)
-    assert notes[:4] == [
+    assert notes[:2] == [
         "--num-experts 1 is accepted and ignored: one expert per layer is the dense GPT "
         "mds-train trains",
         "--mlp-type standard is accepted and ignored: the standard MLP is mds_model's",
-        "--rotary-percent 1.0 is accepted and ignored: the whole head dimension is rotated",
-        "--normalization layernorm is accepted and ignored: LayerNorm is mds_model's",
     ]
-    ignored = {note.split(" is accepted")[0] for note in notes[4:]}
+    ignored = {note.split(" is accepted")[0] for note in notes[2:]}
     assert ignored == {
         "--cpu_torch_adam",
         "--no-gradient-accumulation-fusion",
@@ -87,14 +84,76 @@ def test_no_flag_is_in_two_tables():
         assert classify(flag.names[0]).status in ("ignored", "refused"), flag.names
 
 
-def test_every_architecture_row_s_flag_is_taken_or_refused_with_gpt_config_s_reason():
-    """mds_model.arguments' rows: a flag mds-train takes, or one it refuses for the reason
-    GPTConfig gives for the same value."""
+def test_every_architecture_row_s_flag_works():
+    """mds_model.arguments' rows (and --swiglu): each is a flag mds-train takes."""
     from mds_model.arguments import ARGUMENTS, SWIGLU
 
     for argument in (*ARGUMENTS, SWIGLU):
-        status, detail = classify(argument.flag)
-        if argument.refusal is None:
-            assert status == "works", argument.flag
-        else:
-            assert (status, detail.split(" (accepted")[0]) == ("refused", argument.refusal)
+        assert classify(argument.flag) == ("works", ""), argument.flag
+
+
+# The flag block of upstream's five Llama scripts (examples_deepspeed/
+# pretrain_llama*_distributed.sh, finetune_hf_llama/finetune_llama.sh,
+# universal_checkpointing/llama/run_*llama_bf16.sh).
+LLAMA_BLOCK = (
+    "--no-query-key-layer-scaling --attention-dropout 0 --hidden-dropout 0 "
+    "--use-rotary-position-embeddings --untie-embeddings-and-output-weights --swiglu "
+    "--normalization rmsnorm --disable-bias-linear"
+).split()
+
+
+def gpt_config_of(argv: list[str]):
+    config = build_config(parse([*REQUIRED, *argv]))
+    return config.model.gpt_config(
+        vocab_size=100, tensor_model_parallel_size=1, params_dtype="float32"
+    )
+
+
+def test_upstream_s_llama_block_builds_the_llama_preset():
+    """The block gives GPTConfig.preset("llama")'s fields; the GeLU flags' defaults do not
+    matter (--swiglu wins, as upstream's ParallelMLP)."""
+    from mds_model.config import ARCHITECTURES
+
+    built = gpt_config_of([*LLAMA_BLOCK, "--num-key-value-heads", "1"])
+    assert {name: getattr(built, name) for name in ARCHITECTURES["llama"]} == ARCHITECTURES["llama"]
+    assert (built.num_query_groups, built.hidden_dropout, built.attention_dropout) == (1, 0, 0)
+    assert (built.rotary_base, built.rotary_percent) == (10000.0, 1.0)  # upstream's defaults
+
+
+@pytest.mark.parametrize(
+    ("argv", "fields"),
+    [
+        (["--rotary-percent", "0.5", "--use-rotary-position-embeddings"],
+         {"rotary_percent": 0.5, "position_embedding_type": "rotary"}),
+        (["--rotary-position-embeddings-theta", "500000"], {"rotary_base": 500000.0}),
+        (["--swiglu", "--openai-gelu"], {"activation": "swiglu"}),  # upstream's MLP: swiglu first
+        (["--num-key-value-heads", "2"], {"num_query_groups": None}),  # one per head: plain MHA
+    ],
+    ids=["rotary-percent", "theta", "swiglu-wins", "kv-heads"],
+)  # fmt: skip
+def test_each_llama_flag_sets_its_gpt_config_field(argv, fields):
+    built = gpt_config_of(argv)
+    assert {name: getattr(built, name) for name in fields} == fields
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rotary-position-embeddings-theta", "1e6"],
+         "'--rotary-position-embeddings-theta': Input should be a valid integer"),
+        (["--rotary-percent", "0"], "--rotary-percent must be in (0, 1], got 0.0"),
+        (["--num-key-value-heads", "0"], "--num-key-value-heads must be >= 1, got 0"),
+        (["--use-rotary-position-embeddings", "--position-embedding-type", "alibi"],
+         "--use-rotary-position-embeddings and --position-embedding-type alibi name two position "
+         "embeddings: give one"),
+        (["--num-key-value-heads", "3"],
+         "--num-attention-heads (2) must be divisible by --num-key-value-heads (3)"),
+    ],
+    ids=["theta-is-an-integer", "percent", "kv-heads", "two-positions", "kv-heads-divide"],
+)  # fmt: skip
+def test_bad_llama_flag_values_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*REQUIRED, *argv])
+    assert exit_.value.code in (1, 2)
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

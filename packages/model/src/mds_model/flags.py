@@ -16,12 +16,19 @@ from typing import Any
 from mds_common.flags import flag, restate
 from mds_common.sample_flags import SeqLengthFlags
 
-from .arguments import activation_of
-from .config import POSITION_EMBEDDING_TYPES
+from .arguments import ARGUMENT_OF, SWIGLU, activation_of
+from .config import GPT2, NORMALIZATIONS, POSITION_EMBEDDING_TYPES
 
 # The flag's choices: GPTConfig's, with Megatron's 'absolute' for the learned table beside it.
 POSITION_ALIASES = {"absolute": "learned"}
 POSITION_TYPES = (POSITION_EMBEDDING_TYPES[0], *POSITION_ALIASES, *POSITION_EMBEDDING_TYPES[1:])
+# deepspeedai's switch for rotary positions (its args.use_rotary_position_embeddings).
+USE_ROTARY = "--use-rotary-position-embeddings"
+
+
+def _row_flag(field: str) -> str:
+    """Upstream's flag of a GPTConfig field: mds_model.arguments' row, spelled there once."""
+    return ARGUMENT_OF[field].flag
 
 
 def check_at_least(group: Any, minimum: int, *names: str) -> None:
@@ -102,10 +109,80 @@ class GPTFlags(ShapeFlags):
         default=False,
         help="Exact (erf) GeLU, upstream's unfused F.gelu; default: its fused tanh bias_gelu.",
     )
+    # The Llama family's flags (upstream's examples_deepspeed/pretrain_llama*_distributed.sh);
+    # field names are upstream's argparse dests, GPTConfig's fields in `gpt_fields`.
+    swiglu: bool = flag(
+        SWIGLU.flag,
+        default=False,
+        help="Gated MLP silu(gate) * up (dense_h_to_4h [gate; up]); wins over the GeLU flags.",
+    )
+    normalization: str = flag(
+        _row_flag("normalization"),
+        default=GPT2["normalization"],
+        choices=NORMALIZATIONS,
+        help="The layers' and final norm: LayerNorm, or RMSNorm (a weight, no bias; fp32).",
+    )
+    add_bias_linear: bool = flag(
+        _row_flag("add_bias_linear"),
+        default=True,
+        negates=True,
+        help="No biases on QKV, attention dense and the two MLP linears (the norms keep theirs).",
+    )
+    untie_embeddings_and_output_weights: bool = flag(
+        _row_flag("untie_embeddings_and_output_weights"),
+        default=False,
+        help="An output layer of its own instead of the word embeddings as the LM head.",
+    )
+    num_key_value_heads: int | None = flag(
+        _row_flag("num_query_groups"),
+        help="Key/value heads (grouped-query attention); must divide the attention heads.",
+        shown_default="num attention heads",
+    )
+    use_rotary_position_embeddings: bool = flag(
+        USE_ROTARY,
+        default=False,
+        help="Rotary positions (rotate-half), no position table: --position-embedding-type rotary.",
+    )
+    rotary_percent: float = flag(
+        _row_flag("rotary_percent"),
+        default=GPT2["rotary_percent"],
+        help="Rotate the first int(head dim x this) dimensions of each head (rotary positions).",
+    )
+    # An integer, as upstream's argparse reads it (type=int).
+    rope_theta: int = flag(
+        _row_flag("rotary_base"),
+        default=int(GPT2["rotary_base"]),
+        help="Rotary base theta (an integer, as upstream's).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_at_least(self, 1, "seq_length", "make_vocab_size_divisible_by", "pad_vocab_size_to")
+        check_at_least(self, 1, "num_key_value_heads", "rope_theta")
+        heads, groups = self.num_attention_heads, self.num_key_value_heads
+        if heads is not None and groups is not None and heads % groups:
+            raise ValueError(  # upstream's validate_args asserts the same
+                f"--num-attention-heads ({heads}) must be divisible by "
+                f"{_row_flag('num_query_groups')} ({groups})"
+            )
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ValueError(
+                f"{_row_flag('rotary_percent')} must be in (0, 1], got {self.rotary_percent}"
+            )
+        position = POSITION_ALIASES.get(self.position_embedding_type, self.position_embedding_type)
+        if self.use_rotary_position_embeddings and position not in ("learned", "rotary"):
+            raise ValueError(
+                f"{USE_ROTARY} and --position-embedding-type {self.position_embedding_type} name "
+                "two position embeddings: give one"
+            )
+
+    @property
+    def position(self) -> str:
+        """GPTConfig.position_embedding_type: rotary under --use-rotary-position-embeddings (as
+        upstream, which then adds no position table), else --position-embedding-type's."""
+        if self.use_rotary_position_embeddings:
+            return "rotary"
+        return POSITION_ALIASES.get(self.position_embedding_type, self.position_embedding_type)
 
     @property
     def activation(self) -> str:
@@ -115,6 +192,7 @@ class GPTFlags(ShapeFlags):
             openai_gelu=self.openai_gelu,
             onnx_safe=self.onnx_safe,
             bias_gelu_fusion=not self.no_bias_gelu_fusion,
+            swiglu=self.swiglu,
         )
 
     def gpt_fields(self) -> dict[str, Any]:
@@ -129,11 +207,16 @@ class GPTFlags(ShapeFlags):
                 "sequence_parallel",
                 "layernorm_epsilon",
                 "embed_layernorm",
+                "normalization",
+                "add_bias_linear",
+                "untie_embeddings_and_output_weights",
+                "rotary_percent",
             )
             if getattr(self, name) is not None
         }
-        position = self.position_embedding_type
-        fields["position_embedding_type"] = POSITION_ALIASES.get(position, position)
+        fields["num_query_groups"] = self.num_key_value_heads
+        fields["rotary_base"] = ARGUMENT_OF["rotary_base"].read(self.rope_theta)
+        fields["position_embedding_type"] = self.position
         fields["activation"] = self.activation
         return fields
 

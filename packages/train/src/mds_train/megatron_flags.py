@@ -13,8 +13,6 @@ import inspect
 from typing import Any, NamedTuple
 
 from mds_common.ignored_flags import MANY, IgnoredFlags, RefusedFlags, ignored, refused
-from mds_model.arguments import ARGUMENTS, SWIGLU
-from mds_model.config import GPT2
 
 _ACTIVATIONS = "activation checkpointing is mds_model's own"
 _FUSION = "use --no-fused-kernels to turn every kernel off"
@@ -26,24 +24,6 @@ _EFFICIENCY = (
     "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD, its own sample indexes) is not "
     "supported; mds-train reads the sample-index caches of mds-index (--data-cache-path)"
 )
-# The architecture mds_model does not build yet: the flags of mds_model.arguments' rows that
-# GPTConfig refuses other values of, with its reasons; a GPT-2 value given is noted.
-_HARMLESS = {"normalization": "LayerNorm is mds_model's"}
-_NOT_BUILT = [
-    refused(SWIGLU.flag, why=SWIGLU.refusal, nargs=0),
-    *(
-        refused(
-            argument.flag,
-            why=argument.refusal,
-            nargs=0 if isinstance(GPT2[argument.field], bool) else 1,
-            allowed=(GPT2[argument.field],) if argument.field in _HARMLESS else (),
-            harmless=_HARMLESS.get(argument.field, ""),
-        )
-        for argument in ARGUMENTS
-        if argument.refusal
-    ),
-]
-
 IGNORED = IgnoredFlags(
     [
         ignored("--deepspeed", why="DeepSpeed is always on", nargs=0),
@@ -169,18 +149,6 @@ REFUSED = RefusedFlags(
             allowed=("1",),
             harmless="one sequence-parallel rank is no sequence parallelism",
         ),
-        refused(
-            "--use-rotary-position-embeddings",
-            why="give --position-embedding-type rotary (mds_model rotates the whole head)",
-            nargs=0,
-        ),
-        refused(
-            "--rotary-percent",
-            why="mds_model's rotary embedding rotates the whole head dimension",
-            allowed=("1", "1.0"),
-            harmless="the whole head dimension is rotated",
-        ),
-        *_NOT_BUILT,
         refused(
             "--tokenizer-model",
             why="SentencePiece tokenizers are not supported; give --tokenizer-type "
