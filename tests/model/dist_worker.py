@@ -5,10 +5,14 @@ Modes (argv[1]); each rank writes `rank{r}.json` under argv[2] with max abs diff
   pp    PP=2 (DeepSpeed pipeline engine, 2 micro-batches) vs the plain GPT: loss and every gradient,
         then `save_checkpoint` into argv[2]/ckpt so the test can read the file names and keys.
   tppp  TP=2 x PP=2 (4 ranks) vs the plain GPT, as pp.
+  llama     TP=2 Llama (grouped-query attention, SwiGLU, RMSNorm, untied head, sequence
+            parallelism, recompute) vs transformers' LlamaForCausalLM: logits, loss, gradients.
+  llama_pp  PP=2 Llama through DeepSpeed's pipeline engine vs LlamaForCausalLM, as pp.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -16,8 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from mds_model.config import GPTConfig
+from mds_model.config import ARCHITECTURES, GPTConfig
 from mds_model.gpt import GPT, masked_mean
+from mds_model.naming import split_of
 from mds_model.parallel import ParallelGroups
 from mds_model.rng import model_parallel_seed
 
@@ -50,12 +55,15 @@ def batch(seed: int, batch_size: int = BATCH):
 
 
 def local_slice(
-    full: torch.Tensor, param: torch.nn.Parameter, groups: ParallelGroups
+    full: torch.Tensor, name: str, config: GPTConfig, groups: ParallelGroups
 ) -> torch.Tensor:
-    """The part of a TP=1 tensor that this rank's (possibly split) parameter holds."""
-    if not getattr(param, "tensor_model_parallel", False):
+    """The part of a TP=1 tensor that this rank's parameter `name` holds (the parameter table's
+    split: a gated MLP's rank holds a block of each half)."""
+    split = split_of(name, config)
+    if split.dim is None:
         return full
-    return full.chunk(groups.tp_size, dim=param.partition_dim)[groups.tp_rank]
+    blocks = split.rank_blocks(full.shape[split.dim], groups.tp_size, groups.tp_rank)
+    return torch.cat([full.narrow(split.dim, a, b - a) for a, b in blocks], dim=split.dim)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,12 +101,14 @@ def run_tp(out: Path) -> dict:
         ref_loss.backward()
         par_loss.backward()
         ref_params = dict(ref.named_parameters())
+        cfg = par.config
         grad_diffs = {
-            pname: max_diff(p.grad, local_slice(ref_params[pname].grad, p, groups))
+            pname: max_diff(p.grad, local_slice(ref_params[pname].grad, pname, cfg, groups))
             for pname, p in par.named_parameters()
         }
         weight_diffs = [
-            max_diff(p, local_slice(ref_params[n], p, groups)) for n, p in par.named_parameters()
+            max_diff(p, local_slice(ref_params[n], n, cfg, groups))
+            for n, p in par.named_parameters()
         ]
         results[name] = {
             "logits": max_diff(ref_logits, par_logits),
@@ -152,29 +162,105 @@ def run_tp_dropout(groups: ParallelGroups, *, sequence_parallel: bool) -> dict:
     }
 
 
+def _llama_bridge():
+    """tests/model/llama_hf.py: our Llama's weights under transformers' names."""
+    spec = importlib.util.spec_from_file_location(
+        "llama_hf", Path(__file__).with_name("llama_hf.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LLAMA = dict(
+    hidden_size=64,
+    num_attention_heads=8,
+    num_query_groups=2,
+    ffn_hidden_size=96,
+    rotary_base=500000.0,
+)
+
+
+def llama_config(tp: int, **overrides) -> GPTConfig:
+    return tiny_config(tp, **{**ARCHITECTURES["llama"], **LLAMA, **overrides})
+
+
+def hf_reference(config: GPTConfig, micro: list) -> tuple[float, dict, torch.Tensor, dict]:
+    """LlamaForCausalLM holding the TP=1 Llama's initial weights (seed 5): its mean masked loss
+    over the micro-batches, its gradients and weights under our names, and its logits of the
+    first micro-batch."""
+    bridge = _llama_bridge()
+    ours = GPT(llama_config(1, num_layers=config.num_layers), init_seed=5)
+    hf = bridge.hf_llama(ours.state_dict(), ours.config)
+    total = 0.0
+    for tokens, labels, mask in micro:
+        logits = hf(tokens).logits
+        losses = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+        )
+        total = total + masked_mean(losses.view(labels.shape), mask)
+    loss = total / len(micro)
+    loss.backward()
+    grads = bridge.from_hf_llama(bridge.hf_gradients(hf), ours.config)
+    weights = bridge.from_hf_llama(dict(hf.named_parameters()), ours.config)
+    with torch.no_grad():
+        first_logits = hf(micro[0][0]).logits
+    return loss.item(), grads, first_logits, {n: w.detach() for n, w in weights.items()}
+
+
+def run_llama_tp(out: Path) -> dict:
+    """TP=2 Llama (sequence parallel, selective recompute) against LlamaForCausalLM."""
+    groups = ParallelGroups.build(tensor_parallel_size=2)
+    config = llama_config(2, sequence_parallel=True, activation_checkpointing="selective")
+    model = GPT(config, groups=groups, init_seed=5)
+    micro = [batch(31)]
+    ref_loss, ref_grads, ref_logits, ref_weights = hf_reference(config, micro)
+    tokens, labels, mask = micro[0]
+    logits = model.gather_logits(model.logits(tokens))
+    loss = masked_mean(model(tokens, labels), mask)
+    loss.backward()
+    return {
+        "logits": max_diff(logits, ref_logits),
+        "loss": abs(loss.item() - ref_loss),
+        "weights": max(
+            max_diff(p, local_slice(ref_weights[n], n, config, groups))
+            for n, p in model.named_parameters()
+        ),
+        "grads": {
+            n: max_diff(p.grad, local_slice(ref_grads[n], n, config, groups))
+            for n, p in model.named_parameters()
+        },
+    }
+
+
 def pipe_param_name(name: str, num_layers: int) -> str:
     """PipelineModule parameter name -> plain GPT parameter name (deepspeedai/Megatron-DeepSpeed's
-    GPTModelPipe numbering: the layers at 2..N+1, the final norm at N+2)."""
+    GPTModelPipe numbering: the embedding at 1, the layers at 2..N+1, the final norm at N+2, an
+    untied head at N+3)."""
     if name.startswith("tied_modules.embed."):
         return "embedding." + name[len("tied_modules.embed.") :]
     index, rest = name.split(".", 1)
     index = int(index)
+    if index == 1:
+        return f"embedding.{rest}"
     if 2 <= index < 2 + num_layers:
         return f"layers.{index - 2}.{rest}"
+    if index == num_layers + 3:
+        assert rest == "lm_head.weight", name
+        return "output_layer.weight"
     assert index == num_layers + 2, name
     return f"final_layernorm.{rest}"
 
 
-def run_pipe(out: Path, tp: int) -> dict:
+def run_pipe(out: Path, tp: int, llama: bool = False) -> dict:
     import deepspeed
     from mds_model.pipeline import build_gpt_pipe, pipeline_deepspeed_config
 
     groups = ParallelGroups.build(tensor_parallel_size=tp, pipeline_parallel_size=2)
     # Full activation checkpointing inside the pipeline engine (and sequence parallelism with TP);
     # the plain reference runs without either.
-    config = tiny_config(
-        tp, num_layers=4, activation_checkpointing="full", sequence_parallel=tp > 1
-    )
+    make = llama_config if llama else tiny_config
+    config = make(tp, num_layers=4, activation_checkpointing="full", sequence_parallel=tp > 1)
     pipe = build_gpt_pipe(config, groups=groups, rng_tracker=None, init_seed=5)
     optimizer = torch.optim.SGD(pipe.parameters(), lr=1.0)  # delta of one step = the gradient
     ds_config = {
@@ -190,20 +276,29 @@ def run_pipe(out: Path, tp: int) -> dict:
     data = iter([(tokens, (labels, mask)) for tokens, labels, mask in micro])
     pipe_loss = engine.train_batch(data_iter=data).item()
 
-    ref = GPT(tiny_config(1, num_layers=4), init_seed=5)
-    ref_loss = sum(masked_mean(ref(t, lab), m) for t, lab, m in micro) / len(micro)
-    ref_loss.backward()
-    ref_params = dict(ref.named_parameters())
+    if llama:  # transformers' model is the reference
+        ref_loss, ref_grads, _, ref_weights = hf_reference(config, micro)
+    else:
+        ref = GPT(tiny_config(1, num_layers=4), init_seed=5)
+        loss = sum(masked_mean(ref(t, lab), m) for t, lab, m in micro) / len(micro)
+        loss.backward()
+        ref_loss = loss.item()
+        ref_weights = {n: p.detach() for n, p in ref.named_parameters()}
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     weight_diffs, grad_diffs = {}, {}
     for name, p in pipe.named_parameters():
         if groups.pp_rank > 0 and name.startswith("tied_modules.embed.position_embeddings"):
             continue  # the last stage's embedding copy only lends its word embeddings to the head
-        ref_p = ref_params[pipe_param_name(name, config.num_layers)]
-        weight_diffs[name] = max_diff(before[name], local_slice(ref_p.detach(), p, groups))
-        grad_diffs[name] = max_diff(before[name] - p.detach(), local_slice(ref_p.grad, p, groups))
+        plain = pipe_param_name(name, config.num_layers)
+        weight_diffs[name] = max_diff(
+            before[name], local_slice(ref_weights[plain], plain, config, groups)
+        )
+        grad_diffs[name] = max_diff(
+            before[name] - p.detach(), local_slice(ref_grads[plain], plain, config, groups)
+        )
     engine.save_checkpoint(str(out / "ckpt"), tag="global_step1")
     return {
-        "loss": abs(pipe_loss - ref_loss.item()),
+        "loss": abs(pipe_loss - ref_loss),
         "pipe_loss": pipe_loss,
         "weights": max(weight_diffs.values()),
         "grads": grad_diffs,
@@ -215,14 +310,14 @@ def run_pipe(out: Path, tp: int) -> dict:
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     torch.manual_seed(0)
-    if mode == "tp":
+    if mode in ("tp", "llama"):
         dist.init_process_group("gloo")
-        result = run_tp(out)
+        result = run_tp(out) if mode == "tp" else run_llama_tp(out)
     else:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
-        result = run_pipe(out, tp=2 if mode == "tppp" else 1)
+        result = run_pipe(out, tp=2 if mode == "tppp" else 1, llama=mode == "llama_pp")
     rank = dist.get_rank()
     (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()

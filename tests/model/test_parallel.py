@@ -143,3 +143,23 @@ def test_tp2_pp2_equals_plain_model_and_splits_files(tmp_path):
     assert sorted(p.name for p in folder.glob("mp_rank_*")) == [
         f"mp_rank_{m:02d}_model_states.pt" for m in range(4)
     ]
+
+
+@pytest.mark.parametrize(("mode", "ranks"), [("llama", 2), ("llama_pp", 2)])
+def test_llama_tp2_and_pp2_equal_transformers_llama(tmp_path, mode, ranks):
+    """TP=2 (sequence parallel, selective recompute) and PP=2 (DeepSpeed's pipeline engine, full
+    recompute, the untied head in its own LMHeadPipe) against LlamaForCausalLM holding the same
+    weights (tests/model/llama_hf.py): loss, logits and every gradient."""
+    results = launch(mode, ranks, tmp_path)
+    for r in results:
+        assert r["weights"] == 0.0, "the shards are not the TP=1 master weights' blocks"
+        assert r["loss"] < FP32_TOL
+        assert r.get("logits", 0.0) < FP32_TOL
+        bad = {name: d for name, d in r["grads"].items() if d >= FP32_TOL}
+        assert not bad, f"gradients differ {bad}"
+    names = {name for r in results for name in r["grads"]}
+    if mode == "llama_pp":  # the head is untied: its own spec (N + 3 = 7), no tied embedding
+        assert "7.lm_head.weight" in names and "1.word_embeddings.weight" in names
+        assert not any(name.startswith("tied_modules") for name in names)
+    else:
+        assert "output_layer.weight" in names
