@@ -1,6 +1,7 @@
 """`load_consolidated`: any checkpoint as one TP=1, PP=1 model (the sampler's and exporters' view).
 
-The word embeddings keep every padded row of the source (Megatron trains them); every other tensor
+The word embeddings (and an untied output layer) keep every padded row of the source (Megatron
+trains them); every other tensor
 is the source's shards joined, in the source's dtype, as a torch tensor (the readers' numpy arrays
 are shared, not copied).
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from mds_model import GPTConfig
-from mds_model.naming import WORD_EMBEDDINGS
+from mds_model.naming import OUTPUT_LAYER, WORD_EMBEDDINGS
 
 from .arrays import as_tensor
 from .meta import CheckpointMeta
@@ -60,7 +61,7 @@ def consolidate(source: Source) -> ConsolidatedModel:
     state_dict: dict[str, torch.Tensor] = {}
     for part in source.parts():
         for name, tensor in merged_part(source, part).items():
-            if name == WORD_EMBEDDINGS:
+            if name in (WORD_EMBEDDINGS, OUTPUT_LAYER):
                 tensor = resize_vocab(tensor, config.padded_vocab_size)
             state_dict[name] = as_tensor(np.ascontiguousarray(tensor))
     return ConsolidatedModel(config=config, meta=source.meta, state_dict=state_dict)

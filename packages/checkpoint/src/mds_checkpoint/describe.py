@@ -6,7 +6,10 @@ alibi 3); Megatron-LM (MS) as a string (`learned_absolute`, `rope`). The tokeniz
 size comes from `original_vocab_size` in `checkpoint_info` (BS) or `universal_checkpoint_info`
 (deepspeedai; `source.vocabulary_info` picks) when present; without either the padded size stands
 for it, which keeps every row. The fields under upstream's names are mds_model.arguments' rows,
-and the MLP's GeLU its rule of upstream's ParallelMLP (`activation_from_args`).
+and the MLP's activation its rule of upstream's ParallelMLP (`activation_from_args`): deepspeedai's
+`--swiglu` (each TP rank's dense_h_to_4h rows [gate_r; up_r]) or bigscience's `--glu-activation
+swiglu` (megatron/model/glu_activations.py `x1 * silu(x2)`: [up_r; gate_r], `up_first_of_args`).
+deepspeedai marks rotary positions by `use_rotary_position_embeddings` (no position type).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from typing import Any
 
 from mds_model import GPTConfig
 from mds_model.arguments import (
-    ARGUMENTS,
     POSITION_OF_BIGSCIENCE,
     POSITION_OF_MEGATRON,
     activation_of,
@@ -68,21 +70,42 @@ def _position_type(value: Any) -> str:
     raise ValueError(f"unknown position_embedding_type {value!r}")
 
 
+_BIGSCIENCE_SWIGLU = "swiglu"  # bigscience's --glu-activation choice mds computes
+
+
+def up_first_of_args(args: Any) -> bool:
+    """Whether each TP rank's gated dense_h_to_4h rows are [up_r; gate_r]: bigscience's
+    --glu-activation swiglu (its GLU takes `x1 * silu(x2)` of the rank's output halves)."""
+    return getattr(args, "glu_activation", None) == _BIGSCIENCE_SWIGLU
+
+
 def activation_from_args(args: Any, *, where: str) -> str:
     """GPTConfig.activation as upstream's ParallelMLP picks it from these args
-    (mds_model.arguments.activation_of). Absent fields take arguments.py's defaults (openai_gelu
-    False, onnx_safe None, bias_gelu_fusion True). SwiGLU, squared ReLU and bigscience's GLU
-    activations are MLPs mds does not compute."""
-    for name in ("swiglu", "squared_relu", "glu_activation"):
-        if getattr(args, name, None):
-            raise ValueError(
-                f"{where}: Megatron's args set {name}={getattr(args, name)!r}, an MLP mds GPTs do "
-                "not compute (they compute a GeLU)"
-            )
+    (mds_model.arguments.activation_of): deepspeedai's `swiglu` or bigscience's
+    `glu_activation` swiglu first, else its GeLU rule. Absent fields take arguments.py's
+    defaults (openai_gelu False, onnx_safe None, bias_gelu_fusion True). Squared ReLU and
+    bigscience's other GLUs are MLPs mds does not compute."""
+    glu = getattr(args, "glu_activation", None)
+    swiglu = bool(getattr(args, "swiglu", False))
+    if getattr(args, "squared_relu", None):
+        raise ValueError(
+            f"{where}: Megatron's args set squared_relu=True, an MLP mds GPTs do not compute"
+        )
+    if glu and glu != _BIGSCIENCE_SWIGLU:
+        raise ValueError(
+            f"{where}: Megatron's args set glu_activation={glu!r}, an MLP mds GPTs do not compute "
+            f"(they compute a GeLU or SwiGLU)"
+        )
+    if glu and swiglu:
+        raise ValueError(
+            f"{where}: Megatron's args set both swiglu (deepspeedai: [gate; up] per rank) and "
+            "glu_activation (bigscience: [up; gate]); the MLP's layout cannot be told"
+        )
     return activation_of(
         openai_gelu=getattr(args, "openai_gelu", False),
         onnx_safe=getattr(args, "onnx_safe", None),
         bias_gelu_fusion=getattr(args, "bias_gelu_fusion", None),
+        swiglu=swiglu or bool(glu),
     )
 
 
@@ -94,34 +117,22 @@ def _dtype_name(args: Any) -> str:
     return "float32"
 
 
-# Model features deepspeedai/Megatron-DeepSpeed records in its args that mds does not read yet:
-# (argument, the value that means the feature is on, what it is). A checkpoint with one on is
-# refused rather than read as a model it is not. The architecture rows' features mds_model does not
-# build (mds_model.arguments) are refused with their values.
-_UNREAD_FEATURES = (("use_rotary_position_embeddings", True, "rotary position embeddings"),)
+def _position_from_args(args: Any, where: str) -> str:
+    """The position type: Megatron-LM's and bigscience's `position_embedding_type`, else
+    deepspeedai's `use_rotary_position_embeddings` (which turns its learned table off)."""
+    named = getattr(args, "position_embedding_type", None)
+    if not getattr(args, "use_rotary_position_embeddings", False):
+        return _position_type(named)
+    if named is not None and _position_type(named) != "rotary":
+        raise ValueError(
+            f"{where}: Megatron's args say use_rotary_position_embeddings=True and "
+            f"position_embedding_type={getattr(named, 'name', named)!r}; the positions cannot "
+            "be told"
+        )
+    return "rotary"
 
 
 def _refuse_unread_features(args: Any, where: str) -> None:
-    for name, on, what in _UNREAD_FEATURES:
-        if getattr(args, name, not on) == on:
-            raise ValueError(
-                f"{where}: Megatron's args say {name}={on} ({what}), which mds does not read; "
-                "this checkpoint cannot be converted"
-            )
-    fields = fields_from_args(args)
-    heads = fields["num_attention_heads"]
-    shape = dict(num_layers=1, hidden_size=heads, num_attention_heads=heads, vocab_size=1)
-    for argument in ARGUMENTS:
-        if argument.feature is None or argument.field not in fields:
-            continue
-        try:  # GPTConfig's own rule of what mds_model builds
-            GPTConfig(**shape, **{argument.field: fields[argument.field]})
-        except ValueError:
-            value = getattr(args, argument.arg)
-            raise ValueError(
-                f"{where}: Megatron's args say {argument.arg}={value!r} ({argument.feature}), "
-                "which mds does not read; this checkpoint cannot be converted"
-            ) from None
     experts = getattr(args, "num_experts", None)
     if (
         isinstance(experts, list | tuple)
@@ -161,7 +172,7 @@ def config_from_megatron_args(
     fields.update(
         vocab_size=int(vocab),
         tensor_model_parallel_size=tensor_model_parallel_size,
-        position_embedding_type=_position_type(getattr(args, "position_embedding_type", None)),
+        position_embedding_type=_position_from_args(args, where),
         activation=activation_from_args(args, where=where),
         params_dtype=_dtype_name(args),
     )

@@ -5,8 +5,11 @@ and mds-train's (`mds_train.model_setup.TrainingGPT`) by Megatron's nested names
 (`language_model.encoder.layers.I.X`); mds-train before it by the plain GPT's own (`layers.I.X`).
 The pipeline engine's `PipelineModule` names a stage's tied embedding `tied_modules.embed.X` and
 every other layer `{spec index}.X`, numbered as each fork's `GPTModelPipe` lists its specs
-(`mds_model.naming`; mds-train's is deepspeedai's); its stages are cut with DeepSpeed's
-`partition_balanced` over the transformer layers ("type:transformer").
+(`mds_model.naming`; mds-train's is deepspeedai's); untied (upstream's
+--untie-embeddings-and-output-weights) the embedding is `1.word_embeddings.weight` and the head
+upstream's LMHeadPipe, `{N+3}.lm_head.weight`, Megatron's `language_model.output_layer.weight`.
+Its stages are cut with DeepSpeed's `partition_balanced` over the transformer layers
+("type:transformer").
 mds-train's optimizers take Megatron's two parameter groups: the 2-D weights (decayed), then the
 1-D biases and norms, each in module order.
 """
@@ -18,7 +21,9 @@ from typing import Any
 from mds_model import GPTConfig
 from mds_model.naming import (
     EMBEDDING_INDEX,
+    LM_HEAD,
     MEGATRON_PREFIXES,
+    OUTPUT_LAYER,
     OWN_NUMBERING,
     TIED_PREFIX,
     canonical_layer_key,
@@ -30,8 +35,11 @@ from mds_model.parameters import (
     Param,
     embedding_parameters,
     final_parameters,
+    head_parameters,
     layer_parameters,
 )
+
+_OUTPUT_PREFIX = OUTPUT_LAYER.split(".")[0] + "."  # "output_layer."
 
 
 def pipeline_file_key(name: str, num_layers: int, numbering: str) -> tuple[int, str]:
@@ -45,6 +53,8 @@ def pipeline_file_key(name: str, num_layers: int, numbering: str) -> tuple[int, 
         return EMBEDDING_INDEX, name[len("embedding.") :]
     if name.startswith("final_layernorm."):
         return final, name[len("final_layernorm.") :]
+    if name.startswith(_OUTPUT_PREFIX):  # LMHeadPipe, the spec after the final norm
+        return final + 1, LM_HEAD + name[len(_OUTPUT_PREFIX) :]
     raise ValueError(f"no pipeline layer holds {name}")
 
 
@@ -52,14 +62,18 @@ def megatron_nested(flat: dict[str, Any], *, layer_offset: int = 0) -> dict[str,
     """Plain GPT names -> the nested dict Megatron's `GPTModel.state_dict_for_save_checkpoint`
     writes: `language_model` -> `embedding` -> `word_embeddings` -> `weight` (and BLOOM's
     `norm.*`), `position_embeddings` -> `weight`; `encoder` -> `layers.I.X` (I counted from
-    `layer_offset`, a pipeline stage's first layer) and `final_layernorm.X`. Only the parts
-    present are nested (a pipeline stage holds some)."""
+    `layer_offset`, a pipeline stage's first layer) and `final_layernorm.X`; the untied head's
+    `output_layer` -> `weight`. Only the parts present are nested (a pipeline stage holds
+    some)."""
     embedding: dict[str, dict[str, Any]] = {}
     encoder: dict[str, Any] = {}
+    output: dict[str, Any] = {}
     for name, value in flat.items():
         layer = layer_of(name)
         if layer is not None:
             encoder[layer_name(layer[0] - layer_offset, layer[1])] = value
+        elif name.startswith(_OUTPUT_PREFIX):
+            output[name[len(_OUTPUT_PREFIX) :]] = value
         elif name.startswith("embedding."):
             sub, key = name[len("embedding.") :].split(".", 1)
             embedding.setdefault(sub, {})[key] = value
@@ -70,6 +84,8 @@ def megatron_nested(flat: dict[str, Any], *, layer_offset: int = 0) -> dict[str,
         language["embedding"] = embedding
     if encoder:
         language["encoder"] = encoder
+    if output:
+        language["output_layer"] = output
     return {"language_model": language}
 
 
@@ -82,12 +98,14 @@ def megatron_flat(nested: dict[str, Any]) -> dict[str, Any]:
         for key, value in values.items():
             flat[f"embedding.{sub}.{key}"] = value
     flat.update(language.get("encoder", {}))
+    for key, value in language.get("output_layer", {}).items():
+        flat[_OUTPUT_PREFIX + key] = value
     return flat
 
 
 def plain_to_megatron(name: str) -> str:
     """A plain GPT name -> Megatron's nested parameter name (as `GPTModel.named_parameters`)."""
-    if name.startswith("embedding."):
+    if name.startswith(("embedding.", _OUTPUT_PREFIX)):
         return "language_model." + name
     return "language_model.encoder." + name
 
@@ -105,16 +123,20 @@ def megatron_to_plain(name: str) -> str:
 
 
 def pipeline_to_plain(name: str, num_layers: int, numbering: str = OWN_NUMBERING) -> str:
-    """A PipelineModule parameter name -> the plain GPT name."""
+    """A PipelineModule parameter name -> the plain GPT name (the embedding tied or not)."""
     if name.startswith(TIED_PREFIX):
         return "embedding." + name[len(TIED_PREFIX) :]
     first, final = pipe_layer_indices(num_layers, numbering)
     index, rest = name.split(".", 1)
     position = int(index) - first
+    if int(index) == EMBEDDING_INDEX:
+        return "embedding." + rest
     if 0 <= position < num_layers:
         return layer_name(position, canonical_layer_key(rest))
     if int(index) == final:
         return "final_layernorm." + rest
+    if int(index) == final + 1 and rest.startswith(LM_HEAD):
+        return _OUTPUT_PREFIX + rest[len(LM_HEAD) :]
     raise ValueError(f"pipeline parameter {name} is not part of a {num_layers}-layer GPT")
 
 
@@ -135,16 +157,19 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
 
 def module_parameters(config: GPTConfig, *, stage: int = 0, num_stages: int = 1) -> list[Param]:
     """The parameter-table rows of one stage, in its module's registration order (the pipeline
-    registers its tied embedding first, also on the last stage that uses it as head)."""
+    registers a tied embedding first, also on the last stage that uses it as head; an untied
+    head comes after the final norm)."""
     layers = stage_layers(config.num_layers, num_stages)[stage] if num_stages > 1 else None
     last = stage == num_stages - 1
+    tied = not config.untie_embeddings_and_output_weights
     params: list[Param] = []
-    if stage == 0 or (num_stages > 1 and last):
+    if stage == 0 or (num_stages > 1 and last and tied):
         params += embedding_parameters(config)
     for i in layers if layers is not None else range(config.num_layers):
         params += layer_parameters(config, i)
     if last:
         params += final_parameters(config)
+        params += head_parameters(config)
     return params
 
 
@@ -174,12 +199,16 @@ def plain_parameter_name(engine_name: str, *, num_layers: int, pipeline: bool) -
     return plain_engine_to_plain(engine_name)
 
 
-def engine_parameter_name(name: str, *, num_layers: int, pipeline: bool) -> str:
+def engine_parameter_name(
+    name: str, *, num_layers: int, pipeline: bool, untied: bool = False
+) -> str:
     """The name mds-train's engine gives a plain GPT parameter (the inverse of
-    `plain_parameter_name`): what DeepSpeed's ZeRO files and universal checkpoints key on."""
+    `plain_parameter_name`): what DeepSpeed's ZeRO files and universal checkpoints key on.
+    `untied`: the model's untie_embeddings_and_output_weights (its pipeline's embedding is no
+    tied module then)."""
     if not pipeline:
         return plain_to_megatron(name)
-    if name.startswith("embedding."):
+    if name.startswith("embedding.") and not untied:
         return TIED_PREFIX + name[len("embedding.") :]
     index, key = pipeline_file_key(name, num_layers, OWN_NUMBERING)
     return f"{index}.{key}"

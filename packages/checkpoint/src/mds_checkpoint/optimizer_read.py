@@ -83,7 +83,11 @@ class OptimizerState:
             if key not in per_rank[0]:  # ZeRO-0 torch AdamW: the weight is the master
                 out[key] = to_float32(self._weights(name))
                 continue
-            out[key] = to_float32(merge_shards(name, [r[key] for r in per_rank], where=where))
+            out[key] = to_float32(
+                merge_shards(
+                    name, [r[key] for r in per_rank], config=self.source.config, where=where
+                )
+            )
         return out
 
     def names(self) -> list[str]:
@@ -194,9 +198,7 @@ class OptimizerState:
                                 else state["base_optimizer_state"]["state"][group][key]
                             )
                             parts.append(_narrow(flat, address))
-                        out[key] = self.source.to_per_head(
-                            name, np.concatenate(parts).reshape(shape)
-                        )
+                        out[key] = self.source.own_rows(name, np.concatenate(parts).reshape(shape))
                     return out
 
                 self._add(name, tp, getter)

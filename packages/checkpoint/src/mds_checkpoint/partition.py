@@ -1,5 +1,6 @@
 """Tensor-parallel shards <-> whole tensors, one parameter at a time (the split kind of
-mds_model's parameter table, through `naming.split_of`, says how).
+mds_model's parameter table, through `naming.split_of` in the model's config, says how; the
+ranges each rank holds are `Split.rank_blocks`': one block, or a gated MLP's block of each half).
 
 Merging concatenates shards on the split dimension and checks that replicated copies agree bit for
 bit (Megatron's `merge_mp_partitions` silently takes rank 0's); splitting cuts a whole tensor into
@@ -14,22 +15,37 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
-from mds_model.naming import split_of
+from mds_model import GPTConfig
+from mds_model.naming import Split, split_of
+from mds_model.parameters import GATED
 
 from .arrays import bitwise_equal, to_float32
+
+
+def _rank_slices(split: Split, tensor: np.ndarray, tp: int, rank: int) -> list[np.ndarray]:
+    """Views of the whole tensor's blocks that TP rank `rank` holds, in its order."""
+    blocks = split.rank_blocks(tensor.shape[split.dim], tp, rank)
+    index = [slice(None)] * tensor.ndim
+    views = []
+    for start, stop in blocks:
+        index[split.dim] = slice(start, stop)
+        views.append(tensor[tuple(index)])
+    return views
 
 
 def merge_shards(
     name: str,
     shards: Sequence[np.ndarray],
     *,
+    config: GPTConfig,
     where: str,
     allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
 ) -> np.ndarray:
-    """The whole tensor from its TP shards (rank order); `where` names the files in errors.
-    `allocate(shape, dtype)` gives the tensor that split shards are joined into (a reused buffer,
-    `BufferPool.take`); a replicated parameter is rank 0's copy itself."""
-    split = split_of(name)
+    """The whole tensor from its TP shards (rank order) in `config`'s architecture; `where`
+    names the files in errors. `allocate(shape, dtype)` gives the tensor that split shards are
+    joined into (a reused buffer, `BufferPool.take`); a replicated parameter is rank 0's copy
+    itself."""
+    split = split_of(name, config)
     first = shards[0]
     if split.dim is None:
         for rank, shard in enumerate(shards[1:], start=1):
@@ -53,11 +69,20 @@ def merge_shards(
             )
     if len(shards) == 1:
         return first
-    if allocate is None:
-        return np.concatenate(shards, axis=split.dim)
     shape = list(first.shape)
     shape[split.dim] *= len(shards)
-    return np.concatenate(shards, axis=split.dim, out=allocate(tuple(shape), first.dtype))
+    if split.kind != GATED:  # one contiguous block per rank
+        if allocate is None:
+            return np.concatenate(shards, axis=split.dim)
+        return np.concatenate(shards, axis=split.dim, out=allocate(tuple(shape), first.dtype))
+    whole = (allocate or np.empty)(tuple(shape), first.dtype)
+    for rank, shard in enumerate(shards):  # each rank's blocks in its order: [gate_r; up_r]
+        offset = 0
+        for piece in _rank_slices(split, whole, len(shards), rank):
+            size = piece.shape[split.dim]
+            piece[...] = shard[(slice(None),) * split.dim + (slice(offset, offset + size),)]
+            offset += size
+    return whole
 
 
 class BufferPool:
@@ -99,35 +124,51 @@ def resize_vocab(tensor: np.ndarray, rows: int) -> np.ndarray:
 
 
 def split_whole(
-    name: str, tensor: np.ndarray, tensor_model_parallel_size: int, *, padded_vocab_size: int
+    name: str,
+    tensor: np.ndarray,
+    tensor_model_parallel_size: int,
+    *,
+    config: GPTConfig,
+    padded_vocab_size: int,
 ) -> list[np.ndarray]:
-    """A whole tensor's shards for `tensor_model_parallel_size` ranks (rank order), views of it."""
-    split = split_of(name)
-    if split.vocab:
-        tensor = resize_vocab(tensor, padded_vocab_size)
-    if split.dim is None:
-        return [tensor] * tensor_model_parallel_size
-    size = tensor.shape[split.dim]
-    if size % tensor_model_parallel_size:
-        raise ValueError(
-            f"{name}: dimension {split.dim} has {size} entries, not divisible by the target "
-            f"tensor-parallel size {tensor_model_parallel_size}"
+    """A whole tensor's shards for `tensor_model_parallel_size` ranks (rank order) in `config`'s
+    architecture: views of it, or for a gated MLP each rank's two blocks joined."""
+    return [
+        shard_for_rank(
+            name,
+            tensor,
+            config=config,
+            tp_rank=rank,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            padded_vocab_size=padded_vocab_size,
         )
-    return np.split(tensor, tensor_model_parallel_size, axis=split.dim)
+        for rank in range(tensor_model_parallel_size)
+    ]
 
 
 def shard_for_rank(
     name: str,
     tensor: np.ndarray,
     *,
+    config: GPTConfig | None = None,
+    split: Split | None = None,
     tp_rank: int,
     tensor_model_parallel_size: int,
     padded_vocab_size: int,
 ) -> np.ndarray:
-    """One rank's shard of a whole tensor (what a loader at the target topology takes)."""
-    split = split_of(name)
+    """One rank's shard of a whole tensor (what a loader at the target topology takes): its
+    split from `config`'s architecture, or as given (`split`: a universal checkpoint's files
+    say theirs)."""
+    if split is None:
+        if config is None:
+            raise TypeError("shard_for_rank needs the config or the split")
+        split = split_of(name, config)
     if split.vocab:
         tensor = resize_vocab(tensor, padded_vocab_size)
     if split.dim is None or tensor_model_parallel_size == 1:
         return tensor
-    return np.split(tensor, tensor_model_parallel_size, axis=split.dim)[tp_rank]
+    try:
+        pieces = _rank_slices(split, tensor, tensor_model_parallel_size, tp_rank)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=split.dim)

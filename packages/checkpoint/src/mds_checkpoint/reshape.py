@@ -1,8 +1,8 @@
 """`mds-merge-mp`: any checkpoint to an mds-train checkpoint at another (TP, PP), streamed.
 
-One part at a time (embedding, each transformer layer, final norm): read the part's shards from
-every source rank (memory-mapped), join them, check replicated copies agree, split for the target
-and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to
+One part at a time (embedding, each transformer layer, final norm, an untied output layer): read
+the part's shards from every source rank (memory-mapped), join them, check replicated copies agree,
+split for the target and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to
 DeepSpeed's universal layout (`universal.py`), in folders named as the target's engine names
 the parameters, with `latest_universal` beside `latest`. Peak memory is about one layer across
 all source ranks plus its output. The output folder appears complete or not at all
@@ -98,12 +98,14 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
                             folder,
                             name,
                             optimizer.read(name),
+                            config=target,
                             rows=target.padded_vocab_size,
                             step=optimizer.step,
                             engine_name=engine_parameter_name(
                                 name,
                                 num_layers=target.num_layers,
                                 pipeline=config.target_pipeline_model_parallel_size > 1,
+                                untied=target.untie_embeddings_and_output_weights,
                             ),
                         )
                         writer.written(paths)

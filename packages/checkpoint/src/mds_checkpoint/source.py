@@ -15,16 +15,18 @@ from typing import Any
 import numpy as np
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
-from mds_model.naming import QKV_PER_HEAD
+from mds_model.naming import QKV_PER_HEAD, split_of
 from mds_model.parameters import (
+    GATED,
     Param,
     embedding_parameters,
     final_parameters,
+    head_parameters,
     layer_parameters,
 )
 
 from . import ptfile
-from .describe import config_from_megatron_args
+from .describe import config_from_megatron_args, up_first_of_args
 from .engine_names import megatron_to_plain, pipeline_to_plain
 from .layout import LAYER_FILE, MEGATRON_FILE, META, MP_RANK_FILE, ZERO3_MODEL_FILE
 from .locate import locate_checkpoint
@@ -33,6 +35,7 @@ from .partition import BufferPool, merge_shards
 from .sources import (
     EMBEDDING,
     FINAL,
+    HEAD,
     LayerFiles,
     MegatronFiles,
     PlainEngineFiles,
@@ -55,6 +58,9 @@ class Source:
     meta: CheckpointMeta
     reader: Any  # sources.LayerFiles | PlainEngineFiles | MegatronFiles | zero3.Zero3Files
     qkv_order: str = QKV_PER_HEAD  # of the files' query_key_value rows (sources.qkv_order)
+    # each TP rank's gated dense_h_to_4h rows are [up_r; gate_r] (bigscience's --glu-activation),
+    # not [gate_r; up_r] (deepspeedai's --swiglu, mds's)
+    up_first: bool = False
 
     @property
     def iteration(self) -> int:
@@ -69,15 +75,25 @@ class Source:
             return megatron_to_plain(engine_name)
         return engine_name
 
-    def to_per_head(self, plain_name: str, tensor: np.ndarray) -> np.ndarray:
-        """One TP rank's tensor (a weight or its optimizer state) with QKV rows per head."""
-        if "self_attention.query_key_value" not in plain_name:
+    def own_rows(self, plain_name: str, tensor: np.ndarray) -> np.ndarray:
+        """One TP rank's tensor (a weight or its optimizer state) with its rows in mds's order:
+        QKV rows per head (per key/value group), a gated MLP's [gate_r; up_r]."""
+        if "self_attention.query_key_value" in plain_name:
+            heads = self.config.num_attention_heads // self.tensor_model_parallel_size
+            return to_per_head_qkv(tensor, self.qkv_order, heads)
+        return self.gate_first(plain_name, tensor)
+
+    def gate_first(self, plain_name: str, tensor: np.ndarray) -> np.ndarray:
+        """A gated dense_h_to_4h shard as [gate_r; up_r] (bigscience's halves swapped)."""
+        if not self.up_first or split_of(plain_name, self.config).kind != GATED:
             return tensor
-        heads = self.config.num_attention_heads // self.tensor_model_parallel_size
-        return to_per_head_qkv(tensor, self.qkv_order, heads)
+        up, gate = np.split(tensor, 2, axis=0)
+        return np.concatenate([gate, up])
 
     def parts(self) -> list[str]:
-        return part_names(self.config.num_layers)
+        return part_names(
+            self.config.num_layers, head=self.config.untie_embeddings_and_output_weights
+        )
 
 
 def vocabulary_info(state: dict[str, Any]) -> dict | None:
@@ -157,7 +173,7 @@ def _deepspeed_source(folder: Path) -> Source:
     if meta is not None:
         config = meta.config(where=str(folder / META))
         tp, pp = meta.tensor_model_parallel_size, meta.pipeline_model_parallel_size
-        order = QKV_PER_HEAD
+        order, up_first = QKV_PER_HEAD, False
     else:
         described_by = mp_files or zero3_files
         if not described_by:
@@ -178,6 +194,8 @@ def _deepspeed_source(folder: Path) -> Source:
         )
         meta = megatron_meta(state, config, tp, pp)
         order = qkv_order(state, where=str(folder / described_by[0]))
+        _check_qkv_order(config, order, where=str(folder / described_by[0]))
+        up_first = up_first_of_args(state["args"])
         if meta.parallel.zero_stage == 3 and order != QKV_PER_HEAD:
             raise ValueError(  # upstream's ZeRO-3 files: the weights are in the fp32 partitions
                 f"{folder / described_by[0]}: ZeRO-3 partitions with query_key_value rows "
@@ -205,11 +223,32 @@ def _deepspeed_source(folder: Path) -> Source:
             num_layers=config.num_layers,
             heads=heads,
             qkv_order=order,
+            head=config.untie_embeddings_and_output_weights,
         )
         layout = "plain"
     if layout != "pipeline" and pp != 1:
         raise ValueError(f"{folder}: PP={pp} in the description but no layer_* files")
-    return Source(folder, layout, config, tp, pp, meta, reader, qkv_order=order)
+    if layout == "pipeline" and (reader.head_index is not None) != (
+        config.untie_embeddings_and_output_weights
+    ):
+        raise ValueError(
+            f"{folder}: the layer files {'hold' if reader.head_index else 'lack'} an untied "
+            f"output layer (lm_head.weight), the description says "
+            f"untie_embeddings_and_output_weights={config.untie_embeddings_and_output_weights}"
+        )
+    return Source(folder, layout, config, tp, pp, meta, reader, qkv_order=order, up_first=up_first)
+
+
+def _check_qkv_order(config: GPTConfig, order: str, *, where: str) -> None:
+    """Grouped-query attention's rows are grouped per key/value head ([groups, heads/groups + 2,
+    hn], upstream up to 6acc370a); no other order of them is defined."""
+    if order != QKV_PER_HEAD and config.query_groups != config.num_attention_heads:
+        raise ValueError(
+            f"{where}: {config.query_groups} key/value heads for {config.num_attention_heads} "
+            f"query heads with query_key_value rows ordered {order}: grouped-query attention's "
+            "rows are read only grouped per key/value head (Megatron-DeepSpeed before 676a482); "
+            "this checkpoint's layout cannot be told"
+        )
 
 
 def _megatron_source(folder: Path) -> Source:
@@ -224,7 +263,12 @@ def _megatron_source(folder: Path) -> Source:
         tensor_model_parallel_size=tp_guess,
         where=str(first_dir / MEGATRON_FILE),
     )
-    reader = MegatronFiles(folder, heads=config.num_attention_heads)
+    reader = MegatronFiles(
+        folder,
+        heads=config.num_attention_heads,
+        head=config.untie_embeddings_and_output_weights,
+    )
+    _check_qkv_order(config, reader.qkv_order, where=str(first_dir / MEGATRON_FILE))
     if reader.tensor_model_parallel_size != tp_guess:
         config = dataclasses.replace(
             config, tensor_model_parallel_size=reader.tensor_model_parallel_size
@@ -247,6 +291,7 @@ def _megatron_source(folder: Path) -> Source:
         meta,
         reader,
         qkv_order=reader.qkv_order,
+        up_first=up_first_of_args(state["args"]),
     )
 
 
@@ -274,6 +319,8 @@ def part_parameters(config: GPTConfig, part: str) -> tuple[Param, ...]:
         return embedding_parameters(config)
     if part == FINAL:
         return final_parameters(config)
+    if part == HEAD:
+        return head_parameters(config)
     return layer_parameters(config, int(part.split(".")[1]))
 
 
@@ -283,7 +330,10 @@ def merged_part(
     """One part's whole tensors (TP shards joined, into `buffers`' tensors if given; the word
     embeddings keep the source's padded rows), in `GPT.named_parameters()` order; shapes checked
     against the source's config."""
-    shards = source.reader.read_part(part)
+    shards = [
+        {name: source.gate_first(name, tensor) for name, tensor in shard.items()}
+        for shard in source.reader.read_part(part)
+    ]
     where = source.reader.where(part)
     params = part_parameters(source.config, part)
     wanted = [param.name for param in params]
@@ -295,7 +345,9 @@ def merged_part(
             raise ValueError(f"{where}: TP rank {rank} {problem} for this model")
     allocate = buffers.take if buffers is not None else None
     merged = {
-        name: merge_shards(name, [s[name] for s in shards], where=where, allocate=allocate)
+        name: merge_shards(
+            name, [s[name] for s in shards], config=source.config, where=where, allocate=allocate
+        )
         for name in wanted
     }
     for param in params:

@@ -1,11 +1,13 @@
 """Readers of the source layouts, one model part at a time: "embedding", "layers.I", "final".
 
 Each reader answers `read_part(part)` with one dict per tensor-parallel rank, keyed by plain-GPT
-names (`mds_model.naming`); `partition.py` joins them. Layouts (README: "Layouts read"):
+names (`mds_model.naming`); `partition.py` joins them. The parts are "embedding", "layers.I",
+"final" and, for an untied output layer, "head". Layouts (README: "Layouts read"):
 - DeepSpeed pipeline files (mds-train with PP > 1, Megatron-DeepSpeed): `layer_XX-model_YY-model_
   states.pt`, XX the GPTModelPipe index, YY the TP rank. bigscience's GPTModelPipe numbers them
   01 embedding, 03.. layers, N+4 final norm (its two transpose lambdas take 02 and N+3);
-  deepspeedai/Megatron-DeepSpeed's has no lambdas: 01, 02..N+1, N+2. The files tell which;
+  deepspeedai/Megatron-DeepSpeed's has no lambdas: 01, 02..N+1, N+2, and an untied head's
+  LMHeadPipe N+3 (`lm_head.weight`). The files tell which;
 - DeepSpeed plain-engine files: `mp_rank_YY_model_states.pt`['module'], the GPT's flat names
   (mds-train with PP = 1) or Megatron's nested `language_model` dict (Megatron-DeepSpeed's
   `pretrain_gpt.py` without a pipeline); at ZeRO-3 the weights live in the fp32 partitions
@@ -23,6 +25,8 @@ from typing import Any
 import numpy as np
 from mds_model.naming import (
     FINAL_NORM,
+    LM_HEAD,
+    OUTPUT_LAYER,
     QKV_BLOCKS,
     QKV_PER_HEAD,
     canonical_layer_key,
@@ -34,16 +38,24 @@ from mds_model.naming import (
 from . import ptfile
 from .layout import LAYER_FILE, MEGATRON_FILE, MEGATRON_RANK_DIR, MP_RANK_FILE
 
-EMBEDDING, FINAL = "embedding", "final"
+EMBEDDING, FINAL, HEAD = "embedding", "final", "head"
 Shards = list[dict[str, np.ndarray]]
+_OUTPUT_PREFIX = OUTPUT_LAYER.split(".")[0] + "."  # "output_layer."
 
 
 def layer_part(index: int) -> str:
     return f"layers.{index}"
 
 
-def part_names(num_layers: int) -> list[str]:
-    return [EMBEDDING, *(layer_part(i) for i in range(num_layers)), FINAL]
+def part_names(num_layers: int, *, head: bool = False) -> list[str]:
+    """The parts of a model, in the order they are read and written; `head`: an untied output
+    layer (its own part, after the final norm)."""
+    return [
+        EMBEDDING,
+        *(layer_part(i) for i in range(num_layers)),
+        FINAL,
+        *([HEAD] if head else []),
+    ]
 
 
 def _missing_ranks(folder: Path, wanted: list[str]) -> None:
@@ -74,6 +86,10 @@ class LayerFiles:
             folder,
             [self.file(i, t) for i in indices for t in range(self.tensor_model_parallel_size)],
         )
+        # An untied head is upstream's LMHeadPipe, the file after the final norm's.
+        self.head_index = None
+        if any(k.startswith(LM_HEAD) for k in ptfile.load(folder / self.file(indices[-1], 0))):
+            self.head_index = indices.pop()
         self.embedding_index, self.final_index = indices[0], indices[-1]
         self.layer_indices = indices[1:-1]
         self.numbering = pipe_numbering(indices)
@@ -104,6 +120,13 @@ class LayerFiles:
             return self._read(self.embedding_index, lambda key: "embedding." + key)
         if part == FINAL:
             return self._read(self.final_index, lambda key: "final_layernorm." + key)
+        if part == HEAD:
+            if self.head_index is None:
+                raise ValueError(
+                    f"{self.folder}: no layer file holds lm_head.weight, the untied output layer "
+                    "the description names"
+                )
+            return self._read(self.head_index, lambda key: _OUTPUT_PREFIX + key[len(LM_HEAD) :])
         i = int(part.split(".")[1])
         shards = self._read(
             self.layer_indices[i], lambda key: layer_name(i, canonical_layer_key(key))
@@ -118,15 +141,24 @@ class LayerFiles:
         return self.heads // self.tensor_model_parallel_size
 
     def where(self, part: str) -> str:
-        index = {EMBEDDING: self.embedding_index, FINAL: self.final_index}.get(part)
+        index = {
+            EMBEDDING: self.embedding_index,
+            FINAL: self.final_index,
+            HEAD: self.head_index,
+        }.get(part)
         if index is None:
             index = self.layer_indices[int(part.split(".")[1])]
         return f"{self.folder}/{self.file(index, 0)}"
 
 
-def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:
-    parts: dict[str, dict] = {name: {} for name in part_names(num_layers)}
+def _split_by_part(state: dict[str, Any], num_layers: int, *, head: bool) -> dict[str, dict]:
+    parts: dict[str, dict] = {name: {} for name in part_names(num_layers, head=head)}
     for name, tensor in state.items():
+        if name.startswith(_OUTPUT_PREFIX) and not head:
+            raise ValueError(
+                f"parameter {name}, an untied output layer, in a model whose description ties "
+                "it to the word embeddings (untie_embeddings_and_output_weights off)"
+            )
         if name.startswith("embedding."):
             parts[EMBEDDING][name] = tensor
         elif name.startswith("layers."):
@@ -136,6 +168,8 @@ def _split_by_part(state: dict[str, Any], num_layers: int) -> dict[str, dict]:
             parts[layer_part(index)][name] = tensor
         elif name in FINAL_NORM:
             parts[FINAL][name] = tensor
+        elif name.startswith(_OUTPUT_PREFIX):
+            parts[HEAD][name] = tensor
         else:
             raise ValueError(f"unexpected parameter {name}")
     return parts
@@ -155,12 +189,14 @@ class PlainEngineFiles:
         num_layers: int,
         heads: int,
         qkv_order: str,
+        head: bool = False,
     ) -> None:
         self.folder, self.tensor_model_parallel_size, self.num_layers = (
             folder,
             tensor_model_parallel_size,
             num_layers,
         )
+        self.head = head
         self.rank_heads, self.qkv_order = heads // tensor_model_parallel_size, qkv_order
         _missing_ranks(folder, [self.file(t) for t in range(tensor_model_parallel_size)])
         for tp in range(tensor_model_parallel_size):
@@ -183,7 +219,7 @@ class PlainEngineFiles:
                 module = flatten_language_model(
                     module["language_model"], heads=self.rank_heads, qkv_order=self.qkv_order
                 )
-            return _split_by_part(module, self.num_layers)
+            return _split_by_part(module, self.num_layers, head=self.head)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
 
@@ -230,12 +266,15 @@ def flatten_language_model(
 ) -> dict[str, np.ndarray]:
     """Megatron's nested `language_model` state dict (`embedding` -> `word_embeddings` ->
     `weight`, `encoder` or version 0's `transformer` -> `layers.I.X` with chunk-local I) as plain
-    GPT names, the layers numbered from `offset`, QKV rows per head."""
+    GPT names, the layers numbered from `offset`, QKV rows per head; an untied head's
+    `output_layer` -> `weight` as `output_layer.weight`."""
     out = {}
     embedding = language.get("embedding", {})
     for sub in ("word_embeddings", "position_embeddings"):
         for key, tensor in embedding.get(sub, {}).items():  # `weight`, BLOOM's `norm.*`
             out[f"embedding.{sub}.{key}"] = tensor
+    for key, tensor in language.get("output_layer", {}).items():
+        out[_OUTPUT_PREFIX + key] = tensor
     encoder = language.get("encoder", language.get("transformer", {}))
     for name, tensor in encoder.items():
         if name.startswith("layers."):
@@ -260,8 +299,8 @@ class MegatronFiles:
     chunk c of stage p the layers from c * P * n + p * n (`ParallelTransformer`'s offset:
     c * (L / V) + p * (L / (P * V))); without them stage p's layers follow stage p - 1's."""
 
-    def __init__(self, folder: Path, *, heads: int) -> None:
-        self.folder, self.heads = folder, heads
+    def __init__(self, folder: Path, *, heads: int, head: bool = False) -> None:
+        self.folder, self.heads, self.head = folder, heads, head
         ranks = {}
         for path in folder.iterdir():
             match = MEGATRON_RANK_DIR.fullmatch(path.name)
@@ -331,7 +370,7 @@ class MegatronFiles:
         the last stage's last chunk."""
         if part == EMBEDDING:
             return 0, 0
-        if part == FINAL:
+        if part in (FINAL, HEAD):
             return self.pipeline_model_parallel_size - 1, len(self.chunks) - 1
         index = int(part.split(".")[1])
         return next(
@@ -345,7 +384,7 @@ class MegatronFiles:
         shards = []
         for tp in range(self.tensor_model_parallel_size):
             flat = self._flatten(pp, tp, chunk, offset=self.offsets[(pp, chunk)])
-            shards.append(_split_by_part(flat, self.num_layers)[part])
+            shards.append(_split_by_part(flat, self.num_layers, head=self.head)[part])
         return shards
 
     def where(self, part: str) -> str:

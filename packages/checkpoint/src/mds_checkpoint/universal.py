@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mds_common.sidecar import distribution_version
-from mds_model.naming import EMBEDDING_INDEX, TIED_PREFIX, pipe_numbering, split_of
+from mds_model import GPTConfig
+from mds_model.naming import (
+    EMBEDDING_INDEX,
+    LM_HEAD,
+    TIED_PREFIX,
+    Split,
+    pipe_numbering,
+    split_of,
+)
+from mds_model.parameters import GATED
 
 from . import ptfile
 from .arrays import as_tensor, to_float32
@@ -39,6 +48,22 @@ FOLDER = "zero"
 GLOBAL_STATE = "optimizer_state.pt"
 STEP = "step"
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
+# deepspeed/checkpoint/constants.py
+CAT_DIM, VOCAB_TENSOR, SUB_PARAMS = "cat_dim", "vocab_tensor", "param_n_sub_params"
+# Every split kind but a gated MLP's is the same in every architecture; that one the state file
+# declares (`param_n_sub_params`), as DeepSpeed's loader reads it. Replicated parameters are told
+# by name, not by a missing cat_dim: ds_to_universal gives every parameter of a TP=1 source one.
+_ANY_ARCHITECTURE = GPTConfig(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+
+
+def split_of_record(name: str, record: dict[str, Any]) -> Split:
+    """The split of a universal state file's parameter (plain name `name`)."""
+    sub_params = int(record.get(SUB_PARAMS, 1))
+    if sub_params == 2 and int(record.get(CAT_DIM, 0)) == 0:
+        return Split(GATED)
+    if sub_params != 1:
+        raise ValueError(f"{sub_params} sub-parameters of {name}; mds reads 2 on dimension 0")
+    return split_of(name, _ANY_ARCHITECTURE)
 
 
 def write_parameter(
@@ -46,13 +71,15 @@ def write_parameter(
     name: str,
     states: dict[str, np.ndarray],
     *,
+    config: GPTConfig,
     rows: int,
     step: int,
     engine_name: str,
 ) -> list[Path]:
-    """The whole fp32 master, moments and step of one parameter (plain name `name`, word
-    embeddings cut/padded to `rows`) in `zero/<engine_name>/`; returns the files written."""
-    split = split_of(name)
+    """The whole fp32 master, moments and step of one parameter (plain name `name` in
+    `config`'s architecture, vocabulary rows cut/padded to `rows`) in `zero/<engine_name>/`;
+    returns the files written."""
+    split = split_of(name, config)
     target = folder / FOLDER / engine_name
     target.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -62,9 +89,11 @@ def write_parameter(
             tensor = resize_vocab(tensor, rows)
         record: dict[str, Any] = {"param": tensor}
         if split.dim is not None:
-            record["cat_dim"] = split.dim
+            record[CAT_DIM] = split.dim
+        if split.kind == GATED:
+            record[SUB_PARAMS] = 2
         if split.vocab:
-            record["vocab_tensor"] = True
+            record[VOCAB_TENSOR] = True
         paths.append(target / f"{key}.pt")
         ptfile.save(record, paths[-1])
     # torch's Adam keeps the step as a 0-dim float tensor; DeepSpeed's loader puts this file's
@@ -89,9 +118,18 @@ def write_global_state(folder: Path, *, step: int, param_groups: list[dict[str, 
 
 def plain_names(folders: list[str]) -> dict[str, str]:
     """{plain GPT name: folder name} of a `zero/` folder's parameter folders, named by either
-    engine (the pipeline's in either fork's numbering, told apart by the indices present) or by
-    the plain GPT's names."""
-    indices = sorted({int(n.split(".", 1)[0]) for n in folders if n.split(".", 1)[0].isdigit()})
+    engine (the pipeline's in either fork's numbering, told apart by the indices present; an
+    untied embedding `1.X`, an untied head `{final + 1}.lm_head.X`) or by the plain GPT's
+    names."""
+    heads = {n.split(".", 1)[0] for n in folders if n.split(".", 1)[-1].startswith(LM_HEAD)}
+    indices = sorted(
+        {
+            int(n.split(".", 1)[0])
+            for n in folders
+            if n.split(".", 1)[0].isdigit() and n.split(".", 1)[0] not in heads
+        }
+        - {EMBEDDING_INDEX}
+    )
     numbering, num_layers = None, len(indices) - 1
     if indices:
         numbering = pipe_numbering([EMBEDDING_INDEX, *indices])
@@ -170,6 +208,9 @@ class UniversalState:
 
     def read(self, name: str) -> dict[str, np.ndarray]:
         """The whole fp32 master, exp_avg and exp_avg_sq of one parameter (memory-mapped)."""
+        return {key: record["param"] for key, record in self._records(name).items()}
+
+    def _records(self, name: str) -> dict[str, dict[str, Any]]:
         folder = self._folders.get(name)
         if folder is None:
             raise ValueError(f"{self.folder}: no optimizer state of {name}")
@@ -178,7 +219,7 @@ class UniversalState:
             path = self.folder / folder / f"{key}.pt"
             if not path.is_file():
                 raise ValueError(f"{path}: missing optimizer state of {name}")
-            out[key] = ptfile.load(path)["param"]
+            out[key] = ptfile.load(path)
         return out
 
     def shard(
@@ -187,17 +228,23 @@ class UniversalState:
         """One tensor-parallel rank's slices of `read(name)` (vocabulary cut or zero-padded to
         `padded_vocab_size` rows, as DeepSpeed's loader pads its unpadded files), as torch
         tensors for the trainer."""
+        records = self._records(name)
+        try:
+            split = split_of_record(name, records["fp32"])
+        except ValueError as error:
+            raise ValueError(f"{self.folder / self._folders[name]}: {error}") from None
         return {
             key: as_tensor(
                 shard_for_rank(
                     name,
-                    tensor,
+                    record["param"],
+                    split=split,
                     tp_rank=tp_rank,
                     tensor_model_parallel_size=tensor_model_parallel_size,
                     padded_vocab_size=padded_vocab_size,
                 )
             )
-            for key, tensor in self.read(name).items()
+            for key, record in records.items()
         }
 
 

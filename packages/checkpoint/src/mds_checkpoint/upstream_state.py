@@ -6,7 +6,9 @@ namespace), `checkpoint_version` 3.0, `iteration` and `tokens` beside the model;
 (`_universal_checkpoint_info` and megatron/model/gpt_model.py `UniversalCheckpointInfo`). Readers
 take a missing `checkpoint_version` for 0 and reorder query/key/value rows that mds already holds
 per head (`[np, 3, hn]`, version >= 2), so it is always written. `args` carries upstream's names
-for the model (mds_model.arguments' rows and GeLU rule), topology, tokenizer and progress.
+for the model (mds_model.arguments' rows and MLP rule: the Llama family's normalization,
+num_key_value_heads, add_bias_linear, untie_embeddings_and_output_weights, rope_theta,
+rotary_percent, swiglu), topology, tokenizer and progress.
 """
 
 from __future__ import annotations
@@ -92,8 +94,6 @@ def megatron_args(
         # deepspeedai's switches; Megatron-LM's (and bigscience's) position_embedding_type
         add_position_embedding=position == "learned",
         use_rotary_position_embeddings=position == "rotary",
-        rotary_percent=1.0,
-        rope_theta=config.rotary_base,
         position_embedding_type=(
             _BigscienceEnum(BIGSCIENCE_POSITIONS[position])
             if layout == "bigscience"
@@ -118,59 +118,81 @@ def megatron_args(
 # DeepSpeed's `ds_to_universal` matches them against the names in the ZeRO partitions, so a
 # pattern of another naming would silently treat a replicated parameter as split.
 _PATTERN_NAMES = {
-    # (word embeddings, position embeddings, layer prefix, final norm prefix)
+    # (word embeddings, position embeddings, layer prefix, final norm prefix, untied head);
+    # the pipeline's untied embedding and head are plain LayerSpecs, `{spec}.X`
     "megatron": (
         "language_model.embedding.word_embeddings.weight",
         "language_model.embedding.position_embeddings.weight",
         "language_model.encoder.layers.",
         "language_model.encoder.final_layernorm.",
+        "language_model.output_layer.weight",
     ),
     "pipe": (
         "tied_modules.embed.word_embeddings.weight",
         "tied_modules.embed.position_embeddings.weight",
         "",
         r"\d+.",
+        r"\d+.lm_head.weight",
     ),
 }
+_PIPE_UNTIED_WORDS = r"\d+.word_embeddings.weight"
 
 
 def universal_checkpoint_info(
     config: GPTConfig, *, original_vocab_size: int, names: str
 ) -> dict[str, Any]:
     """deepspeedai's `_universal_checkpoint_info`: the vocabulary sizes and its parameter-pattern
-    lists, as `UniversalCheckpointInfo` builds them for a GPT (layer norms, biased linears, tied
-    embeddings, no SwiGLU), over the parameter names of `names` (a key of _PATTERN_NAMES)."""
+    lists, as `UniversalCheckpointInfo` (megatron/model/gpt_model.py at 6acc370a) builds them
+    from the args (normalization, add_bias_linear, untied head, swiglu), over the parameter
+    names of `names` (a key of _PATTERN_NAMES)."""
     learned = config.position_embedding_type == "learned"
-    words, positions, layers, final = _PATTERN_NAMES[names]
+    layernorm = config.normalization == "layernorm"
+    untied = config.untie_embeddings_and_output_weights
+    words, positions, layers, final, head = _PATTERN_NAMES[names]
+    if names == "pipe" and untied:
+        words = _PIPE_UNTIED_WORDS
     info: dict[str, Any] = {
         "universal_checkpoint_version": UNIVERSAL_CHECKPOINT_VERSION,
         "original_vocab_size": original_vocab_size,
         "padded_vocab_size": config.padded_vocab_size,
-        "vocabulary_parameter_patterns": [words],
+        "vocabulary_parameter_patterns": [words, *([head] if untied else [])],
     }
     if names == "pipe":
-        info["pipeline_replicated_parameter_patterns"] = [words] + ([positions] if learned else [])
+        info["pipeline_replicated_parameter_patterns"] = (
+            [] if untied else [words] + ([positions] if learned else [])
+        )
     if config.tensor_model_parallel_size > 1:
         replicated = [
             layers + r"\d+.input_layernorm.weight",
             layers + r"\d+.post_attention_layernorm.weight",
             final + "weight",
-            final + "bias",
         ]
+        if layernorm:
+            replicated.append(final + "bias")
         if learned:
             replicated.append(positions)
-        replicated += [
-            layers + r"\d+.self_attention.dense.bias",
-            layers + r"\d+.mlp.dense_4h_to_h.bias",
-            layers + r"\d+.input_layernorm.bias",
-            layers + r"\d+.post_attention_layernorm.bias",
-        ]
+        if config.add_bias_linear:
+            replicated += [
+                layers + r"\d+.self_attention.dense.bias",
+                layers + r"\d+.mlp.dense_4h_to_h.bias",
+            ]
+        if layernorm:
+            replicated += [
+                layers + r"\d+.input_layernorm.bias",
+                layers + r"\d+.post_attention_layernorm.bias",
+            ]
         info["tp_replicated_parameter_patterns"] = replicated
         info["parameter_with_row_parallelism_patterns"] = [
             layers + r"\d+.mlp.dense_4h_to_h.weight",
             layers + r"\d+.self_attention.dense.weight",
         ]
-    info["parameter_with_2_sub_params_cat_dim_0"] = []
+    # SwiGLU's dense_h_to_4h: each TP slice is [gate_r; up_r]
+    gated = []
+    if config.gated:
+        gated.append(layers + r"\d+.mlp.dense_h_to_4h.weight")
+        if config.add_bias_linear:
+            gated.append(layers + r"\d+.mlp.dense_h_to_4h.bias")
+    info["parameter_with_2_sub_params_cat_dim_0"] = gated
     return info
 
 

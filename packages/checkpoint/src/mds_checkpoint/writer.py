@@ -60,6 +60,32 @@ def write_trackers(save: Path, *, layout: str, tag: str, iteration: int) -> None
         (save / MEGATRON_TRACKER).write_text(tag if tag == MEGATRON_RELEASE else str(iteration))
 
 
+# GPTConfig fields bigscience's fork has no argument for, with the value it always builds.
+_BIGSCIENCE_FIXED = {
+    "normalization": "layernorm",
+    "num_query_groups": None,
+    "add_bias_linear": True,
+    "untie_embeddings_and_output_weights": False,
+    "rotary_percent": 1.0,
+}
+
+
+def _check_bigscience_builds(config: GPTConfig) -> None:
+    """bigscience's GPTModelPipe builds LayerNorm, biased linears, tied embeddings, full rotary,
+    no grouped-query attention and its own GLU order: a model outside that is refused."""
+    for name, value in _BIGSCIENCE_FIXED.items():
+        if getattr(config, name) != value:
+            raise ValueError(
+                f"--target-layout bigscience: the model has {name}={getattr(config, name)!r}, "
+                f"which bigscience's fork does not build ({value!r} there); choose deepspeedai"
+            )
+    if config.gated:
+        raise ValueError(
+            f"--target-layout bigscience: the model's {config.activation} MLP is written by "
+            "deepspeedai's --swiglu ([gate; up] per rank); choose deepspeedai"
+        )
+
+
 class CheckpointWriter:
     """`write_part(tensors)` for every part (embedding, layers, final norm), then `finish`;
     `written(paths)` hands other files written beside them (optimizer state) to the write-back.
@@ -76,6 +102,8 @@ class CheckpointWriter:
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"--target-layout {layout}: choose one of {', '.join(LAYOUTS)}")
+        if layout == "bigscience":
+            _check_bigscience_builds(config)
         self.folder, self.config, self.pp, self.layout = (
             folder,
             config,
@@ -114,7 +142,7 @@ class CheckpointWriter:
         layer = layer_of(name)
         if layer is not None:
             return [layer[0] // (self.config.num_layers // self.pp)]
-        if name == WORD_EMBEDDINGS:
+        if name == WORD_EMBEDDINGS and not self.config.untie_embeddings_and_output_weights:
             return [0, self.pp - 1]
         return [0] if name.startswith("embedding.") else [self.pp - 1]
 
@@ -134,7 +162,11 @@ class CheckpointWriter:
         shards: list[dict[str, np.ndarray]] = [{} for _ in range(self.tp)]
         for name, tensor in tensors.items():
             pieces = split_whole(
-                name, tensor, self.tp, padded_vocab_size=self.config.padded_vocab_size
+                name,
+                tensor,
+                self.tp,
+                config=self.config,
+                padded_vocab_size=self.config.padded_vocab_size,
             )
             for tp, piece in enumerate(pieces):
                 shards[tp][name] = piece

@@ -133,7 +133,11 @@ class Zero3Files:
         for partitions in self.partitions:
             lazy = {name: name for name in partitions.shapes}
             try:
-                self._parts.append(_split_by_part(lazy, config.num_layers))
+                self._parts.append(
+                    _split_by_part(
+                        lazy, config.num_layers, head=config.untie_embeddings_and_output_weights
+                    )
+                )
             except ValueError as error:
                 raise ValueError(f"{folder}: {error}") from None
 
