@@ -54,8 +54,8 @@ def test_the_golden_s_args_give_the_exact_gelu():
     assert config.activation == "gelu"
 
 
-@pytest.mark.parametrize("name", ["swiglu", "squared_relu", "glu_activation"])
-def test_mlps_other_than_a_gelu_are_refused_in_one_line(name):
+@pytest.mark.parametrize("name", ["squared_relu", "glu_activation"])
+def test_mlps_other_than_a_gelu_or_swiglu_are_refused_in_one_line(name):
     args = argparse.Namespace(
         num_layers=2, hidden_size=16, num_attention_heads=4, padded_vocab_size=512
     )
@@ -66,7 +66,7 @@ def test_mlps_other_than_a_gelu_are_refused_in_one_line(name):
         )
     message = str(error.value)
     assert message.startswith(f"f.pt: Megatron's args set {name}=") and "\n" not in message
-    assert message.endswith("an MLP mds GPTs do not compute (they compute a GeLU)")
+    assert "an MLP mds GPTs do not compute" in message
 
 
 def hf_converter_activation(args: argparse.Namespace) -> str:

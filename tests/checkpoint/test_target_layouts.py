@@ -434,12 +434,13 @@ def test_universal_checkpoint_info_patterns_match_the_files_own_names(golden, tm
     info = state["universal_checkpoint_info"]
     names = list(_flatten(state["module"]))
     assert len(names) == 28
+    state_config = load_consolidated(folder).config
 
     def matches(kind: str, name: str) -> bool:
         return any(re.match(pattern, name) for pattern in info.get(kind, []))
 
     for name in names:
-        split = split_of(megatron_to_plain(name))
+        split = split_of(megatron_to_plain(name), state_config)
         assert matches("vocabulary_parameter_patterns", name) == split.vocab, name
         assert matches("tp_replicated_parameter_patterns", name) == (split.dim is None), name
         assert matches("parameter_with_row_parallelism_patterns", name) == (split.dim == 1), name
