@@ -50,7 +50,8 @@ class TrainingGPT(torch.nn.Module):
     - forward is the masked mean loss (DeepSpeed's engine calls forward; ZeRO-3 gathers
       parameters in the submodules' forward hooks);
     - the GPT's modules are registered under Megatron's nesting (`language_model.embedding`,
-      `language_model.encoder.layers.I`, `language_model.encoder.final_layernorm`), so DeepSpeed's
+      `language_model.encoder.layers.I`, `language_model.encoder.final_layernorm` and, untied,
+      `language_model.output_layer`, as upstream's language_model.py), so DeepSpeed's
       files (`param_shapes`, ZeRO partitions, universal checkpoints) name parameters as
       Megatron-DeepSpeed's do;
     - `state_dict` is the nested dict upstream's `state_dict_for_save_checkpoint` writes (what its
@@ -66,6 +67,8 @@ class TrainingGPT(torch.nn.Module):
         self.language_model.encoder = torch.nn.Module()
         self.language_model.encoder.layers = gpt.layers
         self.language_model.encoder.final_layernorm = gpt.final_layernorm
+        if gpt.output_layer is not None:  # untied; tied, the head is the word embeddings
+            self.language_model.output_layer = gpt.output_layer
         # It computes with the modules registered above; registering it as well would name each
         # parameter twice.
         object.__setattr__(self, "gpt", gpt)
@@ -329,13 +332,14 @@ def build_client_optimizer(
 def apply_zero3_external_parameters(
     module: torch.nn.Module, ds_config: dict[str, Any], *, is_pipeline: bool
 ) -> None:
-    """ZeRO-3 without pipelining: the LM head reads the word embeddings outside their module's
-    forward, so ZeRO-3 must gather them for the whole model's."""
+    """ZeRO-3 without pipelining: the LM head reads its weight (the word embeddings, or the
+    untied output layer, which has no forward of its own) outside its module's forward, so
+    ZeRO-3 must gather it for the whole model's."""
     if is_pipeline or _zero_stage(ds_config) != 3:
         return
     import deepspeed
 
-    deepspeed.zero.register_external_parameter(module, module.gpt.embedding.word_embeddings.weight)
+    deepspeed.zero.register_external_parameter(module, module.gpt.head_weight)
 
 
 def initialize_engine(

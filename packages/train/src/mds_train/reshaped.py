@@ -43,6 +43,14 @@ from .rank_files import load_rank_file
 logger = logging.getLogger(__name__)
 
 
+def _vocab_rows(name: str) -> bool:
+    """Whether a plain-GPT parameter holds the padded vocabulary's rows (re-padded when the TP
+    size changes): the word embeddings and the untied output layer."""
+    from mds_model.naming import OUTPUT_LAYER, WORD_EMBEDDINGS
+
+    return name in (WORD_EMBEDDINGS, OUTPUT_LAYER)
+
+
 def restore_optimizer_state(
     engine: Any,
     optimizer: torch.optim.Optimizer,
@@ -59,7 +67,7 @@ def restore_optimizer_state(
     touched_deepspeed = False
     for engine_name, param in engine.module.named_parameters():
         name = plain_parameter_name(engine_name, num_layers=num_layers, pipeline=is_pipeline)
-        rows = param.shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
+        rows = param.shape[0] * groups.tp_size if _vocab_rows(name) else 0
         values = state.shard(
             name,
             tp_rank=groups.tp_rank,
@@ -200,7 +208,7 @@ def restore_zero3(
         if state is None:
             values = {"fp32": weights[name]}
         else:
-            rows = shape[0] * groups.tp_size if name.endswith("word_embeddings.weight") else 0
+            rows = shape[0] * groups.tp_size if _vocab_rows(name) else 0
             values = state.shard(
                 name,
                 tp_rank=groups.tp_rank,

@@ -1,0 +1,94 @@
+"""mds-train continues upstream's own Llama-family run exactly: the shared golden
+(`../shared/data/megatron-deepspeed-llama-golden/`, README there) is the TP=2 plain-engine fp32
+ZeRO-1 checkpoint Megatron-DeepSpeed 6acc370a wrote at iteration 10 with the flag block of its
+examples_deepspeed/pretrain_llama2_distributed.sh (4 heads, 2 key/value heads, SwiGLU, RMSNorm, no
+linear biases, untied output layer, rotary); upstream's own `--load` of it logged iterations 11
+and 12 (logs/tp2-resume.log)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+UPSTREAM_LOSSES = {11: 6.249592, 12: 6.201358}  # logs/tp2-resume.log, as upstream prints them
+# The log prints 7 digits: 5e-7 of rounding at most, relative 8e-8 here; 2e-6 and 1e-5 are the
+# issue's bounds (iteration 12 follows from the optimizer state loaded).
+RTOL = {11: 2e-6, 12: 1e-5}
+CORPUS = "corpus_text_document"
+
+
+@pytest.fixture(scope="module")
+def golden(shared_data) -> Path:
+    return shared_data / "megatron-deepspeed-llama-golden"
+
+
+def upstream_corpus(golden: Path, folder: Path) -> Path:
+    """The golden's corpus as upstream's reader saw it. Upstream's preprocess_data.py wrote one
+    end-of-document token per document (300) into the .bin that the .idx's sizes and pointers do
+    not count, so the .bin is 600 bytes longer than the index covers, all at its end; upstream's
+    MMapIndexedDataset reads by pointer and never looks there, while mds_indexed_data refuses a
+    .bin of another length than its index's. The copy keeps the index and every byte it points
+    to (the .bin's first 589,518): the samples are upstream's."""
+    folder.mkdir()
+    shutil.copyfile(golden / f"{CORPUS}.idx", folder / f"{CORPUS}.idx")
+    data = (golden / f"{CORPUS}.bin").read_bytes()
+    covered = 589_518
+    assert len(data) - covered == 600  # as the golden holds it: else this copy is stale
+    (folder / f"{CORPUS}.bin").write_bytes(data[:covered])
+    return folder / CORPUS
+
+
+def upstream_command_line(golden: Path, data: Path, cache: Path) -> list[str]:
+    """The golden README's pretrain_gpt.py flags, paths changed (data, vocabulary, cache)."""
+    return [
+        *"--no-query-key-layer-scaling --attention-dropout 0 --hidden-dropout 0".split(),
+        "--use-rotary-position-embeddings",
+        *"--untie-embeddings-and-output-weights --swiglu --normalization rmsnorm".split(),
+        *"--disable-bias-linear --num-key-value-heads 2".split(),
+        *"--num-layers 2 --hidden-size 32 --ffn-hidden-size 64 --num-attention-heads 4".split(),
+        *"--seq-length 128 --max-position-embeddings 128 --micro-batch-size 4".split(),
+        *"--global-batch-size 8 --lr 1e-2 --min-lr 1e-3 --lr-decay-style cosine".split(),
+        *"--lr-decay-iters 20 --lr-warmup-iters 2 --weight-decay 0.01 --clip-grad 1.0".split(),
+        *"--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --init-method-std 0.02".split(),
+        *("--seed", "1234", "--data-path", str(data)),
+        *("--vocab-file", str(golden / "vocab/vocab.json")),
+        *("--merge-file", str(golden / "vocab/merges.txt")),
+        *"--tokenizer-type GPT2BPETokenizer --split 949,50,1 --log-interval 1".split(),
+        *"--eval-interval 1000 --eval-iters 1 --distributed-backend gloo".split(),
+        *"--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1".split(),
+        *"--no-pipeline-parallel --save-interval 10 --data-cache-path".split(),
+        str(cache),
+        *("--deepspeed", "--deepspeed_config", str(golden / "scripts/ds_zero1.json")),
+        *"--zero-stage 1 --cpu-optimizer --cpu_torch_adam --no-masked-softmax-fusion".split(),
+        *"--no-bias-gelu-fusion --no-bias-dropout-fusion --no-gradient-accumulation-fusion".split(),
+    ]
+
+
+@pytest.mark.multiprocess
+def test_mds_train_continues_upstream_s_llama_run_exactly(runs, golden, tmp_path):
+    """At upstream's layout (TP=2, ZeRO-1, 2 processes) DeepSpeed loads upstream's files as they
+    are: weights (grouped QKV, [gate; up] rows, the untied output layer), ZeRO-1 Adam moments,
+    the scheduler (--use-checkpoint-opt_param-scheduler, as upstream's resume) and RNG states;
+    iterations 11 and 12 are upstream's."""
+    checkpoint = tmp_path / "golden"
+    shutil.copytree(golden / "tp2-ckpt", checkpoint)  # the shared copy stays as it is
+    data = upstream_corpus(golden, tmp_path / "data")
+    save = tmp_path / "save"
+    flags = upstream_command_line(golden, data, tmp_path / "cache")
+    flags += ["--train-iters", "12", "--load", str(checkpoint), "--save", str(save)]
+    flags += ["--use-checkpoint-opt_param-scheduler"]
+    result = runs.train(flags, nproc=2)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Megatron-DeepSpeed's files at this run's layout, loaded as they are" in result.stderr
+    train = {r["iteration"]: r for r in runs.train_records(save)}
+    assert sorted(train) == [11, 12]
+    for iteration, loss in UPSTREAM_LOSSES.items():
+        assert train[iteration]["lm_loss"] == pytest.approx(loss, rel=RTOL[iteration]), iteration
+    # upstream's logged rates: cosine from the checkpoint's schedule at 88 and 96 samples
+    assert train[11]["learning_rate"] == pytest.approx(5.5e-3, rel=1e-12)
+    assert f"{train[12]['learning_rate']:.3E}" == "4.719E-03"
+    meta = json.loads((save / "global_step12/meta.json").read_text())
+    assert meta["model"]["untie_embeddings_and_output_weights"] is True
