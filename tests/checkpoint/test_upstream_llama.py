@@ -252,7 +252,7 @@ def test_llama_args_read_back_what_they_wrote(golden_states):
     from mds_checkpoint.upstream_state import megatron_args
     from mds_common.tokenizer_record import TokenizerRecord
 
-    config = load_consolidated_config(golden_states)
+    config = golden_config(golden_states)
     args = megatron_args(
         config,
         pipeline_model_parallel_size=1,
@@ -266,11 +266,43 @@ def test_llama_args_read_back_what_they_wrote(golden_states):
     assert read == config
 
 
-def load_consolidated_config(golden_states):
+def golden_config(golden_states):
     state = golden_states[0]
     return config_from_megatron_args(
         state["args"],
         checkpoint_info=state["universal_checkpoint_info"],
         tensor_model_parallel_size=2,
         where="golden",
+    )
+
+
+def test_plain_megatron_layout_keeps_the_untied_head_on_the_last_stage(merge_mp, golden, tmp_path):
+    """--target-layout megatron at PP=2: the last stage's `language_model.output_layer` and no
+    `word_embeddings_for_head` copy (that is the tied head's); read back from its args alone
+    (meta.json removed), the golden's logits."""
+    result = merge_mp(
+        "--load", golden / "tp2-ckpt", "--save", tmp_path / "meg", "--target-layout", "megatron",
+        "--target-tensor-model-parallel-size", "1", "--target-pipeline-model-parallel-size", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    folder = tmp_path / "meg" / "iter_0000010"
+    (folder / "meta.json").unlink()
+    first, last = (
+        torch.load(folder / f"mp_rank_00_00{pp}" / "model_optim_rng.pt", weights_only=False)
+        for pp in range(2)
+    )
+    assert set(last["model"]) == {"language_model"}
+    assert set(last["model"]["language_model"]) == {"encoder", "output_layer"}
+    assert "output_layer" not in first["model"]["language_model"]
+    assert_golden_logits(folder, golden)
+
+
+def test_a_llama_model_is_not_written_in_bigscience_s_layout(merge_mp, golden, tmp_path):
+    result = merge_mp(
+        "--load", golden / "tp2-ckpt", "--save", tmp_path / "bs", "--target-layout", "bigscience"
+    )  # fmt: skip
+    assert result.returncode == 1 and not (tmp_path / "bs").exists()
+    assert result.stderr == (
+        "mds-merge-mp: error: --target-layout bigscience: the model has normalization='rmsnorm', "
+        "which bigscience's fork does not build ('layernorm' there); choose deepspeedai\n"
     )

@@ -108,3 +108,18 @@ def test_a_parameter_the_table_does_not_know_is_an_error():
     model.layers[0].mlp.register_parameter("gate", torch.nn.Parameter(torch.zeros(4, 4)))
     with pytest.raises(RuntimeError, match=r"layers\.0\.mlp\.gate .* not in mds_model's"):
         parameter_groups(model, 0.1, config=cfg)
+
+
+def test_the_untied_head_has_its_place_in_the_optimizer_order():
+    """Llama: the untied output layer is decayed (a 2-D weight) and last among the decayed, as
+    mds-train's groups hold it; no norm bias or linear bias anywhere."""
+    from mds_train.model_setup import TrainingGPT, parameter_groups
+
+    cfg = config("llama")
+    module = TrainingGPT(cfg)
+    names = {id(p): n for n, p in module.gpt.named_parameters()}
+    groups = parameter_groups(module, 0.1, config=cfg)
+    trained = [names[id(p)] for group in groups for p in group["params"]]
+    assert trained == optimizer_order(cfg)
+    decayed = [names[id(p)] for p in groups[0]["params"]]
+    assert decayed[-1] == "output_layer.weight" and not any("bias" in n for n in trained)
