@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from mds_model.cli import app
-from mds_model.config import GPTConfig
+from mds_model.config import ARCHITECTURES, GPTConfig
 from mds_model.estimate import Plan, estimate, flops_per_token, total_parameters
 from mds_model.gpt import GPT
 from typer.testing import CliRunner
@@ -28,7 +28,12 @@ def test_345m_parameters_match_reference_gpt():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"position_embedding_type": "alibi", "embed_layernorm": True}, {"ffn_hidden_size": 40}],
+    [
+        {},
+        {"position_embedding_type": "alibi", "embed_layernorm": True},
+        {"ffn_hidden_size": 40},
+        {**ARCHITECTURES["llama"], "num_query_groups": 2},
+    ],
 )
 def test_parameter_count_equals_the_built_model(overrides):
     config = GPTConfig(
@@ -43,6 +48,27 @@ def test_parameter_count_equals_the_built_model(overrides):
     assert total_parameters(config, exclude_embeddings=True) == GPT(config).num_parameters(
         exclude_embeddings=True
     )
+
+
+def test_llama_flops_count_upstream_s_products():
+    """Upstream's throughput_calculator (megatron/utils.py at 6acc370a), per token, with 2 / gqa
+    where it writes the integer 2 // gqa: the layer products and attention agree; the logits keep
+    the Narayanan formula's V/16Lh (1.5 V h per pass) where upstream counts 2 V h."""
+    config = GPTConfig.preset(
+        "llama",
+        num_layers=4,
+        hidden_size=256,
+        num_attention_heads=8,
+        num_query_groups=2,
+        ffn_hidden_size=688,
+        vocab_size=1000,
+        seq_length=128,
+    )
+    L, h, s, V, ffn, gqa = 4, 256, 128, config.padded_vocab_size, 688, 8 // 2
+    upstream_macs = L * (1 + 2 / gqa + 1) * h**2 + L * 2 * h * s + L * 3 * ffn * h + V * h
+    upstream = 2 * 3 * upstream_macs
+    ours = flops_per_token(config)["megatron_no_recompute"]
+    assert ours - 3 * 1.5 * V * h == pytest.approx(upstream - 6 * V * h)
 
 
 def test_flops_per_token_formulas():

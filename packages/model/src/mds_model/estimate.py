@@ -1,7 +1,10 @@
 """Parameter count, model FLOPs per token and a per-GPU memory estimate, to plan runs before a job.
 
 FLOPs: the PaLM convention `6N + 12 L h s` (as `reference_gpt.py`) and Megatron's Narayanan et al.
-formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute).
+formula of BS `training.py` (`24 f L h^2 s (1 + s/6h + V/16Lh)`, f = 3, or 4 with recompute), its
+`24 h^2` written out as the layer's products (query/key/value rows, the output projection, the
+MLP's two or, gated, three products) so that grouped-query attention and SwiGLU count as upstream's
+throughput_calculator counts them (less its integer `2 // gqa`, which drops the keys and values).
 Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
 parameter in mixed precision; 2 + 6 + 12 for bf16 at ZeRO 0-1, whose optimizers keep fp32
 gradients too), activations per Korthikanti et al. 2022 ("Reducing Activation
@@ -59,11 +62,13 @@ def layer_parameters(config: GPTConfig) -> int:
 
 
 def embedding_parameters(config: GPTConfig) -> int:
-    return sum(param.numel for param in table.embedding_parameters(config))
+    """The embedding's, and an untied output layer's (vocabulary-sized as the embedding)."""
+    params = table.embedding_parameters(config) + table.head_parameters(config)
+    return sum(param.numel for param in params)
 
 
 def total_parameters(config: GPTConfig, *, exclude_embeddings: bool = False) -> int:
-    """Whole model, tied LM head counted once."""
+    """Whole model, a tied LM head counted once."""
     body = config.num_layers * layer_parameters(config)
     body += sum(param.numel for param in table.final_parameters(config))
     return body if exclude_embeddings else body + embedding_parameters(config)
@@ -72,7 +77,10 @@ def total_parameters(config: GPTConfig, *, exclude_embeddings: bool = False) -> 
 def flops_per_token(config: GPTConfig) -> dict[str, float]:
     """Training (forward + backward) FLOPs per token under both conventions."""
     L, h, s, V = config.num_layers, config.hidden_size, config.seq_length, config.padded_vocab_size
-    megatron = 24 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))  # per token, per pass factor f
+    mlp_products = 3 if config.gated else 2
+    products = h * config.qkv_size + h * h + mlp_products * h * config.ffn_size
+    # per token and per pass factor f; GPT-2's 24 L h^2 (1 + s/6h + V/16Lh)
+    megatron = 2 * L * products + 4 * L * s * h + 1.5 * V * h
     return {
         "palm_6n_plus_attention": 6 * total_parameters(config) + 12 * L * h * s,
         "megatron_no_recompute": 3 * megatron,
@@ -91,8 +99,8 @@ def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
     layers = -(-config.num_layers // plan.pipeline_model_parallel_size)
     count = layers * on_one_gpu(table.layer_parameters(config))
     count += on_one_gpu(table.embedding_parameters(config))
-    if plan.pipeline_model_parallel_size == 1:
-        count += on_one_gpu(table.final_parameters(config))
+    if plan.pipeline_model_parallel_size == 1:  # else the last stage holds the norm and head
+        count += on_one_gpu(table.final_parameters(config) + table.head_parameters(config))
     return count
 
 
