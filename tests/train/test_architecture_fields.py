@@ -9,7 +9,7 @@ import pytest
 from mds_checkpoint.meta import CheckpointMeta, Parallel, model_fields
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
-from mds_model.config import ARCHITECTURE
+from mds_model.config import ARCHITECTURE, GPT2
 from mds_train.checkpointing import FIELD_DEFAULTS, SHAPE_FIELDS, check_model_fields
 
 WRITTEN = Path(__file__).parents[1] / "e2e/written_files"
@@ -34,6 +34,7 @@ def test_the_compared_fields_are_the_architecture_fields():
         "ffn_size",
         "max_positions",
         "position_embedding_type",
+        "rotary_percent",
         "embed_layernorm",
         "activation",
         "normalization",
@@ -70,11 +71,29 @@ def test_a_field_absent_from_an_older_file_means_gpt2():
     )
 
 
-def test_another_architecture_in_the_checkpoint_is_one_line_naming_the_field():
-    saved = {**run_meta().model, "normalization": "rmsnorm"}
+@pytest.mark.parametrize(
+    ("saved", "run", "fix"),
+    [
+        ({"normalization": "rmsnorm"}, {}, "give --normalization rmsnorm"),
+        ({"activation": "swiglu"}, {}, "add --swiglu"),
+        ({"add_bias_linear": False}, {}, "add --disable-bias-linear"),
+        ({}, {"add_bias_linear": False}, "drop --disable-bias-linear"),
+        ({"untie_embeddings_and_output_weights": True}, {},
+         "add --untie-embeddings-and-output-weights"),
+        ({"num_query_groups": 1}, {}, "give --num-key-value-heads 1"),
+        ({}, {"num_query_groups": 1}, "drop --num-key-value-heads"),
+        ({"rotary_percent": 0.25}, {}, "give --rotary-percent 0.25"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)  # fmt: skip
+def test_another_architecture_in_the_checkpoint_is_one_line_naming_the_flag(saved, run, fix):
+    """A Llama-family field that differs: its upstream flag, as the run that wrote it gave it."""
+    [(name, theirs)] = saved.items() or [(next(iter(run)), GPT2[next(iter(run))])]
+    ours = run.get(name, GPT2[name])
+    checkpoint = {**run_meta().model, **saved}
     with pytest.raises(ValueError) as error:
-        check_model_fields(meta(saved), run_meta(), SHAPE_FIELDS, Path("ckpt"))
+        check_model_fields(meta(checkpoint), run_meta(**run), SHAPE_FIELDS, Path("ckpt"))
     assert str(error.value) == (
-        "ckpt: normalization is rmsnorm in the checkpoint but layernorm in this run; train with "
-        "the checkpoint's model flags"
+        f"ckpt: {name} is {theirs} in the checkpoint but {ours} in this run; {fix} (the flags "
+        "of the run that wrote it)"
     )

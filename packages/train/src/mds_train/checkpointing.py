@@ -48,6 +48,7 @@ from mds_common.files import (
 )
 from mds_common.tokenizer_record import TokenizerRecord
 from mds_model import GPTConfig
+from mds_model.arguments import ARGUMENT_OF, SWIGLU
 from mds_model.config import GPT2
 from mds_tokenize import check_checkpoint_tokenizer
 
@@ -79,6 +80,7 @@ FIELD_DEFAULTS = {name: GPT2[name] for name in SHAPE_FIELDS if name in GPT2}
 _ACTIVATION_FLAGS = {
     "gelu": "add --no-bias-gelu-fusion",
     "gelu_tanh": "drop --no-bias-gelu-fusion and --onnx-safe, or add --openai-gelu",
+    "swiglu": f"add {SWIGLU.flag}",
 }
 TOKENIZER_CHANGE_FLAG = "--allow-tokenizer-change"
 
@@ -362,11 +364,35 @@ def check_model_fields(
             fix = "train with the checkpoint's model flags"
             if name == "activation" and theirs in _ACTIVATION_FLAGS:
                 fix = f"{_ACTIVATION_FLAGS[theirs]} (the flags of the run that wrote it)"
+            elif name in _FLAG_FIXED:
+                fix = f"{_flag_fix(name, theirs)} (the flags of the run that wrote it)"
             if name == "padded_vocab_size":
                 fix = _padding_fix(meta.model, rows=theirs)
             raise ValueError(
                 f"{path}: {name} is {theirs} in the checkpoint but {ours} in this run; {fix}"
             )
+
+
+# The Llama family's fields, each given by its upstream flag (mds_model.arguments' rows).
+_FLAG_FIXED = (
+    "normalization",
+    "num_query_groups",
+    "add_bias_linear",
+    "untie_embeddings_and_output_weights",
+    "rotary_percent",
+)
+
+
+def _flag_fix(name: str, value: Any) -> str:
+    """The flag that gives a run the checkpoint's `value` of field `name`."""
+    flag = ARGUMENT_OF[name].flag
+    if name == "add_bias_linear":  # the flag turns the biases off
+        return f"add {flag}" if value is False else f"drop {flag}"
+    if isinstance(value, bool):
+        return f"add {flag}" if value else f"drop {flag}"
+    if value is None:  # num_query_groups: one group per head
+        return f"drop {flag}"
+    return f"give {flag} {value}"
 
 
 def _padding_fix(model: dict[str, Any], *, rows: int) -> str:
