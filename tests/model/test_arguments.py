@@ -114,3 +114,51 @@ def test_position_names_both_ways():
 def test_megatron_core_s_normalization_spelling_reads():
     read = fields_from_args(argparse.Namespace(normalization="LayerNorm"))
     assert read == {"normalization": "layernorm"}
+
+
+# Upstream's Llama flag block (examples_deepspeed/pretrain_llama2_distributed.sh), with 2
+# key/value heads.
+LLAMA_FLAGS = (
+    "--use-rotary-position-embeddings --untie-embeddings-and-output-weights --swiglu "
+    "--normalization rmsnorm --disable-bias-linear --num-key-value-heads 2"
+).split()
+
+
+def test_every_row_s_flag_is_a_gpt_flag():
+    """mds-train and mds-model info take each architecture row's flag (and --swiglu) from
+    GPTFlags; the rows of how a run computes (dropout, the initial weights) are mds-train's."""
+    from mds_common.flags import flag_fields
+    from mds_model.arguments import SWIGLU
+    from mds_model.config import KIND, RUN
+    from mds_model.flags import GPTFlags
+
+    names = {name for _, spec in flag_fields(GPTFlags) for name in spec.names}
+    fields = GPTConfig.__dataclass_fields__
+    rows = [a for a in ARGUMENTS if fields[a.field].metadata[KIND] != RUN]
+    assert {argument.flag for argument in (*rows, SWIGLU)} <= names
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_mds_model_info_counts_a_llama_as_the_model_holds_it(tensor_parallel, capsys):
+    """mds-model info with upstream's Llama block: the GPT it describes (grouped QKV, SwiGLU's
+    [gate; up] rows, no linear or norm biases, the untied output layer) has that many
+    parameters, the output layer counted as an embedding."""
+    import json
+
+    from mds_model import GPT
+    from mds_model.cli import main
+
+    argv = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64".split()
+    argv += [*LLAMA_FLAGS, "--vocab-size", "1000", "--json"]
+    argv += ["--tensor-model-parallel-size", str(tensor_parallel)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", *argv])
+    assert exit_.value.code == 0
+    figures = json.loads(capsys.readouterr().out)
+    config = GPTConfig.preset(
+        "llama",
+        **{k: v for k, v in figures["config"].items() if k != "tensor_model_parallel_size"},
+    )
+    model = GPT(config)
+    assert figures["parameters"] == model.num_parameters() == 205_120
+    assert figures["parameters_without_embeddings"] == model.num_parameters(exclude_embeddings=True)
