@@ -525,8 +525,6 @@ class TrainConfig:
                 f"--pipeline-model-parallel-size ({topology.pipeline_model_parallel_size}) is "
                 f"larger than --num-layers ({self.model.num_layers})"
             )
-        if self.checkpoint.save_interval is not None and self.checkpoint.save is None:
-            raise ValueError("--save-interval needs --save")
         self.profiler.check(tensorboard_dir=self.logging.tensorboard_dir)
         self.batch_schedule(topology)
         self.lr_schedule(topology)

@@ -202,7 +202,11 @@ def run(
     )
     config, user_ds, fp16_note = without_fp16(config, user_ds, fp16_supported=_fp16_supported())
     init_distributed(backend, timeout_minutes=config.parallel.distributed_timeout_minutes)
-    notes = [note for note in (*warnings, backend_note, fp16_note) if note]
+    save_note = None
+    if config.checkpoint.save_interval is not None and config.checkpoint.save is None:
+        # upstream saves at an interval only `if args.save` (finetune_llama.sh passes it alone)
+        save_note = "--save-interval without --save: no checkpoint is saved"
+    notes = [note for note in (*warnings, backend_note, fp16_note, save_note) if note]
     try:
         with _output_folders_locked(config, launch):
             return _run_joined(config, launch, topology, vocab, user_ds, notes)
