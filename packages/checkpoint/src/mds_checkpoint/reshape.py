@@ -2,10 +2,10 @@
 
 One part at a time (embedding, each transformer layer, final norm, an untied output layer): read
 the part's shards from every source rank (memory-mapped), join them, check replicated copies agree,
-split for the target and write; with `--with-optimizer` the same part's fp32 masters and Adam moments go to
-DeepSpeed's universal layout (`universal.py`), in folders named as the target's engine names
-the parameters, with `latest_universal` beside `latest`. Peak memory is about one layer across
-all source ranks plus its output. The output folder appears complete or not at all
+split for the target and write; with `--with-optimizer` the same part's fp32 masters and Adam
+moments go to DeepSpeed's universal layout (`universal.py`), in folders named as the target's
+engine names the parameters, with `latest_universal` beside `latest`. Peak memory is about one
+layer across all source ranks plus its output. The output folder appears complete or not at all
 (`atomic_directory`).
 """
 

@@ -145,7 +145,7 @@ def universal_checkpoint_info(
     lists, as `UniversalCheckpointInfo` (megatron/model/gpt_model.py at 6acc370a) builds them
     from the args (normalization, add_bias_linear, untied head, swiglu), over the parameter
     names of `names` (a key of _PATTERN_NAMES)."""
-    learned = config.position_embedding_type == "learned"
+    learned = config.learned_positions
     layernorm = config.normalization == "layernorm"
     untied = config.untie_embeddings_and_output_weights
     words, positions, layers, final, head = _PATTERN_NAMES[names]

@@ -138,12 +138,12 @@ class ParallelSelfAttention(nn.Module):
             dtype=dtype,
         )
         self.rotary = None
-        if config.position_embedding_type == "rotary":
+        if config.rotary_positions:
             self.rotary = RotaryEmbedding(
                 config.rotary_dim, max_positions=config.max_positions, base=config.rotary_base
             )
         self.alibi: torch.Tensor | None = None
-        if config.position_embedding_type == "alibi":
+        if config.alibi_positions:
             start = groups.tp_rank * self.num_local_heads
             slopes = alibi_slopes(config.num_attention_heads)[start : start + self.num_local_heads]
             del self.alibi  # a plain attribute cannot become a buffer of the same name

@@ -202,7 +202,7 @@ class GPTConfig:
                 f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
                 f"tensor_model_parallel_size ({tp})"
             )
-        if self.position_embedding_type == "rotary" and self.rotary_dim % 2:
+        if self.rotary_positions and self.rotary_dim % 2:
             raise ValueError(
                 "rotary position embeddings need an even number of rotated dimensions, got "
                 f"{self.rotary_dim} (head dim {self.head_dim} x rotary_percent "
@@ -245,12 +245,27 @@ class GPTConfig:
         return self.sequence_parallel and self.tensor_model_parallel_size > 1
 
     @property
+    def learned_positions(self) -> bool:
+        """The embedding holds a learned position table (GPT-2's)."""
+        return self.position_embedding_type == "learned"
+
+    @property
+    def rotary_positions(self) -> bool:
+        """Queries and keys are rotated by their positions (upstream's rotary)."""
+        return self.position_embedding_type == "rotary"
+
+    @property
+    def alibi_positions(self) -> bool:
+        """Attention scores get ALiBi's per-head linear bias (BLOOM's)."""
+        return self.position_embedding_type == "alibi"
+
+    @property
     def explicit_attention_scores(self) -> bool:
         """Attention materialises the (S, S) scores: ALiBi's bias, or the softmax backend chosen.
 
         (Cached decoding also does for a query block shorter than its keys; that is per call.)
         """
-        return self.position_embedding_type == "alibi" or self.attention_backend == "softmax"
+        return self.alibi_positions or self.attention_backend == "softmax"
 
     @property
     def gelu_approximate(self) -> str:

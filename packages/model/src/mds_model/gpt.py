@@ -53,7 +53,7 @@ class Embedding(nn.Module):
                 config.padded_vocab_size, h, groups=groups, init_std=std, dtype=dtype, norm=norm
             )
             self.position_embeddings = None
-            if config.position_embedding_type == "learned":
+            if config.learned_positions:
                 self.position_embeddings = nn.Embedding(config.max_positions, h, dtype=dtype)
                 self.position_embeddings.weight.data.copy_(
                     _master_slice(

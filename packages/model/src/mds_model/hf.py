@@ -9,29 +9,34 @@ a GeLU (tanh: "gelu_new"; exact: "gelu"), tied LM head. The differences are layo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 
 import torch
 
-from .arguments import HF_ACTIVATION_OF, hf_gpt2_fields
-from .config import GPT2, GPTConfig
+from .arguments import ARGUMENTS, HF_ACTIVATION_OF, hf_gpt2_fields
+from .config import ARCHITECTURE, GPT2, KIND, GPTConfig
 from .naming import HF_QKV
 from .parameters import layer_parameters
 
-# Architecture fields GPT2LMHeadModel has no setting for: it expresses GPT-2's value only.
-_GPT2_ONLY = (
-    "position_embedding_type",
-    "embed_layernorm",
-    "normalization",
-    "num_query_groups",
-    "add_bias_linear",
-    "untie_embeddings_and_output_weights",
+# Architecture fields GPT2LMHeadModel has no setting for, so it expresses GPT-2's value only: all
+# but those with a GPT-2 config.json key (the argument rows'), the activation (its name) and the
+# vocabulary (written as the tokenizer's, the padding rows dropped).
+_EXPRESSED = {argument.field for argument in ARGUMENTS if argument.hf is not None}
+_GPT2_ONLY = tuple(
+    f.name
+    for f in dataclasses.fields(GPTConfig)
+    if f.metadata[KIND] == ARCHITECTURE
+    and f.name not in _EXPRESSED | {"activation"}
+    and f.metadata["compared_as"] != "padded_vocab_size"
 )
 
 
 def gpt2_problem(config: GPTConfig) -> str | None:
     """Why GPT2LMHeadModel cannot hold this model, in a few words; None when it can (the one
     check of export-hf and of this module's converters)."""
+    if config.activation not in HF_ACTIVATION_OF:
+        return f"activation {config.activation!r} has no GPT2LMHeadModel equivalent (a GeLU)"
     for name in _GPT2_ONLY:
         value = getattr(config, name)
         if value != GPT2[name]:

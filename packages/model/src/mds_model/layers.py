@@ -177,8 +177,8 @@ def norm_for(config: GPTConfig, **kwargs) -> _Norm:
 class VocabParallelEmbedding(nn.Module):
     """Embedding whose rows (the padded vocabulary) are split in contiguous ranges over TP ranks.
 
-    With `norm` (BLOOM's embed_layernorm) the looked-up vectors go through a LayerNorm named
-    `word_embeddings.norm`, the name BS Megatron-DeepSpeed checkpoints use.
+    With `norm` (BLOOM's LayerNorm on the embeddings) the looked-up vectors go through it, named
+    `word_embeddings.norm` as BS Megatron-DeepSpeed checkpoints name it.
     """
 
     def __init__(

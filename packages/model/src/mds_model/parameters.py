@@ -262,7 +262,7 @@ def embedding_parameters(config: GPTConfig) -> tuple[Param, ...]:
     rows = [_WORDS]
     if config.embed_layernorm:
         rows += _EMBED_NORM
-    if config.position_embedding_type == "learned":
+    if config.learned_positions:
         rows.append(_POSITIONS)
     return tuple(_param(row, config, name=row.local) for row in rows if row.present(config))
 

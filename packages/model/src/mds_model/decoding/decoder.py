@@ -129,7 +129,7 @@ def fused_decoding(config: GPTConfig) -> bool:
     need learned or ALiBi positions (no rotation between projection and attention), LayerNorm,
     the GeLU MLP with biases and per-head QKV rows; other blocks run the layers' own modules."""
     return (
-        config.position_embedding_type != "rotary"
+        not config.rotary_positions
         and config.normalization == "layernorm"
         and not config.gated
         and config.add_bias_linear
