@@ -28,10 +28,17 @@ class Argument:
     hf: str | None = None  # Hugging Face GPT2Config's key; None where GPT-2 has none
     read: Callable[[Any], Any] | None = None  # args' value -> the field's (None: as it is)
     written: str | None = None  # GPTConfig's derived size written instead of the field
+    write: Callable[[Any], Any] | None = None  # the field's value -> args' type (None: as it is)
 
     def value(self, config: GPTConfig) -> Any:
         """The field as upstream's args and flags hold it."""
-        return getattr(config, self.written or self.field)
+        value = getattr(config, self.written or self.field)
+        return value if self.write is None else self.write(value)
+
+
+def _integral(value: float) -> int | float:
+    """An int where the value is one (upstream's argparse type=int), else the float as it is."""
+    return int(value) if float(value).is_integer() else value
 
 
 def _normalization(value: Any) -> str:
@@ -83,7 +90,14 @@ ARGUMENTS = (
         "--untie-embeddings-and-output-weights",
         read=bool,
     ),
-    Argument("rotary_base", "rope_theta", "--rotary-position-embeddings-theta", read=float),
+    # upstream's --rotary-position-embeddings-theta is type=int: args hold an int
+    Argument(
+        "rotary_base",
+        "rope_theta",
+        "--rotary-position-embeddings-theta",
+        read=float,
+        write=_integral,
+    ),
     Argument("rotary_percent", "rotary_percent", "--rotary-percent", read=float),
 )
 ARGUMENT_OF = {argument.field: argument for argument in ARGUMENTS}
