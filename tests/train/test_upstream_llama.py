@@ -68,21 +68,27 @@ def upstream_command_line(golden: Path, data: Path, cache: Path) -> list[str]:
 
 
 @pytest.mark.multiprocess
-def test_mds_train_continues_upstream_s_llama_run_exactly(runs, golden, tmp_path):
+@pytest.mark.parametrize("tensor_parallel", [2, 1])
+def test_mds_train_continues_upstream_s_llama_run_exactly(runs, golden, tmp_path, tensor_parallel):
     """At upstream's layout (TP=2, ZeRO-1, 2 processes) DeepSpeed loads upstream's files as they
     are: weights (grouped QKV, [gate; up] rows, the untied output layer), ZeRO-1 Adam moments,
-    the scheduler (--use-checkpoint-opt_param-scheduler, as upstream's resume) and RNG states;
-    iterations 11 and 12 are upstream's."""
+    the scheduler (--use-checkpoint-opt_param-scheduler, as upstream's resume) and RNG states.
+    At TP=1 they are converted first (mds_checkpoint: the key/value groups, each rank's gate and
+    up halves and both vocabulary-row tensors joined; the moments with them). Either way
+    iterations 11 and 12 are upstream's. (A PP=2 resume, converted the same way, logged the same
+    two losses when run by hand.)"""
     checkpoint = tmp_path / "golden"
     shutil.copytree(golden / "tp2-ckpt", checkpoint)  # the shared copy stays as it is
     data = upstream_corpus(golden, tmp_path / "data")
     save = tmp_path / "save"
     flags = upstream_command_line(golden, data, tmp_path / "cache")
+    flags[flags.index("--tensor-model-parallel-size") + 1] = str(tensor_parallel)
     flags += ["--train-iters", "12", "--load", str(checkpoint), "--save", str(save)]
     flags += ["--use-checkpoint-opt_param-scheduler"]
-    result = runs.train(flags, nproc=2)
+    result = runs.train(flags, nproc=tensor_parallel)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Megatron-DeepSpeed's files at this run's layout, loaded as they are" in result.stderr
+    as_they_are = "Megatron-DeepSpeed's files at this run's layout, loaded as they are"
+    assert (as_they_are in result.stderr) == (tensor_parallel == 2)
     train = {r["iteration"]: r for r in runs.train_records(save)}
     assert sorted(train) == [11, 12]
     for iteration, loss in UPSTREAM_LOSSES.items():
