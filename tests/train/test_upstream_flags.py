@@ -157,3 +157,25 @@ def test_bad_llama_flag_values_are_one_line(argv, message, capsys):
     assert exit_.value.code in (1, 2)
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_key_value_heads_not_divisible_by_tp_is_one_line_naming_the_flags():
+    argv = [*REQUIRED, "--num-key-value-heads", "1", "--tensor-model-parallel-size", "2"]
+    config = build_config(parse(argv))
+    with pytest.raises(ValueError) as error:
+        config.validate(config.topology(2))
+    assert str(error.value) == (
+        "--num-key-value-heads (1) must be divisible by --tensor-model-parallel-size (2): each "
+        "rank holds whole key/value heads"
+    )
+
+
+def test_fp8_checks_swiglu_s_mlp_width():
+    """--swiglu without --ffn-hidden-size: upstream's int((4h x 2/3) / 64) x 64, 320 for h 128
+    (not 4h = 512), whose TP=8 slice of 40 is no multiple of 16 (512's, 64, would be)."""
+    argv = [*REQUIRED, "--swiglu", "--bf16", "--fp8-hybrid", "--hidden-size", "128"]
+    argv += ["--num-attention-heads", "8", "--micro-batch-size", "2"]
+    argv += ["--tensor-model-parallel-size", "8"]
+    config = build_config(parse(argv))
+    with pytest.raises(ValueError, match="--ffn-hidden-size / --tensor-model-parallel-size is 40"):
+        config.validate(config.topology(8))

@@ -511,6 +511,12 @@ class TrainConfig:
                 "--grad-reduce-in-bf16 applies to bf16 training at --zero-stage 0 without "
                 "pipelining (mds-train's own gradient reduction); drop it"
             )
+        groups, tp = self.model.num_key_value_heads, topology.tensor_model_parallel_size
+        if groups is not None and groups % tp:
+            raise ValueError(  # upstream's core.utils.divide asserts it in ParallelAttention
+                f"--num-key-value-heads ({groups}) must be divisible by "
+                f"--tensor-model-parallel-size ({tp}): each rank holds whole key/value heads"
+            )
         self._validate_fp8(topology)
         self._validate_cuda_graphs(topology)
         if self.parallel.zero_stage not in (0, 1, 2, 3):
@@ -590,7 +596,7 @@ class TrainConfig:
         if not (self.precision.bf16 or self.precision.fp16):
             raise ValueError(f"{fp8_flag} needs --bf16 or --fp16 (the FP8 GEMMs' output dtype)")
         model, tp = self.model, topology.tensor_model_parallel_size
-        ffn = model.ffn_hidden_size or 4 * model.hidden_size
+        ffn = GPTConfig(**model.gpt_fields(), vocab_size=1).ffn_size  # 4h, or --swiglu's rule
         sizes = {
             "--hidden-size / --tensor-model-parallel-size": model.hidden_size // tp,
             "--ffn-hidden-size / --tensor-model-parallel-size": ffn // tp,
