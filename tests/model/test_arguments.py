@@ -162,3 +162,16 @@ def test_mds_model_info_counts_a_llama_as_the_model_holds_it(tensor_parallel, ca
     model = GPT(config)
     assert figures["parameters"] == model.num_parameters() == 205_120
     assert figures["parameters_without_embeddings"] == model.num_parameters(exclude_embeddings=True)
+
+
+def test_mds_model_info_names_upstream_s_flag_in_a_config_error(capsys):
+    from mds_model.cli import main
+
+    argv = "info --num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100".split()
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--num-key-value-heads", "1", "--tensor-model-parallel-size", "2"])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        "mds-model info: error: --num-key-value-heads (1) must divide --num-attention-heads (4) "
+        "and be divisible by --tensor-model-parallel-size (2)\n"
+    )

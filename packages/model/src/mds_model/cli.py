@@ -74,10 +74,15 @@ def _info(**values: Any) -> None:
         )
         result = estimate(config, plan)
     except ValueError as error:
-        # Config errors name the field; the CLI flag is the same name with dashes.
+        # Config errors name the field; the CLI flag is the same name with dashes, or upstream's
+        # flag where mds_model.arguments' row spells it otherwise (--num-key-value-heads).
+        from .arguments import ARGUMENT_OF
+
         message = str(error)
         for field in GPTConfig.__dataclass_fields__:
-            message = re.sub(rf"(?<!-)\b{field}\b", "--" + field.replace("_", "-"), message)
+            row = ARGUMENT_OF.get(field)
+            spelled = row.flag if row is not None else "--" + field.replace("_", "-")
+            message = re.sub(rf"(?<!-)\b{field}\b", spelled, message)
         raise ValueError(message) from None
     typer.echo(json.dumps(result, indent=1) if flags.as_json else format_estimate(result))
 
