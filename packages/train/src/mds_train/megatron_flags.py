@@ -37,6 +37,14 @@ IGNORED = IgnoredFlags(
             env="LOCAL_RANK",
         ),
         ignored("--codecarbon-dir", why="energy tracking is not built in"),
+        # Upstream wraps the loader in RepeatingLoader, which restarts it once exhausted; the
+        # sample index holds the epochs --train-iters needs (Megatron's num_epochs), as upstream's
+        # GPT dataset does, so the loader never runs out.
+        ignored(
+            "--repeated-dataloader",
+            why="the sample index already holds every epoch --train-iters needs",
+            nargs=0,
+        ),
         ignored(
             "--transformer-impl",
             why="mds_model's own layers run FP8 (--fp8-e4m3/--fp8-hybrid) and keep the local "
@@ -169,7 +177,6 @@ REFUSED = RefusedFlags(
         refused("--data-efficiency-curriculum-learning", why=_EFFICIENCY, nargs=0),
         refused("--train-data-exact-num-epochs", why=_EFFICIENCY),
         refused("--return-data-index", why=_EFFICIENCY, nargs=0),
-        refused("--repeated-dataloader", why=_EFFICIENCY, nargs=0),
         refused("--train-idx-path", why=_EFFICIENCY),
         refused("--train-doc-idx-path", why=_EFFICIENCY),
         refused("--train-sample-idx-path", why=_EFFICIENCY),
