@@ -68,27 +68,32 @@ def upstream_command_line(golden: Path, data: Path, cache: Path) -> list[str]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("tensor_parallel", [2, 1])
-def test_mds_train_continues_upstream_s_llama_run_exactly(runs, golden, tmp_path, tensor_parallel):
+@pytest.mark.parametrize(("tensor_parallel", "pipeline_parallel"), [(2, 1), (1, 1), (1, 2)])
+def test_mds_train_continues_upstream_s_llama_run_exactly(
+    runs, golden, tmp_path, tensor_parallel, pipeline_parallel
+):
     """At upstream's layout (TP=2, ZeRO-1, 2 processes) DeepSpeed loads upstream's files as they
     are: weights (grouped QKV, [gate; up] rows, the untied output layer), ZeRO-1 Adam moments,
     the scheduler (--use-checkpoint-opt_param-scheduler, as upstream's resume) and RNG states.
-    At TP=1 they are converted first (mds_checkpoint: the key/value groups, each rank's gate and
-    up halves and both vocabulary-row tensors joined; the moments with them). Either way
-    iterations 11 and 12 are upstream's. (A PP=2 resume, converted the same way, logged the same
-    two losses when run by hand.)"""
+    At TP=1, and at TP=1 x PP=2 (the pipeline engine, the head in its own LMHeadPipe), they are
+    converted first (mds_checkpoint: the key/value groups, each rank's gate and up halves and both
+    vocabulary-row tensors joined; the moments with them). Either way iterations 11 and 12 are
+    upstream's."""
     checkpoint = tmp_path / "golden"
     shutil.copytree(golden / "tp2-ckpt", checkpoint)  # the shared copy stays as it is
     data = upstream_corpus(golden, tmp_path / "data")
     save = tmp_path / "save"
     flags = upstream_command_line(golden, data, tmp_path / "cache")
     flags[flags.index("--tensor-model-parallel-size") + 1] = str(tensor_parallel)
+    flags[flags.index("--pipeline-model-parallel-size") + 1] = str(pipeline_parallel)
+    if pipeline_parallel > 1:
+        flags.remove("--no-pipeline-parallel")
     flags += ["--train-iters", "12", "--load", str(checkpoint), "--save", str(save)]
     flags += ["--use-checkpoint-opt_param-scheduler"]
-    result = runs.train(flags, nproc=tensor_parallel)
+    result = runs.train(flags, nproc=tensor_parallel * pipeline_parallel)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     as_they_are = "Megatron-DeepSpeed's files at this run's layout, loaded as they are"
-    assert (as_they_are in result.stderr) == (tensor_parallel == 2)
+    assert (as_they_are in result.stderr) == ((tensor_parallel, pipeline_parallel) == (2, 1))
     train = {r["iteration"]: r for r in runs.train_records(save)}
     assert sorted(train) == [11, 12]
     for iteration, loss in UPSTREAM_LOSSES.items():
