@@ -123,3 +123,24 @@ def test_an_upstream_checkpoint_without_latest_generates_as_with_it(capsys, shar
         assert exit_.value.code == 0, captured.err
         outputs.append(captured.out)
     assert outputs[1] == outputs[0] != ""
+
+
+def test_upstream_s_llama_golden_gives_its_recorded_greedy_continuation(capsys, shared_data):
+    """Upstream's own Llama-family checkpoint (grouped-query attention, SwiGLU, RMSNorm, untied
+    head, rotary; ../shared/data/megatron-deepspeed-llama-golden) continues its prompt greedily
+    with the tokens upstream's code generated (logits/upstream_eval.json)."""
+    golden = shared_data / "megatron-deepspeed-llama-golden"
+    recorded = json.loads((golden / "logits" / "upstream_eval.json").read_text())
+    count = len(recorded["greedy_text_ids"])
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                *("--load", str(golden / "tp2-ckpt"), "--prompt", recorded["prompt_text"]),
+                *("--greedy", "--max-new-tokens", str(count), "--device", "cpu"),
+                *("--vocab-file", str(golden / "vocab" / "vocab.json")),
+                *("--merge-file", str(golden / "vocab" / "merges.txt")),
+            ]
+        )
+    captured = capsys.readouterr()
+    assert exit_.value.code == 0, captured.err
+    assert captured.out.strip() == recorded["greedy_text"]
