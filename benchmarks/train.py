@@ -1,4 +1,5 @@
-"""mds-train's tokens/s on GPT-2 345M or GPT-3 XL 1.3B against `reference_gpt.py --compile`.
+"""mds-train's tokens/s on GPT-2 345M, GPT-3 XL 1.3B or a Llama 3 shape against the compiled
+plain-PyTorch reference (`reference_gpt.py`, or `reference_llama.py` for the Llama shapes).
 
 Runs the reference (plain PyTorch, fp32 weights under bf16 autocast, fused AdamW, torch.compile;
 its own timing) and then `mds-train` itself, as a user would launch it, for each variant, both at
@@ -7,6 +8,11 @@ tokenized dataset:
   345m   the seeds' GPT-2 345M: 24 layers, hidden 1024, 16 heads, seq 1024, micro-batch 16
   1.3b   GPT-3 XL: 24 layers, hidden 2048, 16 heads, seq 2048, micro-batch 8 (`mds-model info`
          estimates 51.5 GiB at mds-train's default without recompute: an 80 GiB H100 or an H200)
+  llama3-1b  Llama 3.2 1B's shape: 16 layers, hidden 2048, 32 heads, 8 key/value heads, ffn 8192,
+         seq 2048, micro-batch 4; upstream's Llama flag block (RMSNorm, SwiGLU, no biases, untied
+         head, rotary theta 500000); the reference is `reference_llama.py --preset llama3-1b`
+  llama3-3b  Llama 3.2 3B's: 28 layers, hidden 3072, 24 heads, 8 key/value heads, ffn 8192
+Both sides read GPT-2's vocabulary padded to 50304 rows (the Llama reference with `--vocab 50304`).
 Our figure is the median of the interval lines' iteration times after the warm-up, read from
 metrics.jsonl (so it includes the host waits a real run has); peak memory is the run's
 `max_memory_allocated` (and the allocator's reserved peak, which counts what CUDA graphs replay
@@ -58,7 +64,8 @@ model-parallel sizes); the global batch is micro-batch x DP.
 without CUDA) print as n/a.
 
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
-           [--reference PATH] [--shape 345m|1.3b] [--variants default,bf16-optimizer]
+           [--reference PATH] [--shape 345m|1.3b|llama3-1b|llama3-3b]
+           [--variants default,bf16-optimizer]
            [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1] [--tiny]
            [--profile-dir DIR [--profile-steps 21,30]]
 """
@@ -79,13 +86,49 @@ from pathlib import Path
 SHAPES = {
     "345m": dict(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024),
     "1.3b": dict(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048),
+    "llama3-1b": dict(
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        seq_length=2048,
+        num_query_groups=8,
+        ffn_hidden_size=8192,
+    ),
+    "llama3-3b": dict(
+        num_layers=28,
+        hidden_size=3072,
+        num_attention_heads=24,
+        seq_length=2048,
+        num_query_groups=8,
+        ffn_hidden_size=8192,
+    ),
 }
 TINY_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64)
+TINY_LLAMA_SHAPE = {**TINY_SHAPE, "num_query_groups": 2, "ffn_hidden_size": 176}
+# The shape fields as mds-train's flags (upstream's spellings).
+SHAPE_FLAGS = {
+    "num_layers": "--num-layers",
+    "hidden_size": "--hidden-size",
+    "num_attention_heads": "--num-attention-heads",
+    "seq_length": "--seq-length",
+    "num_query_groups": "--num-key-value-heads",
+    "ffn_hidden_size": "--ffn-hidden-size",
+}
+# upstream's Llama scripts' flag block, with Llama 3's rotary theta (the reference's default)
+LLAMA_THETA = 500000
+LLAMA_FLAGS = [
+    *("--swiglu", "--normalization", "rmsnorm", "--disable-bias-linear"),
+    *("--untie-embeddings-and-output-weights", "--use-rotary-position-embeddings"),
+    *("--rotary-position-embeddings-theta", str(LLAMA_THETA)),
+]
+PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128 (mds-train's default)
 # Defaults of the run's size per shape, and --tiny's (any given flag wins). 1.3B's micro-batch 8:
 # `mds-model info ... --micro-batch-size 8 --params-dtype bfloat16` estimates 51.5 GiB per GPU.
 SIZE_DEFAULTS = {
     "345m": dict(iterations=40, log_interval=10, warmup=10, micro_batch=16),
     "1.3b": dict(iterations=30, log_interval=5, warmup=10, micro_batch=8),
+    "llama3-1b": dict(iterations=30, log_interval=5, warmup=10, micro_batch=4),
+    "llama3-3b": dict(iterations=30, log_interval=5, warmup=10, micro_batch=2),
 }
 TINY_SIZE_DEFAULTS = dict(iterations=6, log_interval=1, warmup=2, micro_batch=2)
 VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one, flags)
@@ -144,11 +187,20 @@ def contended_host(num_spinners: int):
             spinner.wait()
 
 
-def run_reference(path: Path, shape: dict, micro_batch: int, peak: float) -> float:
-    command = [sys.executable, str(path), "--compile", "--mbs", str(micro_batch), "--steps", "20"]
+def is_llama(args) -> bool:
+    return args.shape_name.startswith("llama")
+
+
+def run_reference(args) -> float:
+    shape, peak = args.shape, args.peak_tflops
+    command = [sys.executable, str(args.reference), "--compile", "--mbs", str(args.micro_batch)]
+    command += ["--steps", "20", "--peak", str(peak * 1e12), "--seq", str(shape["seq_length"])]
     command += ["--layers", str(shape["num_layers"]), "--hidden", str(shape["hidden_size"])]
-    command += ["--heads", str(shape["num_attention_heads"]), "--seq", str(shape["seq_length"])]
-    command += ["--peak", str(peak * 1e12)]
+    command += ["--heads", str(shape["num_attention_heads"])]
+    if is_llama(args):  # reference_llama.py: the key/value heads, ffn, theta and vocabulary too
+        command += ["--preset", args.shape_name, "--kv-heads", str(shape["num_query_groups"])]
+        command += ["--ffn", str(shape["ffn_hidden_size"]), "--theta", str(LLAMA_THETA)]
+        command += ["--vocab", str(PADDED_VOCAB)]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     print(output.strip(), flush=True)
     return float(re.search(r"tok/s=([\d,]+)", output).group(1).replace(",", ""))
@@ -183,10 +235,8 @@ def train_command(
 ) -> list[str]:
     flags = [
         *extra_flags,
-        *("--num-layers", str(args.shape["num_layers"])),
-        *("--hidden-size", str(args.shape["hidden_size"])),
-        *("--num-attention-heads", str(args.shape["num_attention_heads"])),
-        *("--seq-length", str(args.shape["seq_length"])),
+        *(LLAMA_FLAGS if is_llama(args) else []),
+        *(item for name, value in args.shape.items() for item in (SHAPE_FLAGS[name], str(value))),
         *("--micro-batch-size", str(args.micro_batch)),
         *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
         *("--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.01"),
@@ -255,8 +305,10 @@ def reserved_note(reserved_gib: float | None) -> str:
 def estimated_memory_gib(args, zero: int, recompute: str) -> float:
     from mds_model import GPTConfig, Plan, estimate
 
-    config = GPTConfig(
+    config = GPTConfig.preset(
+        "llama" if is_llama(args) else "gpt2",
         **args.shape,
+        **({"rotary_base": float(LLAMA_THETA)} if is_llama(args) else {}),
         vocab_size=50257,
         tensor_model_parallel_size=args.tp,
         params_dtype="bfloat16",
@@ -319,7 +371,8 @@ def main() -> None:
             os.sched_setaffinity(0, parse_cpus(args.cpus))  # children inherit it
         except (ValueError, OSError) as error:
             parser.error(str(error) if isinstance(error, ValueError) else f"--cpus: {error}")
-    args.shape = TINY_SHAPE if args.tiny else SHAPES[args.shape_name]
+    tiny = TINY_LLAMA_SHAPE if is_llama(args) else TINY_SHAPE
+    args.shape = tiny if args.tiny else SHAPES[args.shape_name]
     for name, default in (
         TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS[args.shape_name]
     ).items():
@@ -348,7 +401,10 @@ def header(args) -> str:
         pinned = f"; every run pinned to cores {','.join(map(str, cores))} (--cpus {args.cpus})"
     return (
         f"shape {shape} ({s['num_layers']} layers, hidden {s['hidden_size']}, "
-        f"{s['num_attention_heads']} heads, seq {s['seq_length']}), "
+        f"{s['num_attention_heads']} heads"
+        + (f" ({s['num_query_groups']} key/value)" if "num_query_groups" in s else "")
+        + (f", ffn {s['ffn_hidden_size']}" if "ffn_hidden_size" in s else "")
+        + f", seq {s['seq_length']}), "
         f"micro-batch {args.micro_batch}; host: {args.contend} of {os.cpu_count()} cores kept "
         f"busy by spinning processes during every run (--contend {args.contend}){pinned}"
         + ("" if args.profile_dir is None else f"; profiled: steps {args.profile_steps} traced")
@@ -358,8 +414,8 @@ def header(args) -> str:
 def measure(args) -> None:
     reference = None
     if args.reference is not None:
-        reference = run_reference(args.reference, args.shape, args.micro_batch, args.peak_tflops)
-        print(f"reference_gpt.py --compile: {reference:,.0f} tokens/s (measured, this call)")
+        reference = run_reference(args)
+        print(f"{args.reference.name} --compile: {reference:,.0f} tokens/s (measured, this call)")
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for variant in args.variants.split(","):

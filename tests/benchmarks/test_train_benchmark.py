@@ -57,3 +57,51 @@ def test_profile_dir_gives_each_variant_its_own_trace_folder(tmp_path):
     assert benchmark.profile_flags(args, "eager") == [
         "--profile", "pt", "--profile_steps", "21,30", "--tensorboard-dir", traces,
     ]  # fmt: skip
+
+
+def test_a_llama_shape_runs_upstream_s_llama_flags_against_reference_llama(tmp_path, capsys):
+    """Both sides at the same Llama shape: mds-train with upstream's Llama flag block and the
+    shape's key/value heads and ffn; reference_llama.py with the same sizes, theta and GPT-2's
+    padded vocabulary."""
+    benchmark = load_benchmark()
+    stand_in = tmp_path / "reference_llama.py"
+    stand_in.write_text("import sys\nprint('argv', *sys.argv[1:])\nprint('tok/s=1,234')\n")
+    args = SimpleNamespace(
+        shape_name="llama3-1b",
+        shape=benchmark.SHAPES["llama3-1b"],
+        reference=stand_in,
+        micro_batch=4,
+        peak_tflops=790.0,
+    )
+    assert benchmark.run_reference(args) == 1234.0
+    reference_argv = capsys.readouterr().out
+    assert "--layers 16 --hidden 2048 --heads 32 --preset llama3-1b --kv-heads 8" in reference_argv
+    assert "--ffn 8192 --theta 500000 --vocab 50304" in reference_argv
+    argv = " ".join(
+        benchmark.train_command(
+            SimpleNamespace(
+                **vars(args),
+                iterations=30,
+                log_interval=5,
+                data_path="d",
+                vocab_file="v",
+                merge_file="m",
+                tp=1,
+                pp=1,
+                nproc=1,
+                global_batch=None,
+            ),
+            tmp_path / "out",
+            0,
+            None,
+            [],
+        )
+    )
+    for flags in (
+        "--swiglu --normalization rmsnorm --disable-bias-linear",
+        "--untie-embeddings-and-output-weights --use-rotary-position-embeddings",
+        "--rotary-position-embeddings-theta 500000",
+        "--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048",
+        "--num-key-value-heads 8 --ffn-hidden-size 8192 --micro-batch-size 4",
+    ):
+        assert flags in argv
