@@ -1,4 +1,5 @@
-"""Our GPT's weights <-> Hugging Face `transformers`' GPT2LMHeadModel, without importing it.
+"""Our GPT's weights <-> Hugging Face `transformers`' GPT2LMHeadModel, without importing it (the
+other families, and the choice among them, are `hf_families.py`'s).
 
 Only the learned-position GPT-2 architecture has a Hugging Face twin: pre-LayerNorm blocks,
 a GeLU (tanh: "gelu_new"; exact: "gelu"), tied LM head. The differences are layout only: HF's
@@ -32,16 +33,27 @@ _GPT2_ONLY = tuple(
 )
 
 
-def gpt2_problem(config: GPTConfig) -> str | None:
-    """Why GPT2LMHeadModel cannot hold this model, in a few words; None when it can (the one
-    check of export-hf and of this module's converters)."""
+def gpt2_problems(config: GPTConfig) -> list[str]:
+    """Each reason GPT2LMHeadModel cannot hold this model, in a few words (none: it can)."""
+    problems = []
     if config.activation not in HF_ACTIVATION_OF:
-        return f"activation {config.activation!r} has no GPT2LMHeadModel equivalent (a GeLU)"
+        problems.append(
+            f"activation {config.activation!r} has no GPT2LMHeadModel equivalent (a GeLU)"
+        )
     for name in _GPT2_ONLY:
         value = getattr(config, name)
         if value != GPT2[name]:
-            return f"{name} {value!r} has no GPT2LMHeadModel equivalent (GPT-2's is {GPT2[name]!r})"
-    return None
+            problems.append(
+                f"{name} {value!r} has no GPT2LMHeadModel equivalent (GPT-2's is {GPT2[name]!r})"
+            )
+    return problems
+
+
+def gpt2_problem(config: GPTConfig) -> str | None:
+    """Why GPT2LMHeadModel cannot hold this model, in a few words; None when it can (the one
+    check of this module's converters; export-hf asks `hf_families.hf_adapter`)."""
+    problems = gpt2_problems(config)
+    return problems[0] if problems else None
 
 
 def _check_gpt2_shaped(config: GPTConfig) -> None:

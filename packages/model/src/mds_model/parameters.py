@@ -1,7 +1,8 @@
 """The GPT's parameters as data: one row per parameter, derived from the config, saying its plain
 name (`GPT.named_parameters()`'s), its whole shape (all tensor-parallel shards joined), how it
-lies over tensor-parallel ranks, whether Megatron decays it, and its name in Hugging Face's
-GPT2LMHeadModel. `tests/model/test_parameters.py` holds it equal to the module for every preset,
+lies over tensor-parallel ranks, whether Megatron decays it, and its names in Hugging Face's
+families (GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM:
+`HF_FAMILIES`). `tests/model/test_parameters.py` holds it equal to the module for every preset,
 so it cannot drift from what `gpt.py`, `transformer.py` and `attention.py` build.
 
 What derives from it: the names and splits of `naming.py` (and so every checkpoint reader and
@@ -14,8 +15,8 @@ Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -71,6 +72,18 @@ class Split:
         return [(h * part + rank * block, h * part + (rank + 1) * block) for h in range(halves)]
 
 
+# Hugging Face families (config.json's model_type) whose names the table holds, and where each
+# puts transformer layer i's parameters.
+GPT2_HF, LLAMA_HF, GPT_NEOX_HF, BLOOM_HF = "gpt2", "llama", "gpt_neox", "bloom"
+HF_FAMILIES = (GPT2_HF, LLAMA_HF, GPT_NEOX_HF, BLOOM_HF)
+HF_LAYER_PREFIXES = {
+    GPT2_HF: "transformer.h.{}.",
+    LLAMA_HF: "model.layers.{}.",
+    GPT_NEOX_HF: "gpt_neox.layers.{}.",
+    BLOOM_HF: "transformer.h.{}.",
+}
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter of the plain GPT."""
@@ -81,6 +94,14 @@ class Param:
     decay: bool  # Megatron's weight-decay group: embeddings and linear weights, not norms/biases
     hf_name: str | None = None  # GPT2LMHeadModel's (`transformer.h.3.mlp.c_fc.weight`), if any
     hf_transposed: bool = False  # HF's Conv1D stores (in, out) where our linears store (out, in)
+    # Every family's name(s): family -> a name, or the names of the parts the rows are cut into
+    # (a QKV row: q, k, v; a GATED row: gate, up); families without the parameter are absent.
+    # GPT-2's c_attn (a reordering, not a cut) is hf.py's.
+    hf_names: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
+
+    def hf_name_in(self, family: str) -> str | tuple[str, ...] | None:
+        """Its name (or parts' names) in this Hugging Face family; None: none there."""
+        return dict(self.hf_names).get(family)
 
     @property
     def numel(self) -> int:
@@ -103,7 +124,7 @@ class Param:
 class _Row:
     """A parameter of the table before the config sizes it: `local` is its name inside its part
     (a layer, the embedding, the final norm); `hf` GPT-2's name inside its part and whether
-    transposed."""
+    transposed; `hf_more` the other families' names inside the part (`Param.hf_names`)."""
 
     local: str
     shape: Callable[[GPTConfig], tuple[int, ...]]
@@ -111,6 +132,7 @@ class _Row:
     decay: bool
     hf: tuple[str, bool] | None = None
     present: Callable[[GPTConfig], bool] = lambda config: True
+    hf_more: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
 
     def split_for(self, config: GPTConfig) -> Split:
         return Split(self.split if isinstance(self.split, str) else self.split(config))
@@ -127,10 +149,27 @@ _WORDS = _Row(
     VOCAB_ROWS,
     True,
     ("transformer.wte.weight", False),
+    hf_more={
+        LLAMA_HF: "model.embed_tokens.weight",
+        GPT_NEOX_HF: "gpt_neox.embed_in.weight",
+        BLOOM_HF: "transformer.word_embeddings.weight",
+    },
 )
 _EMBED_NORM = (  # BLOOM's LayerNorm on the word embeddings (`--embed-layernorm`)
-    _Row("embedding.word_embeddings.norm.weight", _h, REPLICATED, False),
-    _Row("embedding.word_embeddings.norm.bias", _h, REPLICATED, False),
+    _Row(
+        "embedding.word_embeddings.norm.weight",
+        _h,
+        REPLICATED,
+        False,
+        hf_more={BLOOM_HF: "transformer.word_embeddings_layernorm.weight"},
+    ),
+    _Row(
+        "embedding.word_embeddings.norm.bias",
+        _h,
+        REPLICATED,
+        False,
+        hf_more={BLOOM_HF: "transformer.word_embeddings_layernorm.bias"},
+    ),
 )
 _POSITIONS = _Row(
     "embedding.position_embeddings.weight",
@@ -157,15 +196,49 @@ def _mlp_split(config: GPTConfig) -> str:
     return GATED if config.gated else ROWS
 
 
+def _megatron_named(local: str, llama: str | tuple[str, ...] | None) -> dict:
+    """A layer row's names in the families that keep Megatron's names inside a layer (BLOOM's
+    self_attention, GPT-NeoX's attention), and Llama's own (None: none there)."""
+    names = {
+        GPT_NEOX_HF: local.replace("self_attention.", "attention."),
+        BLOOM_HF: local,
+    }
+    return names if llama is None else {**names, LLAMA_HF: llama}
+
+
+def _llama_pair(part: str, which: str) -> tuple[str, ...]:
+    return tuple(f"{part}{name}.{which}" for name in ("gate_proj", "up_proj"))
+
+
+def _llama_qkv(which: str) -> tuple[str, ...]:
+    return tuple(f"self_attn.{name}_proj.{which}" for name in ("q", "k", "v"))
+
+
 _LAYER = (
-    _Row("input_layernorm.weight", _h, REPLICATED, False, ("ln_1.weight", False)),
-    _Row("input_layernorm.bias", _h, REPLICATED, False, ("ln_1.bias", False), _norm_bias),
+    _Row(
+        "input_layernorm.weight",
+        _h,
+        REPLICATED,
+        False,
+        ("ln_1.weight", False),
+        hf_more=_megatron_named("input_layernorm.weight", "input_layernorm.weight"),
+    ),
+    _Row(
+        "input_layernorm.bias",
+        _h,
+        REPLICATED,
+        False,
+        ("ln_1.bias", False),
+        _norm_bias,
+        hf_more=_megatron_named("input_layernorm.bias", None),
+    ),
     # GPT-2's c_attn holds [all q | all k | all v] columns: a reordering, not a rename (hf.py).
     _Row(
         "self_attention.query_key_value.weight",
         lambda c: (c.qkv_size, c.hidden_size),
         QKV,
         True,
+        hf_more=_megatron_named("self_attention.query_key_value.weight", _llama_qkv("weight")),
     ),
     _Row(
         "self_attention.query_key_value.bias",
@@ -173,6 +246,7 @@ _LAYER = (
         QKV,
         False,
         present=_linear_bias,
+        hf_more=_megatron_named("self_attention.query_key_value.bias", _llama_qkv("bias")),
     ),
     _Row(
         "self_attention.dense.weight",
@@ -180,6 +254,7 @@ _LAYER = (
         COLUMNS,
         True,
         ("attn.c_proj.weight", True),
+        hf_more=_megatron_named("self_attention.dense.weight", "self_attn.o_proj.weight"),
     ),
     _Row(
         "self_attention.dense.bias",
@@ -188,15 +263,34 @@ _LAYER = (
         False,
         ("attn.c_proj.bias", False),
         _linear_bias,
+        hf_more=_megatron_named("self_attention.dense.bias", "self_attn.o_proj.bias"),
     ),
-    _Row("post_attention_layernorm.weight", _h, REPLICATED, False, ("ln_2.weight", False)),
-    _Row("post_attention_layernorm.bias", _h, REPLICATED, False, ("ln_2.bias", False), _norm_bias),
+    _Row(
+        "post_attention_layernorm.weight",
+        _h,
+        REPLICATED,
+        False,
+        ("ln_2.weight", False),
+        hf_more=_megatron_named(
+            "post_attention_layernorm.weight", "post_attention_layernorm.weight"
+        ),
+    ),
+    _Row(
+        "post_attention_layernorm.bias",
+        _h,
+        REPLICATED,
+        False,
+        ("ln_2.bias", False),
+        _norm_bias,
+        hf_more=_megatron_named("post_attention_layernorm.bias", None),
+    ),
     _Row(
         "mlp.dense_h_to_4h.weight",
         lambda c: (_mlp_rows(c), c.hidden_size),
         _mlp_split,
         True,
         ("mlp.c_fc.weight", True),
+        hf_more=_megatron_named("mlp.dense_h_to_4h.weight", _llama_pair("mlp.", "weight")),
     ),
     _Row(
         "mlp.dense_h_to_4h.bias",
@@ -205,6 +299,7 @@ _LAYER = (
         False,
         ("mlp.c_fc.bias", False),
         _linear_bias,
+        hf_more=_megatron_named("mlp.dense_h_to_4h.bias", _llama_pair("mlp.", "bias")),
     ),
     _Row(
         "mlp.dense_4h_to_h.weight",
@@ -212,6 +307,7 @@ _LAYER = (
         COLUMNS,
         True,
         ("mlp.c_proj.weight", True),
+        hf_more=_megatron_named("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"),
     ),
     _Row(
         "mlp.dense_4h_to_h.bias",
@@ -220,10 +316,22 @@ _LAYER = (
         False,
         ("mlp.c_proj.bias", False),
         _linear_bias,
+        hf_more=_megatron_named("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"),
     ),
 )
 _FINAL_NORM = (
-    _Row("final_layernorm.weight", _h, REPLICATED, False, ("transformer.ln_f.weight", False)),
+    _Row(
+        "final_layernorm.weight",
+        _h,
+        REPLICATED,
+        False,
+        ("transformer.ln_f.weight", False),
+        hf_more={
+            LLAMA_HF: "model.norm.weight",
+            GPT_NEOX_HF: "gpt_neox.final_layer_norm.weight",
+            BLOOM_HF: "transformer.ln_f.weight",
+        },
+    ),
     _Row(
         "final_layernorm.bias",
         _h,
@@ -231,6 +339,7 @@ _FINAL_NORM = (
         False,
         ("transformer.ln_f.bias", False),
         _norm_bias,
+        hf_more={GPT_NEOX_HF: "gpt_neox.final_layer_norm.bias", BLOOM_HF: "transformer.ln_f.bias"},
     ),
 )
 # The untied output layer (upstream's --untie-embeddings-and-output-weights): Megatron's
@@ -241,12 +350,23 @@ _OUTPUT_LAYER = _Row(
     VOCAB_ROWS,
     True,
     present=lambda c: c.untie_embeddings_and_output_weights,
+    # GPT-NeoX's files call it embed_out (transformers 4's module; 5 saves it so too)
+    hf_more={
+        LLAMA_HF: "lm_head.weight",
+        GPT_NEOX_HF: "embed_out.weight",
+        BLOOM_HF: "lm_head.weight",
+    },
 )
-HF_LAYER_PREFIX = "transformer.h.{}."
 
 
-def _param(row: _Row, config: GPTConfig, *, name: str, hf_prefix: str = "") -> Param:
-    hf_name, transposed = (None, False) if row.hf is None else (hf_prefix + row.hf[0], row.hf[1])
+def _param(row: _Row, config: GPTConfig, *, name: str, index: int | None = None) -> Param:
+    def prefixed(family: str, local: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        prefix = "" if index is None else HF_LAYER_PREFIXES[family].format(index)
+        return prefix + local if isinstance(local, str) else tuple(prefix + n for n in local)
+
+    hf_name, transposed = (
+        (None, False) if row.hf is None else (prefixed(GPT2_HF, row.hf[0]), row.hf[1])
+    )
     return Param(
         name=name,
         shape=row.shape(config),
@@ -254,6 +374,10 @@ def _param(row: _Row, config: GPTConfig, *, name: str, hf_prefix: str = "") -> P
         decay=row.decay,
         hf_name=hf_name,
         hf_transposed=transposed,
+        hf_names=(
+            *(() if hf_name is None else ((GPT2_HF, hf_name),)),
+            *((family, prefixed(family, local)) for family, local in row.hf_more.items()),
+        ),
     )
 
 
@@ -270,9 +394,8 @@ def embedding_parameters(config: GPTConfig) -> tuple[Param, ...]:
 def layer_parameters(config: GPTConfig, index: int | None = None) -> tuple[Param, ...]:
     """One transformer layer's, named `layers.{index}.X` (by X alone when `index` is None)."""
     prefix = "" if index is None else f"layers.{index}."
-    hf_prefix = "" if index is None else HF_LAYER_PREFIX.format(index)
     return tuple(
-        _param(row, config, name=prefix + row.local, hf_prefix=hf_prefix)
+        _param(row, config, name=prefix + row.local, index=index)
         for row in _LAYER
         if row.present(config)
     )
