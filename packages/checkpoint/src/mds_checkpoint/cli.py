@@ -27,7 +27,7 @@ from .config import ExportConfig, ImportConfig, ReshapeConfig, SourceChecks
 
 app = new_app(
     "Reshape mds-train / Megatron(-DeepSpeed) checkpoints to any TP/PP (merge, the default), "
-    "with optimizer state; export to and import from Hugging Face GPT-2."
+    "with optimizer state; export to and import from Hugging Face (GPT-2, Llama, GPT-NeoX, BLOOM)."
 )
 
 _TOKENIZER = "the checkpoint's tokenizer record is carried over"
@@ -113,7 +113,7 @@ def _export_hf(**values: Any) -> None:
         from .hf import export_hf
 
     result = export_hf(config)
-    typer.echo(f"wrote {result.folder}: GPT2LMHeadModel, {result.num_tensors} tensors")
+    typer.echo(f"wrote {result.folder}: {result.architecture}, {result.num_tensors} tensors")
     if result.verification is not None:
         typer.echo(f"verify: {result.verification.summary()}")
 
@@ -146,7 +146,9 @@ app.command("export-hf")(
         _export_hf,
         [ExportConfig],
         name="export_hf",
-        doc="Write a GPT2LMHeadModel folder (config.json + model.safetensors, padding removed).",
+        doc="Write a Hugging Face folder (config.json + model.safetensors, padding removed): "
+        "GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM or BloomForCausalLM, as the "
+        "model is.",
     )
 )
 app.command("import-hf")(
@@ -154,7 +156,8 @@ app.command("import-hf")(
         _import_hf,
         [ImportConfig],
         name="import_hf",
-        doc="Turn a Hugging Face GPT-2 folder into an mds-train checkpoint at any TP/PP.",
+        doc="Turn a Hugging Face GPT-2, Llama, GPT-NeoX or BLOOM folder into an mds-train "
+        "checkpoint at any TP/PP.",
     )
 )
 

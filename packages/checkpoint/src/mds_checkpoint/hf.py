@@ -1,12 +1,13 @@
-"""Hugging Face GPT-2 folders (`config.json` + `model.safetensors`) to and from checkpoints.
+"""Hugging Face folders (`config.json` + `model.safetensors`) to and from checkpoints, for each
+family mds builds: GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM.
 
-export-hf: the checkpoint consolidated to TP=1, converted by `mds_model.to_hf_gpt2_state_dict`
-(padding rows dropped, Conv1D weights transposed, QKV rows regrouped) and written with
-`safetensors` (no `lm_head.weight`: it is tied, as `save_pretrained` writes it), so
-`GPT2LMHeadModel.from_pretrained` loads it with no missing or unexpected keys. Rotary, ALiBi and
-the embedding LayerNorm have no GPT-2 equivalent and are refused. import-hf: the reverse, then
-written as an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state), one part at a
-time (the weights are read a tensor per lookup, `hf_folder.HFWeights`).
+export-hf: the checkpoint consolidated to TP=1, converted by its family's adapter
+(`mds_model.hf_families.hf_adapter`: padding rows dropped, names and cuts of `parameters.py`'s
+table) and written with `safetensors` (a tied head left out, as `save_pretrained` writes it), so
+`from_pretrained` loads it with no missing or unexpected keys. A layout no family holds is
+refused in one line. import-hf: the reverse (the family by config.json's model_type), written as
+an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state), one part at a time (the
+weights are read a tensor per lookup, `hf_folder.HFWeights`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,8 @@ from typing import TYPE_CHECKING
 
 from mds_common.files import atomic_directory, reporting_write_failures
 from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
-from mds_model import (
-    GPTConfig,
-    from_hf_gpt2_parts,
-    from_hf_gpt2_state_dict,
-    gpt2_problem,
-    hf_gpt2_config,
-    to_hf_gpt2_state_dict,
-)
+from mds_model import GPTConfig
+from mds_model.hf_families import HFAdapter, hf_adapter, hf_adapter_of_folder
 
 from .arrays import as_array
 from .config import ExportConfig, ImportConfig
@@ -59,32 +54,43 @@ class ExportResult:
     folder: Path
     num_tensors: int
     verification: Verification | None  # with --verify
+    architecture: str = "GPT2LMHeadModel"  # config.json's architectures[0]
 
 
-def _refuse_non_gpt2(config: GPTConfig, where: Path) -> None:
-    problem = gpt2_problem(config)
-    if problem is not None:
-        raise ValueError(f"{where}: {problem}; not exported")
+def _adapter(config: GPTConfig, where: Path) -> HFAdapter:
+    try:
+        return hf_adapter(config)
+    except ValueError as problem:
+        raise ValueError(f"{where}: {problem}; not exported") from None
 
 
 def export_hf(config: ExportConfig) -> ExportResult:
     from safetensors.torch import save_file
 
     source = open_source(config.load, iteration=config.iteration)
-    _refuse_non_gpt2(source.config, source.folder)
+    adapter = _adapter(source.config, source.folder)
     model = consolidate(source)
     tokenizer = _export_tokenizer(config, model.meta.tokenizer_record(), model.config)
     eos = config.eos_token_id
     if eos is None:
         eos = tokenizer_eod_id(tokenizer)
+        if eos is not None and eos >= model.config.vocab_size:  # GPT-2's id, files not at hand
+            logger.info(
+                "the tokenizer's end-of-document id %d is past the model's %d-token vocabulary "
+                "(its files are not at hand): eos_token_id left unset; give --vocab-file and "
+                "--merge-file, or --eos-token-id",
+                eos,
+                model.config.vocab_size,
+            )
+            eos = None
     elif not 0 <= eos < model.config.vocab_size:
         raise ValueError(
             f"--eos-token-id {eos}: not an id of the model's vocabulary (0 to "
             f"{model.config.vocab_size - 1}); give its end-of-document id, or drop the flag"
         )
-    hf_config = hf_gpt2_config(model.config, eos_token_id=eos)
+    hf_config = adapter.hf_config(model.config, eos_token_id=eos)
     hf_config["torch_dtype"] = model.config.params_dtype
-    state = to_hf_gpt2_state_dict(model.state_dict, model.config)
+    state = adapter.to_hf(model.state_dict, model.config)
     _check_hf_folder(config.save)
     verification = None
     with atomic_directory(config.save) as staging:
@@ -105,7 +111,7 @@ def export_hf(config: ExportConfig) -> ExportResult:
             from .verify import verify
 
             verification = verify(model, _consolidated_from_hf(staging))
-    return ExportResult(config.save, len(state), verification)
+    return ExportResult(config.save, len(state), verification, adapter.architecture)
 
 
 def _export_tokenizer(
@@ -167,12 +173,15 @@ def _check_hf_folder(save: Path) -> None:
 def _consolidated_from_hf(folder: Path):
     from .consolidate import ConsolidatedModel
 
-    config = gpt_config_from_hf(read_hf_config(folder))
-    return ConsolidatedModel(config, {}, from_hf_gpt2_state_dict(HFWeights(folder), config))
+    hf = read_hf_config(folder)
+    adapter, config = hf_adapter_of_folder(hf), gpt_config_from_hf(hf)
+    weights = HFWeights(folder, adapter.model_type)
+    return ConsolidatedModel(config, {}, adapter.from_hf(weights, config))
 
 
 def import_hf(config: ImportConfig) -> Path:
     hf_config = read_hf_config(config.load)
+    adapter = hf_adapter_of_folder(hf_config)
     try:
         model = gpt_config_from_hf(
             hf_config,
@@ -186,7 +195,7 @@ def import_hf(config: ImportConfig) -> Path:
         tensor_model_parallel_size=config.target_tensor_model_parallel_size,
         pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     )
-    weights = HFWeights(config.load)
+    weights = HFWeights(config.load, adapter.model_type)
     check_save_folder(config.save)
     tag = tag_for(0)
     with new_save_folder(
@@ -196,8 +205,11 @@ def import_hf(config: ImportConfig) -> Path:
         pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     ) as (staging, writer):
         folder = writer.folder
-        for part in from_hf_gpt2_parts(weights, model):  # one part in memory at a time
-            writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
+        try:
+            for part in adapter.from_hf_parts(weights, model):  # one part in memory at a time
+                writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
+        except ValueError as error:
+            raise ValueError(f"{config.load}: {error}") from None
         eos = hf_config.get("eos_token_id")
         # meta.json's `tokenizer` for the folder's files, as mds-train records its own.
         tokenizer = (hf_folder_tokenizer(config.load) or TokenizerRecord()).updated(
@@ -205,7 +217,8 @@ def import_hf(config: ImportConfig) -> Path:
         )
         base = CheckpointMeta(model={}, parallel=Parallel(), tokenizer=tokenizer)
         writer.finish(base.progress.to_dict(), tokenizer=base.tokenizer)
-        provenance = {"from": str(config.load.resolve()), "layout": "huggingface-gpt2"}
+        layout = f"huggingface-{adapter.model_type}"
+        provenance = {"from": str(config.load.resolve()), "layout": layout}
         write_meta(
             folder,
             output_meta(

@@ -1,9 +1,11 @@
-"""Reading a Hugging Face GPT-2 folder without `transformers`: `config.json`, the GPTConfig it
-describes, and the weights (`model.safetensors`, a sharded `model.safetensors.index.json`, or
-`pytorch_model.bin`). The one reader behind import-hf, export-hf's check and mds-generate.
+"""Reading a Hugging Face folder without `transformers`: `config.json`, the GPTConfig it describes
+(by its family's adapter, `mds_model.hf_families`: GPT-2, Llama, GPT-NeoX, BLOOM), and the weights
+(`model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`). The one
+reader behind import-hf, export-hf's check and mds-generate.
 
-Names with or without the `transformer.` prefix are read (OpenAI's `gpt2` on the Hub has none);
-the attention-mask buffers and the tied `lm_head.weight` of older files are skipped.
+GPT-2 and BLOOM names are read with or without the `transformer.` prefix (OpenAI's `gpt2` and
+bigscience's `bloom-560m` on the Hub have none); GPT-2's attention-mask buffers and tied
+`lm_head.weight` of older files are skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import torch
 from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
 from mds_model import GPTConfig
-from mds_model.arguments import HF_ACTIVATIONS, fields_from_hf_gpt2
+from mds_model.hf_families import hf_adapter_of_folder
+from mds_model.parameters import BLOOM_HF, GPT2_HF
 
 from . import safetensors_file
 from .arrays import as_tensor
@@ -75,22 +78,21 @@ def missing_config(path: Path) -> str | None:
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:
-    """The folder's `config.json`, checked to describe a GPT-2."""
+    """The folder's `config.json`, checked to describe a family mds reads (`hf_families`)."""
     file = path / CONFIG
     if not file.is_file():
         raise ValueError(
             missing_config(path)
-            or f"{file}: missing; a Hugging Face GPT-2 folder holds its config there"
+            or f"{file}: missing; a Hugging Face model folder holds its config there"
         )
     try:
         hf = json.loads(file.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{file}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if hf.get("model_type") != "gpt2":
-        raise ValueError(
-            f"{file}: model_type is {hf.get('model_type')!r}; only GPT-2 folders (model_type "
-            "'gpt2') can be read"
-        )
+    try:
+        hf_adapter_of_folder(hf)
+    except ValueError as error:
+        raise ValueError(f"{file}: {error}") from None
     return hf
 
 
@@ -101,53 +103,38 @@ def stored_dtype(hf: dict[str, Any]) -> str | None:
 
 
 def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> GPTConfig:
-    """The GPTConfig of a GPT-2 `config.json`; a ValueError (without the file's name) for what
-    mds GPTs do not implement or a missing key."""
-    activation = hf.get("activation_function", "gelu_new")  # GPT2Config's default
-    if activation not in HF_ACTIVATIONS:
-        raise ValueError(
-            f"activation_function {activation!r}: mds GPTs compute a GeLU, one of "
-            f"{', '.join(HF_ACTIVATIONS)}"
-        )
-    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-        if hf.get(flag):
-            raise ValueError(f"{flag} is set, which mds GPTs do not implement")
-    if hf.get("scale_attn_weights") is False:
-        raise ValueError("scale_attn_weights is false, which mds GPTs do not implement")
+    """The GPTConfig of a family's `config.json` (its adapter's `config_fields`); a ValueError
+    (without the file's name) for what mds GPTs do not implement or a missing key."""
     seq = overrides.pop("seq_length", None)
-    # GPT2Config has defaults for these; a GPT-2 config.json states them (the first checked is
-    # the sequence length's, unless given)
-    required = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions")
-    for key in required if seq else ("n_positions", *required):
-        if key not in hf:
-            raise ValueError(f"no {key!r}")
-    fields = fields_from_hf_gpt2(hf)  # the other absent keys: GPT2Config's defaults, GPTConfig's
-    fields["ffn_hidden_size"] = fields.get("ffn_hidden_size") or None  # n_inner null: 4 x n_embd
+    fields = hf_adapter_of_folder(hf).config_fields(hf, seq_length=seq)
     return GPTConfig(
         **fields,
-        vocab_size=hf["vocab_size"],
-        seq_length=seq or hf["n_positions"],
-        activation=HF_ACTIVATIONS[activation],
         params_dtype=stored_dtype(hf) or "float32",
         tensor_model_parallel_size=tp,
         **overrides,
     )
 
 
-def _hf_name(name: str) -> str | None:
-    """The `transformer.`-prefixed name of a stored tensor; None for those not read."""
-    if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
-        return None  # tied to wte / causal-mask buffers of older transformers versions
-    return name if name.startswith("transformer.") else f"transformer.{name}"
+def _hf_name(name: str, model_type: str) -> str | None:
+    """The name a stored tensor is read under (the adapter's); None for those not read."""
+    if model_type == GPT2_HF:
+        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+            return None  # tied to wte / causal-mask buffers of older transformers versions
+        return name if name.startswith("transformer.") else f"transformer.{name}"
+    if model_type == BLOOM_HF and not name.startswith(("transformer.", "lm_head.")):
+        return f"transformer.{name}"
+    return name
 
 
 class HFWeights(Mapping[str, torch.Tensor]):
-    """A Hugging Face folder's GPT2LMHeadModel weights, read one tensor per lookup (safetensors:
+    """A Hugging Face folder's weights under the names its family's adapter reads (model_type:
+    config.json's; GPT-2's by default), read one tensor per lookup (safetensors:
     `safetensors_file`, into memory of its own), so a converter going part by part holds one
     part; `pytorch_model.bin` is memory-mapped by torch.load."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, model_type: str = GPT2_HF) -> None:
         self.path = path
+        self.model_type = model_type
         self._sources: dict[str, tuple[Any, Any]] = {}  # name -> (file or state dict, its key)
         try:
             if (path / SAFETENSORS).is_file():
@@ -165,7 +152,7 @@ class HFWeights(Mapping[str, torch.Tensor]):
                     mmap=zipfile.is_zipfile(bin_file),  # legacy (pre-1.6) files cannot be mapped
                 )
                 for stored in state:
-                    if (name := _hf_name(stored)) is not None:
+                    if (name := _hf_name(stored, model_type)) is not None:
                         self._sources[name] = (state, stored)
             else:
                 raise ValueError(
@@ -178,7 +165,7 @@ class HFWeights(Mapping[str, torch.Tensor]):
     def _add_safetensors(self, files: list[Path]) -> None:
         for file in files:
             for stored, tensor in safetensors_file.read_header(file).items():
-                if (name := _hf_name(stored)) is not None:
+                if (name := _hf_name(stored, self.model_type)) is not None:
                     self._sources[name] = (file, tensor)
 
     def __getitem__(self, name: str) -> torch.Tensor:
