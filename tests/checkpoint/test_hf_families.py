@@ -225,7 +225,7 @@ def test_upstream_llama_golden_exported_gives_upstream_logits(merge_mp, shared_d
                  normalization="rmsnorm", add_bias_linear=False,
                  untie_embeddings_and_output_weights=True),
             "rotary_percent 0.5 has no LlamaForCausalLM equivalent (LlamaConfig rotates whole "
-            "heads; use GPT-NeoX's layout)",
+            "heads)",
         ),
         (
             dict(position_embedding_type="rotary", num_query_groups=2,

@@ -331,7 +331,7 @@ class LlamaAdapter(_TableAdapter):
         "add_bias_linear",
         "untie_embeddings_and_output_weights",
     }
-    why = {"rotary_percent": "LlamaConfig rotates whole heads; use GPT-NeoX's layout"}
+    why = {"rotary_percent": "LlamaConfig rotates whole heads"}
 
     def hf_config(self, config: GPTConfig, *, eos_token_id: int | None = None) -> dict[str, Any]:
         self.check(config)
