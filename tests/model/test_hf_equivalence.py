@@ -1,5 +1,6 @@
 """Our GPT against independent implementations: Hugging Face's GPT2LMHeadModel (weights exported
-with `mds_model.to_hf_gpt2_state_dict`), and rotary and ALiBi against their papers' formulas."""
+with `mds_model.to_hf_gpt2_state_dict`), and rotary and ALiBi against their papers' formulas;
+the Llama adapter's cuts against the tests' own Llama mapping (llama_hf.py)."""
 
 import json
 import math
@@ -256,3 +257,40 @@ def test_alibi_attention_equals_the_papers_bias_matrix(use_fused_kernels):
         torch.testing.assert_close(
             attn(x), attention_by_hand(attn, x, alibi_scores), rtol=1e-4, atol=1e-5
         )
+
+
+def _llama_bridge():
+    """tests/model/llama_hf.py: the tests' own Llama mapping, written from upstream's layouts
+    independently of mds_model.hf_families (the tests import in importlib mode)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("llama_hf.py")
+    spec = importlib.util.spec_from_file_location("llama_hf", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("num_query_groups", [2, 1, None], ids=["gqa", "mqa", "mha"])
+def test_the_llama_adapter_cuts_as_the_tests_bridge(num_query_groups):
+    """hf_families' Llama names and q/k/v, gate/up cuts equal the bridge's tensor for tensor
+    (the bridge keeps the padded vocabulary rows, the adapter the tokenizer's), and back."""
+    from mds_model.hf_families import LLAMA, hf_adapter
+
+    config = GPTConfig.preset(
+        "llama", num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB,
+        num_query_groups=num_query_groups, ffn_hidden_size=48,
+    )  # fmt: skip
+    assert hf_adapter(config) is LLAMA
+    state = {
+        name: torch.randn(p.shape, generator=torch.Generator().manual_seed(i))
+        for i, (name, p) in enumerate(GPT(config, init_seed=0).state_dict().items())
+    }
+    ours, bridge = LLAMA.to_hf(state, config), _llama_bridge().to_hf_llama(state, config)
+    assert set(ours) == set(bridge)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, bridge[name][: tensor.shape[0]]), name
+    back = LLAMA.from_hf(ours, config)
+    for name, tensor in state.items():
+        assert torch.equal(back[name][:VOCAB], tensor[:VOCAB]), name
