@@ -73,12 +73,13 @@ HF_MODELS = {
             hidden_act="gelu",
         )
     ),  # fmt: skip
+    # 6 heads: ALiBi's slopes for a head count other than a power of two (BLOOM's and Press's)
     "bloom": lambda: transformers.BloomForCausalLM(
         transformers.BloomConfig(
             vocab_size=VOCAB,
-            hidden_size=64,
+            hidden_size=72,
             n_layer=2,
-            n_head=8,
+            n_head=6,
             hidden_dropout=0.0,
             attention_dropout=0.0,
             attn_implementation="eager",
