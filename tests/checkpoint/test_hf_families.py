@@ -44,7 +44,7 @@ HF_MODELS = {
             rms_norm_eps=1e-5,
             tie_word_embeddings=False,
         )
-    ),  # fmt: skip
+    ),
     "llama-tied-biases": lambda: transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
             **_COMMON,
@@ -56,7 +56,7 @@ HF_MODELS = {
             mlp_bias=True,
             tie_word_embeddings=True,
         )
-    ),  # fmt: skip
+    ),
     "gpt-neox-partial-rotary": lambda: transformers.GPTNeoXForCausalLM(
         transformers.GPTNeoXConfig(
             **_COMMON,
@@ -72,7 +72,7 @@ HF_MODELS = {
             tie_word_embeddings=False,
             hidden_act="gelu",
         )
-    ),  # fmt: skip
+    ),
     # 6 heads: ALiBi's slopes for a head count other than a power of two (BLOOM's and Press's)
     "bloom": lambda: transformers.BloomForCausalLM(
         transformers.BloomConfig(
@@ -84,7 +84,7 @@ HF_MODELS = {
             attention_dropout=0.0,
             attn_implementation="eager",
         )
-    ),  # fmt: skip
+    ),
 }
 ARCHITECTURE = {
     "llama-gqa-untied": "LlamaForCausalLM",
@@ -170,7 +170,7 @@ MDS_CONFIGS = {
             activation="gelu",
             untie_embeddings_and_output_weights=True,
         ),
-    ),  # fmt: skip
+    ),
     "bloom": ("bloom", {}),
     "bloom-untied": ("bloom", dict(untie_embeddings_and_output_weights=True)),
 }
