@@ -180,6 +180,17 @@ class ParallelSelfAttention(nn.Module):
         qkv = self.query_key_value(x)  # (S, B, qkv_size/TP), per group [queries, key, value]
         seq, batch = qkv.shape[:2]  # the whole sequence, also when x is a sequence-parallel slice
         per_group = self.num_local_heads // self.num_local_groups
+        if self.rotary is not None and positions is None and position_offset == 0:
+            # training's (and a whole sequence's) split and rotation: one fused pass each way
+            return kernels.rotary_qkv(
+                qkv,
+                self.rotary.cos,
+                self.rotary.sin,
+                groups=self.num_local_groups,
+                per_group=per_group,
+                head_dim=self.head_dim,
+                use_kernel=self.config.use_fused_kernels,
+            )
         qkv = qkv.view(seq, batch, self.num_local_groups, per_group + 2, self.head_dim)
         if per_group == 1:
             # unbind, not three index ops: its backward writes one stacked gradient instead of
@@ -222,19 +233,25 @@ class ParallelSelfAttention(nn.Module):
             backend = "sdpa"
         if backend == "cudnn" and not q.is_cuda:
             backend = "sdpa"
-        if backend != "flash":  # flash-attn takes grouped keys and values as they are
-            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+        # flash-attn and SDPA (enable_gqa) take grouped keys and values as they are
+        grouped = k.shape[1] != q.shape[1]
         with self._dropout_rng(p):  # dropout on TP-split heads must differ per rank
             if backend == "flash":
                 out = flash_attn_func(
                     *(t.transpose(1, 2) for t in (q, k, v)), dropout_p=p, causal=True
                 )
                 return out.transpose(1, 2)
+            causal = sq > 1
             if backend == "sdpa":
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
+                return F.scaled_dot_product_attention(
+                    q, k, v, dropout_p=p, is_causal=causal, enable_gqa=grouped
+                )
             if backend == "cudnn":
                 with sdpa_kernel(CUDNN_FIRST, set_priority=True):
-                    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=sq > 1)
+                    return F.scaled_dot_product_attention(
+                        q, k, v, dropout_p=p, is_causal=causal, enable_gqa=grouped
+                    )
+            k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
             return self._softmax_core(q, k, v, p)
 
     def _softmax_core(self, q, k, v, p: float) -> torch.Tensor:

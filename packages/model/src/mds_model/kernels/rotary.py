@@ -1,0 +1,207 @@
+"""Fused query/key/value split with rotary positions, forward and backward.
+
+qkv (S, B, groups * (per_group + 2) * head_dim) is one tensor-parallel rank's query_key_value
+output, each key/value group's rows [its per_group queries, its key, its value] (upstream's
+layout; per_group 1 without grouped-query attention). Out come the queries (B, groups *
+per_group, S, head_dim), keys and values (B, groups, S, head_dim), contiguous, the queries and
+keys rotated at positions 0..S-1 over their first `rotary_dim` dimensions by rotate-half
+(GPT-NeoX's and Hugging Face Llama's): x * cos + cat(-x2, x1) * sin, with cos and sin the
+(positions, rotary_dim) tables. The backward rotates the gradients back (the transpose: x2's
+share of the first half comes in with +sin, x1's of the second with -sin) and writes them in
+qkv's layout. One program per (position, batch row, group): the split, permute, rotation and
+their backward copies are one pass each way instead of about ten.
+"""
+
+import torch
+
+from ._common import check_kernel_device
+
+
+def rotate_half_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., S, head_dim) rotated over its first cos.shape[-1] dimensions; cos, sin (S, r)."""
+    rotary_dim = cos.shape[-1]
+    head, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat((-head[..., half:], head[..., :half]), dim=-1)
+    head = head * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    return torch.cat((head, rest), dim=-1) if rest.shape[-1] else head
+
+
+def rotary_qkv_reference(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    groups: int,
+    per_group: int,
+    head_dim: int,
+):
+    """Pure-torch split and rotation (the CPU path and the tests' oracle)."""
+    seq, batch = qkv.shape[:2]
+    qkv = qkv.view(seq, batch, groups, per_group + 2, head_dim)
+    q, k, v = qkv.split([per_group, 1, 1], dim=3)
+    q = q.reshape(seq, batch, groups * per_group, head_dim).permute(1, 2, 0, 3)
+    k, v = (t.squeeze(3).permute(1, 2, 0, 3) for t in (k, v))
+    cos, sin = cos[:seq], sin[:seq]
+    return rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs run the reference
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _rotary_qkv_kernel(
+        src,  # forward: qkv; backward: dqkv (written)
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        batch,
+        seq,
+        groups,
+        stride_s,
+        stride_b,
+        PER_GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        ROTARY_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BACKWARD: tl.constexpr,
+    ):
+        row = tl.program_id(0)  # s * batch + b
+        g = tl.program_id(1)
+        s = row // batch
+        b = row % batch
+        d = tl.arange(0, BLOCK_D)
+        in_head = d < HEAD_DIM
+        half = ROTARY_DIM // 2
+        rotated = d < ROTARY_DIM
+        # rotate-half's partner of each dimension and its sign: cat(-x2, x1)
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        c = tl.load(cos + s * ROTARY_DIM + d, mask=rotated, other=1.0)
+        sn = tl.load(sin + s * ROTARY_DIM + d, mask=rotated, other=0.0)
+        sn_partner = tl.load(sin + s * ROTARY_DIM + partner, mask=rotated, other=0.0)
+        base = src + s * stride_s + b * stride_b + g * (PER_GROUP + 2) * HEAD_DIM
+        heads = groups * PER_GROUP
+        for j in tl.static_range(PER_GROUP + 2):
+            if j < PER_GROUP:  # a query head
+                dst = q + ((b * heads + g * PER_GROUP + j) * seq + s) * HEAD_DIM
+            elif j == PER_GROUP:
+                dst = k + ((b * groups + g) * seq + s) * HEAD_DIM
+            else:
+                dst = v + ((b * groups + g) * seq + s) * HEAD_DIM
+            if BACKWARD:
+                dy = tl.load(dst + d, mask=in_head, other=0.0).to(tl.float32)
+                if j <= PER_GROUP:
+                    # the transpose of y = x c + sign(d) x[partner] s[d]: x[d] gets dy[d] c[d]
+                    # and dy[partner] s[partner] with the partner's sign, which is -sign(d)
+                    dy_partner = tl.load(dst + partner, mask=rotated, other=0.0).to(tl.float32)
+                    dx = dy * c - sign * dy_partner * sn_partner
+                    dx = tl.where(rotated, dx, dy)
+                else:
+                    dx = dy
+                tl.store(base + j * HEAD_DIM + d, dx.to(src.dtype.element_ty), mask=in_head)
+            else:
+                x = tl.load(base + j * HEAD_DIM + d, mask=in_head, other=0.0).to(tl.float32)
+                if j <= PER_GROUP:
+                    x_partner = tl.load(base + j * HEAD_DIM + partner, mask=rotated, other=0.0).to(
+                        tl.float32
+                    )
+                    y = tl.where(rotated, x * c + sign * x_partner * sn, x)
+                else:
+                    y = x
+                tl.store(dst + d, y.to(q.dtype.element_ty), mask=in_head)
+
+
+def _launch(src, q, k, v, cos, sin, *, groups, per_group, head_dim, backward: bool) -> None:
+    seq, batch = src.shape[:2]
+    rotary_dim = cos.shape[-1]
+    _rotary_qkv_kernel[(seq * batch, groups)](
+        src,
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        batch,
+        seq,
+        groups,
+        src.stride(0),
+        src.stride(1),
+        PER_GROUP=per_group,
+        HEAD_DIM=head_dim,
+        ROTARY_DIM=rotary_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BACKWARD=backward,
+        num_warps=1 if head_dim <= 64 else 2,
+    )
+
+
+class RotaryQKVFunction(torch.autograd.Function):
+    """The Triton split and rotation; saves only the tables (the backward needs no activation)."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, groups: int, per_group: int, head_dim: int):
+        seq, batch = qkv.shape[:2]
+        if qkv.stride(2) != 1:
+            qkv = qkv.contiguous()
+        options = dict(dtype=qkv.dtype, device=qkv.device)
+        q = torch.empty((batch, groups * per_group, seq, head_dim), **options)
+        k = torch.empty((batch, groups, seq, head_dim), **options)
+        v = torch.empty((batch, groups, seq, head_dim), **options)
+        cos, sin = cos[:seq].contiguous(), sin[:seq].contiguous()
+        _launch(qkv, q, k, v, cos, sin, groups=groups, per_group=per_group, head_dim=head_dim,
+                backward=False)  # fmt: skip
+        ctx.save_for_backward(cos, sin)
+        ctx.shape, ctx.layout = qkv.shape, (groups, per_group, head_dim)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        groups, per_group, head_dim = ctx.layout
+        dq, dk, dv = (t.contiguous() for t in (dq, dk, dv))
+        dqkv = torch.empty(ctx.shape, dtype=dq.dtype, device=dq.device)
+        _launch(dqkv, dq, dk, dv, cos, sin, groups=groups, per_group=per_group,
+                head_dim=head_dim, backward=True)  # fmt: skip
+        return dqkv, None, None, None, None, None
+
+
+def rotary_qkv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    groups: int,
+    per_group: int,
+    head_dim: int,
+    use_kernel: bool,
+):
+    """qkv (S, B, groups * (per_group + 2) * head_dim) -> q (B, groups * per_group, S, hd), k
+    and v (B, groups, S, hd), q and k rotated at positions 0..S-1 by the (positions, rotary_dim)
+    fp32 tables cos and sin (rotary_dim even, at most head_dim); differentiable in qkv."""
+    seq = qkv.shape[0]
+    width = groups * (per_group + 2) * head_dim
+    rotary_dim = cos.shape[-1]
+    if qkv.dim() != 3 or qkv.shape[-1] != width:
+        raise ValueError(
+            f"rotary_qkv: qkv must be (S, B, {width}) for {groups} groups of {per_group} queries "
+            f"+ key + value of {head_dim}, got {tuple(qkv.shape)}"
+        )
+    if rotary_dim % 2 or rotary_dim > head_dim or cos.shape[0] < seq or sin.shape != cos.shape:
+        raise ValueError(
+            f"rotary_qkv: cos and sin must be (>= {seq}, an even rotary dim <= {head_dim}), got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    if not use_kernel:
+        return rotary_qkv_reference(
+            qkv, cos, sin, groups=groups, per_group=per_group, head_dim=head_dim
+        )
+    check_kernel_device(qkv, cos, sin, name="rotary_qkv")
+    return RotaryQKVFunction.apply(qkv, cos.float(), sin.float(), groups, per_group, head_dim)
