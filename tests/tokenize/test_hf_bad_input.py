@@ -139,8 +139,9 @@ def test_unreadable_tokenizer_json(corpus, tmp_path):
         (
             ("--tokenizer-type", "BertWordPieceLowerCase"),
             "--tokenizer-type BertWordPieceLowerCase: choose GPT2BPETokenizer (--vocab-file, "
-            "--merge-file) or PretrainedFromHF (--tokenizer-name-or-path: any Hugging Face "
-            "tokenizer.json, BERT WordPiece and SentencePiece ones included)",
+            "--merge-file), PretrainedFromHF (--tokenizer-name-or-path: any Hugging Face "
+            "tokenizer.json, BERT WordPiece and SentencePiece ones included), or "
+            "SentencePieceTokenizer, GPTSentencePieceTokenizer, HFTokenizer (--tokenizer-model)",
         ),
     ],
 )

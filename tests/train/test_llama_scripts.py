@@ -1,21 +1,25 @@
 """Upstream's five Llama scripts (deepspeedai/Megatron-DeepSpeed 6acc370a, examples_deepspeed/)
 as mds-train reads them: each script's trainer flags as it passes them, its shell variables at its
-own values but the model and batch scaled down, and the DeepSpeed JSON it writes. Two things
-differ from upstream's command lines, both named here: the SentencePiece / Hugging Face tokenizer
-(`--tokenizer-type GPTSentencePieceTokenizer|HFTokenizer --tokenizer-model PATH`, which mds-train
-refuses: mds_tokenize reads GPT-2 BPE files or a tokenizer.json) becomes GPT-2 BPE files.
-Everything else parses (finetune_llama.sh's `--repeated-dataloader` is noted: the sample index
-already holds the epochs --train-iters needs), validates at the script's world size and builds
-the Llama preset; test_llama.py trains it."""
+own values but the model and batch scaled down, and the DeepSpeed JSON it writes. The tokenizer
+flags are upstream's (`--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model
+$TOKENIZER_PATH`, finetune_llama.sh's `--tokenizer-type HFTokenizer --tokenizer-model
+$HF_LLAMA_PATH`), the files made here: a SentencePiece model learned from c4_demo.jsonl, and a
+Hugging Face folder of the same pieces. Everything else parses (finetune_llama.sh's
+`--repeated-dataloader` is noted: the sample index already holds the epochs --train-iters needs),
+validates at the script's world size and builds the Llama preset, and mds-train reads the
+tokenizer as upstream builds it; test_llama.py trains it."""
 
 import json
 from pathlib import Path
 
 import pytest
+import sentencepiece
 from mds_model.config import ARCHITECTURES
 from mds_train.cli import build_config
+from mds_train.data import read_vocabulary
 from mds_train.ds_file import resolve_user_config
 from mds_train.megatron_flags import classify, megatron_flags_given
+from tokenizers import Tokenizer, models
 
 from .test_config import parse_given
 
@@ -37,7 +41,7 @@ PRETRAIN_LLAMA = f"""--tensor-model-parallel-size 2 --pipeline-model-parallel-si
     --num-attention-heads $NUM_HEADS --micro-batch-size 4 --global-batch-size 32
     --seq-length $SEQ --max-position-embeddings $SEQ --train-iters 250000 --save ./tmp
     --load ./tmp --data-path 1 ./tmp/data/bookcorpus_train_1m_text_sentence --data-impl mmap
-    $TOKENIZER --split 949,50,1 --distributed-backend nccl --lr 3e-4 --lr-decay-style cosine
+    $SENTENCEPIECE --split 949,50,1 --distributed-backend nccl --lr 3e-4 --lr-decay-style cosine
     --min-lr 3e-5 --weight-decay 0.1 --clip-grad 1 --lr-warmup-iters 2000 --optimizer adam
     --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1 --save-interval 10000
     --eval-interval 1000 --eval-iters 10 --bf16 {LLAMA_BLOCK}"""
@@ -47,7 +51,7 @@ UNIVERSAL_LLAMA = f"""--tensor-model-parallel-size 2 --pipeline-model-parallel-s
     --ffn-hidden-size $FFN_HIDDEN_SIZE --num-attention-heads $NUM_HEADS
     --micro-batch-size $MICRO_BATCH --global-batch-size 32 --seq-length $SEQ
     --max-position-embeddings $SEQ --train-iters 250000 --save checkpoint --load checkpoint
-    --data-path dataset/my-gpt2_text_document --data-impl mmap $TOKENIZER --split 949,50,1
+    --data-path dataset/my-gpt2_text_document --data-impl mmap $SENTENCEPIECE --split 949,50,1
     --distributed-backend nccl --lr 3e-4 --lr-decay-style cosine --min-lr 3e-5
     --weight-decay 0.1 --clip-grad 1 --lr-warmup-iters 2000 --optimizer adam --adam-beta1 0.9
     --adam-beta2 0.95 --log-interval 1 --save-interval 100 --eval-interval 10 --eval-iters 40
@@ -60,9 +64,13 @@ FINETUNE_LLAMA = f"""--load mega_ds_llama --tensor-model-parallel-size 2
     --train-iters 3500 --lr 2e-5 --tensorboard-dir tensorboard_output --lr-decay-iters 320000
     --lr-decay-style cosine --log-interval 1 --eval-iters 100 --eval-interval 100
     --data-path alpaca_text_document --save-interval 1500 --split 100,0,0 --bf16 --zero-stage 0
-    $TOKENIZER --deepspeed_config $DS_CONFIG --deepspeed --distributed-backend nccl
+    --tokenizer-type HFTokenizer --tokenizer-model $HF_LLAMA_PATH --deepspeed_config $DS_CONFIG
+    --deepspeed --distributed-backend nccl
     --num-workers 0 --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion
     --no-gradient-accumulation-fusion --repeated-dataloader"""
+
+# run_llama_bf16.sh, pretrain_llama*_distributed.sh write it so
+SENTENCEPIECE = "--tokenizer-type GPTSentencePieceTokenizer --tokenizer-model $TOKENIZER_PATH"
 
 # script: (its trainer flags, world size, ZeRO stage, its DeepSpeed JSON's batch sizes)
 SCRIPTS = {
@@ -89,11 +97,36 @@ SCRIPTS = {
         (32, 8),
     ),
 }
-# What stands in for the tokenizer flags (see the docstring).
-REFUSED_TOKENIZER = "--tokenizer-model"
+PIECES = 500  # a tiny Llama-2-like SentencePiece model (BPE, byte fallback)
 
 
-def script_argv(name: str, tmp_path: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def tokenizer_files(shared_data, tmp_path_factory) -> dict[str, str]:
+    """$TOKENIZER_PATH (a tokenizer.model) and $HF_LLAMA_PATH (a folder with its pieces as a
+    Hugging Face tokenizer.json and the eos token in tokenizer_config.json)."""
+    folder = tmp_path_factory.mktemp("tokenizers")
+    lines = (shared_data / "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()[:50]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=(json.loads(line)["text"] for line in lines),
+        model_prefix=str(folder / "tokenizer"),
+        vocab_size=PIECES,
+        model_type="bpe",
+        byte_fallback=True,
+        num_threads=1,
+        minloglevel=2,
+    )
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    pieces = {processor.id_to_piece(i): i for i in range(len(processor))}
+    hf = folder / "llama-hf"
+    hf.mkdir()
+    tokenizer = Tokenizer(models.WordLevel(vocab=pieces, unk_token="<unk>"))
+    tokenizer.save(str(hf / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (hf / "tokenizer_config.json").write_text(json.dumps(config))
+    return {"TOKENIZER_PATH": str(folder / "tokenizer.model"), "HF_LLAMA_PATH": str(hf)}
+
+
+def script_argv(name: str, tmp_path: Path, files: dict[str, str]) -> list[str]:
     flags, world, zero, (batch, micro) = SCRIPTS[name]
     config = tmp_path / "deepspeed.json"
     config.write_text(
@@ -112,7 +145,8 @@ def script_argv(name: str, tmp_path: Path) -> list[str]:
         "ZERO_STAGE": str(zero),
         "MICRO_BATCH": str(micro),
         "DS_CONFIG": str(config),
-        "TOKENIZER": "--vocab-file vocab.json --merge-file merges.txt",
+        "SENTENCEPIECE": SENTENCEPIECE,
+        **files,
     }
     for variable, value in values.items():
         flags = flags.replace(f"${variable}", value)
@@ -120,8 +154,10 @@ def script_argv(name: str, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_upstream_s_llama_script_validates_and_builds_the_llama_preset(name, tmp_path):
-    argv = script_argv(name, tmp_path)
+def test_upstream_s_llama_script_validates_and_builds_the_llama_preset(
+    name, tmp_path, tokenizer_files
+):
+    argv = script_argv(name, tmp_path, tokenizer_files)
     values, given = parse_given(argv)
     megatron_flags_given(values)  # a refused flag (or value) would end the command line here
     config = build_config(values)
@@ -138,9 +174,21 @@ def test_upstream_s_llama_script_validates_and_builds_the_llama_preset(name, tmp
     assert {f: getattr(model, f) for f in ARCHITECTURES["llama"]} == ARCHITECTURES["llama"]
     assert model.ffn_size == 176 and (model.hidden_dropout, model.attention_dropout) == (0, 0)
     assert model.query_groups == (4 if "llama2" in name else 8)
+    # the tokenizer the flags name, as mds-train reads it: upstream's eod and vocabulary size
+    vocabulary = read_vocabulary(config.data)
+    record = vocabulary.record
+    if "finetune" in name:  # HFTokenizer: the eos token; [PAD] added (its config has none)
+        assert (record.kind, vocabulary.eod_id, record.vocab_size) == ("HFTokenizer", 2, PIECES + 1)
+    else:  # GPTSentencePieceTokenizer: the model's eos id and pieces
+        assert (record.kind, vocabulary.eod_id, record.vocab_size) == (
+            "GPTSentencePieceTokenizer",
+            2,
+            PIECES,
+        )
+    assert record.tokenizer_file.startswith(str(Path(tokenizer_files["TOKENIZER_PATH"]).parent))
 
 
-def test_the_tokenizer_flag_upstream_s_scripts_pass_is_refused():
-    """What the scripts here change: refused by mds-train (one usage line when given)."""
-    assert classify(REFUSED_TOKENIZER).status == "refused"
+def test_the_tokenizer_flags_upstream_s_scripts_pass_work():
+    """mds-train's own flags now (no longer refused); --repeated-dataloader stays noted."""
+    assert classify("--tokenizer-model").status == "works"
     assert classify("--repeated-dataloader").status == "ignored"

@@ -135,6 +135,8 @@ def megatron_meta(state: dict[str, Any], config: GPTConfig, tp: int, pp: int) ->
             type=args.tokenizer_type,
             vocab_file=getattr(args, "vocab_file", None),
             merge_file=getattr(args, "merge_file", None),
+            # upstream's SentencePiece / HFTokenizer file (`--tokenizer-model`)
+            tokenizer_file=getattr(args, "tokenizer_model", None),
             vocab_size=config.vocab_size,
         )
     zero = (state.get("ds_config") or {}).get("zero_optimization") or {}

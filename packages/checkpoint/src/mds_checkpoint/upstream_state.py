@@ -18,7 +18,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mds_common.tokenizer_record import GPT2_BPE, TokenizerRecord
+from mds_common.tokenizer_record import (
+    GPT2_BPE,
+    GPT_SENTENCEPIECE,
+    HF_TOKENIZER,
+    SENTENCEPIECE,
+    TokenizerRecord,
+)
 from mds_model import GPTConfig
 from mds_model.arguments import BIGSCIENCE_POSITIONS, MEGATRON_POSITIONS, written_args
 
@@ -39,6 +45,10 @@ class _BigscienceEnum:
 
     def __reduce__(self):
         return GlobalName("megatron.enums", "PositionEmbeddingType"), (self.value,)
+
+
+# upstream reads these from `--tokenizer-model`
+MODEL_KINDS = (SENTENCEPIECE, GPT_SENTENCEPIECE, HF_TOKENIZER)
 
 
 def tokenizer_eod_id(tokenizer: TokenizerRecord) -> int | None:
@@ -85,6 +95,7 @@ def megatron_args(
         vocab_file=tokenizer.vocab_file,
         merge_file=tokenizer.merge_file,
         tokenizer_name_or_path=tokenizer.name_or_path,
+        tokenizer_model=tokenizer.tokenizer_file if tokenizer.kind in MODEL_KINDS else None,
         iteration=int(progress.get("iteration", 0)),
         consumed_train_samples=int(progress.get("consumed_train_samples", 0)),
         consumed_valid_samples=int(progress.get("consumed_valid_samples", 0)),

@@ -1,7 +1,9 @@
 """Which tokenizer made a dataset's ids or a model's vocabulary, as every tool records and compares
 it: a dataset sidecar's `vocabulary`, a checkpoint meta.json's `tokenizer` (README:
-"mds_common.tokenizer_record"). GPT-2 BPE files (`vocab_file` + `merge_file`) or a Hugging Face
-`tokenizer.json` (`type` PretrainedFromHF); paths are absolute, contents' SHA-256 beside them.
+"mds_common.tokenizer_record"). GPT-2 BPE files (`vocab_file` + `merge_file`), a Hugging Face
+`tokenizer.json` (`type` PretrainedFromHF, or upstream's HFTokenizer) or a SentencePiece model
+(`type` SentencePieceTokenizer or GPTSentencePieceTokenizer: Megatron's `--tokenizer-model`, kept
+in `tokenizer_file`); paths are absolute, contents' SHA-256 beside them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Any
 
 GPT2_BPE = "GPT2BPETokenizer"
 PRETRAINED_FROM_HF = "PretrainedFromHF"
+# deepspeedai/Megatron-DeepSpeed's `--tokenizer-type X --tokenizer-model FILE` kinds.
+SENTENCEPIECE = "SentencePieceTokenizer"
+GPT_SENTENCEPIECE = "GPTSentencePieceTokenizer"
+HF_TOKENIZER = "HFTokenizer"
 # The keys a record is written with, in the order files hold them; a record writes back only
 # those it was given or read (null included), so rewriting an old record changes nothing.
 KEYS = (
@@ -35,7 +41,13 @@ KEYS = (
 FILE_KEYS = {
     PRETRAINED_FROM_HF: ("tokenizer_file",),
     GPT2_BPE: ("vocab_file", "merge_file"),
+    SENTENCEPIECE: ("tokenizer_file",),
+    GPT_SENTENCEPIECE: ("tokenizer_file",),
+    HF_TOKENIZER: ("tokenizer_file",),
 }
+# Kinds read from one file (`tokenizer_file`, its hash `tokenizer_sha256`): a tokenizer.json or
+# a SentencePiece model. The same file read by two of them gives other ids or another EOD.
+ONE_FILE_KINDS = (PRETRAINED_FROM_HF, SENTENCEPIECE, GPT_SENTENCEPIECE, HF_TOKENIZER)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -47,9 +59,9 @@ class TokenizerRecord:
     """One recorded tokenizer. Build with `of(**fields)`, `of_files(kind, paths, **fields)` or
     `from_json(obj)`; write with `to_json()`."""
 
-    type: str | None = None  # GPT2BPETokenizer, PretrainedFromHF, or Megatron's other names
-    name_or_path: str | None = None  # PretrainedFromHF: the flag's value (a hub name or a path)
-    tokenizer_file: str | None = None  # None for a hub name
+    type: str | None = None  # GPT2BPETokenizer, PretrainedFromHF, ONE_FILE_KINDS, Megatron's others
+    name_or_path: str | None = None  # the flag's value (a hub name or a path) where it names one
+    tokenizer_file: str | None = None  # tokenizer.json or SentencePiece model; None for a hub name
     tokenizer_sha256: str | None = None  # the file's, or the serialized hub tokenizer's
     vocab_file: str | None = None
     merge_file: str | None = None
@@ -120,12 +132,24 @@ class TokenizerRecord:
 
     @property
     def is_hugging_face(self) -> bool:
-        return self.type == PRETRAINED_FROM_HF or self.tokenizer_sha256 is not None
+        """Read from a Hugging Face tokenizer.json (PretrainedFromHF or upstream's HFTokenizer)."""
+        return self.kind in (PRETRAINED_FROM_HF, HF_TOKENIZER)
+
+    @property
+    def reads_one_file(self) -> bool:
+        """Its kind reads one file, `tokenizer_file` (ONE_FILE_KINDS)."""
+        return self.kind in ONE_FILE_KINDS
 
     @property
     def kind(self) -> str:
-        """PretrainedFromHF, else the recorded type; GPT-2 BPE when none is recorded."""
-        return PRETRAINED_FROM_HF if self.is_hugging_face else (self.type or GPT2_BPE)
+        """The recorded type where it is one of ONE_FILE_KINDS, else PretrainedFromHF for a
+        record with a tokenizer.json hash (older sidecars hold no type), else the recorded type;
+        GPT-2 BPE when none is recorded."""
+        if self.type in ONE_FILE_KINDS:
+            return self.type
+        if self.tokenizer_sha256 is not None:
+            return PRETRAINED_FROM_HF
+        return self.type or GPT2_BPE
 
     @property
     def files(self) -> tuple[str | None, ...]:
@@ -160,8 +184,8 @@ class TokenizerRecord:
 
     def label(self) -> str:
         """The tokenizer in a few words, for messages."""
-        if self.is_hugging_face:
-            return f"{PRETRAINED_FROM_HF} {self.tokenizer_file or self.name_or_path}"
+        if self.reads_one_file:
+            return f"{self.kind} {self.tokenizer_file or self.name_or_path}"
         if self.vocab_file is None:
             size = "" if self.vocab_size is None else f" of {self.vocab_size} ids"
             return f"a {self.type or 'tokenizer'}{size} (no files recorded)"
@@ -172,11 +196,13 @@ class TokenizerRecord:
         same EOD. A tokenizer built in memory names no files: only an equal record matches."""
         if None not in (self.eod_id, other.eod_id) and self.eod_id != other.eod_id:
             return False
-        if self.is_hugging_face != other.is_hugging_face:
+        if self.reads_one_file != other.reads_one_file:
+            return False
+        if self.reads_one_file and self.kind != other.kind:
             return False
         if not (self._names_files and other._names_files):
             return self.to_json() == other.to_json()
-        if not self.is_hugging_face and self._gpt2_files == other._gpt2_files:
+        if not self.reads_one_file and self._gpt2_files == other._gpt2_files:
             return True
         return self._identity() == other._identity()
 
@@ -186,11 +212,11 @@ class TokenizerRecord:
 
     @property
     def _names_files(self) -> bool:
-        return self.is_hugging_face or {"vocab_file", "merge_file"} <= self.recorded
+        return self.reads_one_file or {"vocab_file", "merge_file"} <= self.recorded
 
     def _identity(self) -> tuple:
         """Contents' hashes when recorded or still readable, else the paths."""
-        if self.is_hugging_face:
+        if self.reads_one_file:
             digest, file = self.tokenizer_sha256, self.tokenizer_file
             if digest is None and file is not None:
                 try:

@@ -80,10 +80,12 @@ class SourceFlags(CheckedShapeFlags, TokenizerFlags, LoadFlags):
         is used, and a lone --tokenizer-type is checked against it); a misplaced flag exits 2."""
         kind = self.tokenizer_type
         if not self.names_files:
-            if kind not in (None, GPT2_BPE, PRETRAINED_FROM_HF):
+            if kind is not None and kind not in TOKENIZER_TYPES:
                 tokenizer_spec(TokenizerFlags(tokenizer_type=kind))  # the usage error
             return None
         if kind is None:
+            if self.tokenizer_model is not None:  # upstream's flag needs its type named
+                tokenizer_spec(dataclasses.replace(self, tokenizer_type=GPT2_BPE))
             kind = GPT2_BPE if self.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
         return tokenizer_spec(dataclasses.replace(self, tokenizer_type=kind))
 

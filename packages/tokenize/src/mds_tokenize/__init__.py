@@ -3,9 +3,9 @@ every mds tool uses (README: "Python API").
 
 `load_tokenizer(tokenizer_type=..., vocab_file=..., merge_file=..., tokenizer_name_or_path=...,
 eod_token=...)` (or `load_tokenizer(TokenizerSpec(...))`) returns a `Tokenizer`: `.encode(text)`,
-`.decode(ids)`, `.eod`, `.vocab_size`, `.record()`, for GPT-2 BPE files, a learned vocabulary
-or a Hugging Face tokenizer.json. The names are imported on first use, so that the command line
-starts (`--help`, `--version`) without loading numpy.
+`.decode(ids)`, `.eod`, `.vocab_size`, `.record()`, for GPT-2 BPE files, a learned vocabulary,
+a Hugging Face tokenizer.json or a SentencePiece model. The names are imported on first use, so
+that the command line starts (`--help`, `--version`) without loading numpy.
 """
 
 from typing import TYPE_CHECKING
@@ -25,12 +25,14 @@ if TYPE_CHECKING:
         load_tokenizer,
         spec_from_record,
     )
+    from mds_tokenize.sentencepiece_tokenizer import SentencePieceTokenizer
     from mds_tokenize.tokenizer import GPT2BPETokenizer
     from mds_tokenize.vocab_files import TokenizerFileError
 
 _MODULE_OF = {
     "GPT2BPETokenizer": "tokenizer",
     "HFTokenizer": "hf_tokenizer",
+    "SentencePieceTokenizer": "sentencepiece_tokenizer",
     "TOKENIZER_TYPES": "interface",
     "Tokenizer": "interface",
     "TokenizerFlagError": "interface",
@@ -45,6 +47,7 @@ _MODULE_OF = {
 __all__ = [
     "GPT2BPETokenizer",
     "HFTokenizer",
+    "SentencePieceTokenizer",
     "TOKENIZER_TYPES",
     "Tokenizer",
     "TokenizerFileError",

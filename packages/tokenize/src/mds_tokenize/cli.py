@@ -20,7 +20,8 @@ from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
 from mds_tokenize.learn.cli import learn
 
 app = new_app(
-    "jsonl -> Megatron .bin/.idx with GPT-2 byte-level BPE or any Hugging Face tokenizer "
+    "jsonl -> Megatron .bin/.idx with GPT-2 byte-level BPE, any Hugging Face tokenizer or a "
+    "SentencePiece model "
     "(encode, the default), merge shards, learn a vocabulary, decode ids."
 )
 
@@ -87,7 +88,7 @@ def _decode(ctx: typer.Context, **values: Any) -> None:
     from mds_tokenize.interface import load_tokenizer
 
     flags = group_from_values(DecodeFlags, values)
-    if not flags.ids and flags.vocab_file is flags.merge_file is flags.tokenizer_name_or_path:
+    if not flags.ids and not flags.names_files:
         # A bare `mds-tokenize decode`: its help on stderr, as for every command (docs/cli.md);
         # no flag is required by itself, so the dialect's own check does not see it.
         typer.echo(ctx.get_help(), err=True)

@@ -1,8 +1,9 @@
 """The tokenizer flags, declared once for every mds tool that reads or writes token ids
-(mds_common.flags): `--tokenizer-type`, `--vocab-file`/`--merge-file` (GPT-2 BPE) or
-`--tokenizer-name-or-path` (a Hugging Face tokenizer.json) and `--eod-token`. A tool's config
-inherits `TokenizerFlags`, and its command checks the flags with `tokenizer_spec` (a usage error,
-exit 2, as for a missing flag):
+(mds_common.flags): `--tokenizer-type`, `--vocab-file`/`--merge-file` (GPT-2 BPE),
+`--tokenizer-name-or-path` (a Hugging Face tokenizer.json) and `--eod-token`, or upstream's
+`--tokenizer-model` (SentencePieceTokenizer, GPTSentencePieceTokenizer, HFTokenizer). A tool's
+config inherits `TokenizerFlags`, and its command checks the flags with `tokenizer_spec` (a usage
+error, exit 2, as for a missing flag):
 
     @dataclass(frozen=True, kw_only=True)
     class DataSection(TokenizerFlags):
@@ -28,8 +29,10 @@ class TokenizerFlags:
     tokenizer_type: str | None = flag(
         "--tokenizer-type",
         default=GPT2_BPE,
-        help="GPT2BPETokenizer (--vocab-file, --merge-file: GPT-2's or a learned pair) or "
-        "PretrainedFromHF (--tokenizer-name-or-path: any Hugging Face tokenizer.json).",
+        help="GPT2BPETokenizer (--vocab-file, --merge-file: GPT-2's or a learned pair), "
+        "PretrainedFromHF (--tokenizer-name-or-path: any Hugging Face tokenizer.json), or "
+        "upstream's SentencePieceTokenizer, GPTSentencePieceTokenizer (--tokenizer-model: a "
+        "SentencePiece model) and HFTokenizer (--tokenizer-model: a tokenizer.json).",
     )
     vocab_file: Path | None = flag(
         "--vocab-file", "--vocab", help="GPT-2 vocab.json (token -> id)."
@@ -47,6 +50,11 @@ class TokenizerFlags:
         help="PretrainedFromHF: the token that ends documents [default: the eos token of "
         "tokenizer_config.json, else <|endoftext|>, </s>, <|end_of_text|> or <eos>].",
     )
+    tokenizer_model: str | None = flag(
+        "--tokenizer-model",
+        help="SentencePieceTokenizer, GPTSentencePieceTokenizer: the SentencePiece model "
+        "(tokenizer.model); HFTokenizer: a folder holding tokenizer.json, the file, or a hub name.",
+    )
 
     @property
     def names_files(self) -> bool:
@@ -58,6 +66,7 @@ class TokenizerFlags:
                 self.merge_file,
                 self.tokenizer_name_or_path,
                 self.eod_token,
+                self.tokenizer_model,
             )
         )
 
@@ -69,6 +78,7 @@ class TokenizerFlags:
             merge_file=self.merge_file,
             tokenizer_name_or_path=self.tokenizer_name_or_path,
             eod_token=self.eod_token,
+            tokenizer_model=self.tokenizer_model,
         )
 
 

@@ -4,6 +4,11 @@ Follows Megatron's `_AutoTokenizer` (README: "Hugging Face tokenizers"): `encode
 tokenizer's post-processor (`add_special_tokens`, as `AutoTokenizer.encode` does), EOD is the eos
 token, `decode` keeps special tokens. A local folder or file never imports `transformers`; a hub
 name needs it (and the network). `tokenizers` is the optional extra `mds-tokenize[hf]`.
+
+`kind` HFTokenizer is deepspeedai/Megatron-DeepSpeed 6acc370a's `_HFTokenizer` (`--tokenizer-type
+HFTokenizer --tokenizer-model X`): the same, but the special tokens the tokenizer's config does not
+set (pad `[PAD]`, eos `</s>`, bos `<s>`, unk `<unk>`) are added as special tokens first (upstream's
+`add_special_tokens`), and EOD is always the eos token.
 """
 
 import hashlib
@@ -14,7 +19,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from mds_common.tokenizer_record import TokenizerRecord
+from mds_common.tokenizer_record import HF_TOKENIZER, TokenizerRecord
 
 from mds_tokenize.interface import FLAG, PRETRAINED_FROM_HF
 
@@ -27,6 +32,13 @@ CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 END_OF_TEXT_SPELLINGS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 # owner/name or name, as the hub spells repositories; anything else is taken for a path.
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+# upstream's _HFTokenizer: what it adds where transformers finds no such token, in its order.
+UPSTREAM_DEFAULT_SPECIALS = (
+    ("pad_token", "[PAD]"),
+    ("eos_token", "</s>"),
+    ("bos_token", "<s>"),
+    ("unk_token", "<unk>"),
+)
 
 
 def import_tokenizers():
@@ -40,22 +52,27 @@ def import_tokenizers():
     return tokenizers
 
 
-def _configured_eos(folder: Path) -> tuple[str | None, Path | None]:
-    """The eos token a saved tokenizer's config names (a string or an AddedToken object)."""
+def _configured_token(folder: Path, key: str = "eos_token") -> tuple[str | None, Path | None]:
+    """The `key` token (eos_token, pad_token, ...) a saved tokenizer's config names (a string or
+    an AddedToken object), and the file that names it."""
     for name in CONFIG_FILES:
         path = folder / name
         if not path.is_file():
             continue
         try:
-            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token")
+            token = json.loads(path.read_text(encoding="utf-8")).get(key)
         except (ValueError, AttributeError):
-            logger.warning("%s: not a JSON object; its eos_token is not read", path)
+            logger.warning("%s: not a JSON object; its %s is not read", path, key)
             continue
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if isinstance(eos, str) and eos:
-            return eos, path
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str) and token:
+            return token, path
     return None, None
+
+
+def _configured_eos(folder: Path) -> tuple[str | None, Path | None]:
+    return _configured_token(folder, "eos_token")
 
 
 class HFTokenizer:
@@ -71,8 +88,18 @@ class HFTokenizer:
         eod_token: str | None = None,
         configured_eos: str | None = None,
         config_file: Path | None = None,
+        kind: str = PRETRAINED_FROM_HF,
+        configured_specials: dict[str, str] | None = None,
     ):
         self._backend = backend
+        self.kind = kind
+        if kind == HF_TOKENIZER:
+            if eod_token is not None:
+                raise ValueError(
+                    f"--eod-token is for --tokenizer-type {PRETRAINED_FROM_HF}; {HF_TOKENIZER} "
+                    "ends documents with the tokenizer's eos token (upstream's eod)"
+                )
+            configured_eos = self._add_upstream_specials(backend, configured_specials or {})
         self.name_or_path = name_or_path
         self.tokenizer_file = tokenizer_file
         self.sha256 = sha256
@@ -85,6 +112,15 @@ class HFTokenizer:
             eod_token, configured_eos, config_file
         )
         self._files = tuple(p for p in (tokenizer_file, eod_file) if p is not None)
+
+    @staticmethod
+    def _add_upstream_specials(backend, configured: dict[str, str]) -> str:
+        """upstream's `add_special_tokens` of the defaults its config lacks; the eos token."""
+        from tokenizers import AddedToken
+
+        missing = [value for key, value in UPSTREAM_DEFAULT_SPECIALS if key not in configured]
+        backend.add_special_tokens([AddedToken(token, special=True) for token in missing])
+        return configured.get("eos_token", "</s>")
 
     @property
     def where(self) -> str:
@@ -110,8 +146,12 @@ class HFTokenizer:
         return None, None, None
 
     @classmethod
-    def from_name_or_path(cls, name_or_path: str, *, eod_token: str | None = None):
-        """A folder holding tokenizer.json, the file itself, or a hub name (needs transformers)."""
+    def from_name_or_path(
+        cls, name_or_path: str, *, eod_token: str | None = None, kind: str = PRETRAINED_FROM_HF
+    ):
+        """A folder holding tokenizer.json, the file itself, or a hub name (needs transformers);
+        `kind` HFTokenizer for upstream's (`--tokenizer-model`)."""
+        flag = FLAG if kind == PRETRAINED_FROM_HF else "--tokenizer-model"
         path = Path(name_or_path).expanduser()
         if path.is_dir():
             file = path / TOKENIZER_JSON
@@ -119,23 +159,30 @@ class HFTokenizer:
                 held = sorted(child.name for child in path.iterdir())
                 listing = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "") or "nothing"
                 raise ValueError(
-                    f"{FLAG} {name_or_path}: no {TOKENIZER_JSON} in this folder (it holds "
+                    f"{flag} {name_or_path}: no {TOKENIZER_JSON} in this folder (it holds "
                     f"{listing}); pass a folder holding a Hugging Face {TOKENIZER_JSON} or the "
                     "file itself (transformers writes one: AutoTokenizer.from_pretrained(NAME)"
                     ".save_pretrained(FOLDER))"
                 )
-            return cls.from_file(file, name_or_path=name_or_path, eod_token=eod_token)
+            return cls.from_file(file, name_or_path=name_or_path, eod_token=eod_token, kind=kind)
         if path.is_file():
-            return cls.from_file(path, name_or_path=name_or_path, eod_token=eod_token)
+            return cls.from_file(path, name_or_path=name_or_path, eod_token=eod_token, kind=kind)
         if HUB_NAME.match(name_or_path):
-            return cls.from_hub(name_or_path, eod_token=eod_token)
+            return cls.from_hub(name_or_path, eod_token=eod_token, kind=kind)
         raise ValueError(
-            f"{FLAG} {name_or_path}: no such folder or file; pass a folder holding "
+            f"{flag} {name_or_path}: no such folder or file; pass a folder holding "
             f"{TOKENIZER_JSON}, the file itself, or a Hugging Face hub name"
         )
 
     @classmethod
-    def from_file(cls, file: Path, *, name_or_path: str, eod_token: str | None = None):
+    def from_file(
+        cls,
+        file: Path,
+        *,
+        name_or_path: str,
+        eod_token: str | None = None,
+        kind: str = PRETRAINED_FROM_HF,
+    ):
         tokenizers = import_tokenizers()
         data = file.read_bytes()
         try:
@@ -147,6 +194,9 @@ class HFTokenizer:
                 f"pass a Hugging Face {TOKENIZER_JSON} with {FLAG}"
             ) from None
         configured, config_file = _configured_eos(file.parent)
+        specials = {
+            key: _configured_token(file.parent, key)[0] for key, _ in UPSTREAM_DEFAULT_SPECIALS
+        }
         return cls(
             backend,
             name_or_path=name_or_path,
@@ -155,10 +205,12 @@ class HFTokenizer:
             eod_token=eod_token,
             configured_eos=configured,
             config_file=config_file,
+            kind=kind,
+            configured_specials={key: value for key, value in specials.items() if value},
         )
 
     @classmethod
-    def from_hub(cls, name: str, *, eod_token: str | None = None):
+    def from_hub(cls, name: str, *, eod_token: str | None = None, kind: str = PRETRAINED_FROM_HF):
         """Megatron's `AutoTokenizer.from_pretrained(name)`, keeping its fast tokenizer."""
         import_tokenizers()
         local = f"or pass a local folder holding {TOKENIZER_JSON}"
@@ -191,6 +243,12 @@ class HFTokenizer:
             sha256=hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest(),
             eod_token=eod_token,
             configured_eos=auto.eos_token,
+            kind=kind,
+            configured_specials={
+                key: getattr(auto, key)
+                for key, _ in UPSTREAM_DEFAULT_SPECIALS
+                if getattr(auto, key, None)
+            },
         )
 
     @property
@@ -257,7 +315,7 @@ class HFTokenizer:
 
     def record(self) -> TokenizerRecord:
         return TokenizerRecord.of(
-            type=PRETRAINED_FROM_HF,
+            type=self.kind,
             name_or_path=self.name_or_path,
             tokenizer_file=None if self.tokenizer_file is None else str(self.tokenizer_file),
             tokenizer_sha256=self.sha256,

@@ -1,6 +1,9 @@
 """One tokenizer interface for every mds tool, chosen by Megatron's flags: `--tokenizer-type
-GPT2BPETokenizer --vocab-file V --merge-file M` (GPT-2's files or a learned vocabulary) or
-`--tokenizer-type PretrainedFromHF --tokenizer-name-or-path X` (a Hugging Face `tokenizer.json`).
+GPT2BPETokenizer --vocab-file V --merge-file M` (GPT-2's files or a learned vocabulary),
+`--tokenizer-type PretrainedFromHF --tokenizer-name-or-path X` (a Hugging Face `tokenizer.json`),
+or deepspeedai/Megatron-DeepSpeed's `--tokenizer-type SentencePieceTokenizer|
+GPTSentencePieceTokenizer|HFTokenizer --tokenizer-model X` (a SentencePiece model, a
+tokenizer.json).
 
 `load_tokenizer(TokenizerSpec(...))` returns an object with the `Tokenizer` protocol below; its
 `record()` (an `mds_common.tokenizer_record.TokenizerRecord`) is what dataset sidecars
@@ -14,13 +17,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
+from mds_common.tokenizer_record import (
+    GPT2_BPE,
+    GPT_SENTENCEPIECE,
+    HF_TOKENIZER,
+    PRETRAINED_FROM_HF,
+    SENTENCEPIECE,
+    TokenizerRecord,
+)
 
 if TYPE_CHECKING:  # the command line imports this module and starts without numpy
     import numpy as np
 
-TOKENIZER_TYPES = (GPT2_BPE, PRETRAINED_FROM_HF)
+# upstream's types that read --tokenizer-model
+MODEL_TYPES = (SENTENCEPIECE, GPT_SENTENCEPIECE, HF_TOKENIZER)
+TOKENIZER_TYPES = (GPT2_BPE, PRETRAINED_FROM_HF, *MODEL_TYPES)
 FLAG = "--tokenizer-name-or-path"
+MODEL_FLAG = "--tokenizer-model"
 
 
 @runtime_checkable
@@ -68,28 +81,50 @@ class TokenizerSpec:
     merge_file: Path | None = None
     tokenizer_name_or_path: str | None = None
     eod_token: str | None = None
+    tokenizer_model: str | None = None
 
     def __post_init__(self):
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise TokenizerFlagError(
                 f"--tokenizer-type {self.tokenizer_type}: choose {GPT2_BPE} (--vocab-file, "
-                f"--merge-file) or {PRETRAINED_FROM_HF} ({FLAG}: any Hugging Face tokenizer.json, "
-                "BERT WordPiece and SentencePiece ones included)"
+                f"--merge-file), {PRETRAINED_FROM_HF} ({FLAG}: any Hugging Face tokenizer.json, "
+                f"BERT WordPiece and SentencePiece ones included), or {', '.join(MODEL_TYPES)} "
+                f"({MODEL_FLAG})"
             )
         gpt2_flags = {"--vocab-file": self.vocab_file, "--merge-file": self.merge_file}
         hf_flags = {FLAG: self.tokenizer_name_or_path, "--eod-token": self.eod_token}
-        if self.tokenizer_type == GPT2_BPE:
-            needed, foreign, other = gpt2_flags, hf_flags, PRETRAINED_FROM_HF
+        model_flags = {MODEL_FLAG: self.tokenizer_model}
+        kind = self.tokenizer_type
+        if kind == GPT2_BPE:
+            needed, owners = gpt2_flags, {**hf_flags, **model_flags}
             why = "reads GPT-2's vocab.json and merges.txt (or a learned pair)"
             remedy = f"add --tokenizer-type {PRETRAINED_FROM_HF} to use a Hugging Face tokenizer"
-        else:
-            needed, foreign, other = {FLAG: self.tokenizer_name_or_path}, gpt2_flags, GPT2_BPE
+        elif kind == PRETRAINED_FROM_HF:
+            needed, owners = {FLAG: self.tokenizer_name_or_path}, {**gpt2_flags, **model_flags}
             why = "needs a folder holding tokenizer.json, the file itself, or a hub name"
             remedy = f"drop it ({PRETRAINED_FROM_HF} reads {FLAG} and --eod-token)"
-        for flag, value in foreign.items():
+        else:
+            needed, owners = model_flags, {**gpt2_flags, **hf_flags}
+            why = (
+                "needs a folder holding tokenizer.json, the file itself, or a hub name"
+                if kind == HF_TOKENIZER
+                else "needs the SentencePiece model file (tokenizer.model)"
+            )
+            remedy = f"drop it ({kind} reads {MODEL_FLAG} alone, as upstream)"
+        for flag, value in owners.items():
             if value is not None:
+                other = (
+                    GPT2_BPE
+                    if flag in gpt2_flags
+                    else PRETRAINED_FROM_HF
+                    if flag in hf_flags
+                    else "|".join(MODEL_TYPES)
+                )
+                if kind == GPT2_BPE and flag == MODEL_FLAG:  # the type left at its default
+                    remedy = f"add --tokenizer-type {', '.join(MODEL_TYPES[:2])} or {HF_TOKENIZER}"
+                    remedy += ", as upstream"
                 raise TokenizerFlagError(
-                    f"{flag} is for --tokenizer-type {other}, not {self.tokenizer_type}; {remedy}"
+                    f"{flag} is for --tokenizer-type {other}, not {kind}; {remedy}"
                 )
         for flag, value in needed.items():
             if not value:
@@ -118,14 +153,25 @@ def load_tokenizer(spec: TokenizerSpec | None = None, **flags) -> Tokenizer:
         from mds_tokenize.tokenizer import GPT2BPETokenizer
 
         return GPT2BPETokenizer.from_files(spec.vocab_file, spec.merge_file)
+    if spec.tokenizer_type in (SENTENCEPIECE, GPT_SENTENCEPIECE):
+        from mds_tokenize.sentencepiece_tokenizer import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_file(spec.tokenizer_model, kind=spec.tokenizer_type)
     from mds_tokenize.hf_tokenizer import HFTokenizer
 
+    if spec.tokenizer_type == HF_TOKENIZER:
+        return HFTokenizer.from_name_or_path(spec.tokenizer_model, kind=HF_TOKENIZER)
     return HFTokenizer.from_name_or_path(spec.tokenizer_name_or_path, eod_token=spec.eod_token)
 
 
 def spec_from_record(record: TokenizerRecord) -> TokenizerSpec:
     """The flags that reload a recorded tokenizer (a sidecar's `vocabulary`, meta.json's
     `tokenizer`), from the files it names; ValueError when it names none."""
+    if record.kind in MODEL_TYPES:
+        source = record.tokenizer_file or record.name_or_path
+        if not source:
+            raise ValueError(f"the recorded {record.kind} names no {MODEL_FLAG} file")
+        return TokenizerSpec(tokenizer_type=record.kind, tokenizer_model=str(source))
     if record.kind == PRETRAINED_FROM_HF:
         source = record.tokenizer_file or record.name_or_path
         if not source:

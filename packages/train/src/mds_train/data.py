@@ -47,6 +47,7 @@ def read_vocabulary(data: DataSection) -> Vocabulary:
         merge_file=data.merge_file,
         tokenizer_name_or_path=data.tokenizer_name_or_path,
         eod_token=data.eod_token,
+        tokenizer_model=data.tokenizer_model,
     )
     return Vocabulary(
         record=tokenizer.record(),

@@ -158,11 +158,6 @@ REFUSED = RefusedFlags(
             harmless="one sequence-parallel rank is no sequence parallelism",
         ),
         refused(
-            "--tokenizer-model",
-            why="SentencePiece tokenizers are not supported; give --tokenizer-type "
-            "PretrainedFromHF --tokenizer-name-or-path with a tokenizer.json",
-        ),
-        refused(
             "--inference",
             why="mds-train only trains; mds-generate runs a checkpoint",
             nargs=0,
