@@ -26,18 +26,16 @@ def golden(shared_data) -> Path:
 
 
 def upstream_corpus(golden: Path, folder: Path) -> Path:
-    """The golden's corpus as upstream's reader saw it. Upstream's preprocess_data.py wrote one
-    end-of-document token per document (300) into the .bin that the .idx's sizes and pointers do
-    not count, so the .bin is 600 bytes longer than the index covers, all at its end; upstream's
-    MMapIndexedDataset reads by pointer and never looks there, while mds_indexed_data refuses a
-    .bin of another length than its index's. The copy keeps the index and every byte it points
-    to (the .bin's first 589,518): the samples are upstream's."""
+    """The golden's corpus as upstream wrote it. Upstream's preprocess_data.py --append-eod
+    (6acc370a) leaves each document's end-of-document token out of the .idx's sizes while the .bin
+    holds it, so the pointers drift a token per document and the .bin is 600 bytes (300 tokens)
+    longer than the index covers; mds_indexed_data reads such a file as upstream's
+    MMapIndexedDataset does, by the index alone (the samples are upstream's). A copy, so that
+    nothing is ever written beside the shared files."""
     folder.mkdir()
-    shutil.copyfile(golden / f"{CORPUS}.idx", folder / f"{CORPUS}.idx")
-    data = (golden / f"{CORPUS}.bin").read_bytes()
-    covered = 589_518
-    assert len(data) - covered == 600  # as the golden holds it: else this copy is stale
-    (folder / f"{CORPUS}.bin").write_bytes(data[:covered])
+    for suffix in (".idx", ".bin"):
+        shutil.copyfile(golden / f"{CORPUS}{suffix}", folder / f"{CORPUS}{suffix}")
+    assert (folder / f"{CORPUS}.bin").stat().st_size == 590_118  # else this note is stale
     return folder / CORPUS
 
 

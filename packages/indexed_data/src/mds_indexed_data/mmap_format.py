@@ -155,3 +155,28 @@ def check_index_body(
             f".bin is {'truncated' if data_bytes < offset else 'too long'} or belongs to another "
             "index (re-create the dataset)"
         )
+
+
+def uncounted_eod_tokens(
+    *, sizes: np.ndarray, doc_idx: np.ndarray, itemsize: int, data_bytes: int, tokens
+) -> int:
+    """How many tokens past the index's end are deepspeedai/Megatron-DeepSpeed's uncounted EODs
+    (README: "Uncounted end-of-document tokens"), else 0. Its `preprocess_data.py --append-eod`
+    (6acc370a) writes each document's EOD to the .bin but not into the document's last size, so
+    the pointers (the sizes' prefix sum) fall one token further behind per document, and the .bin
+    is one token per non-empty document longer than the index covers. Told for sure only when
+    both hold: that many bytes too many, and every document's true last token (the index's end
+    of it, plus one per non-empty document so far) is the same id. `tokens`: the .bin's ids."""
+    covered = int(sizes.sum(dtype=np.int64)) * itemsize
+    extra_bytes = data_bytes - covered
+    if extra_bytes <= 0 or extra_bytes % itemsize or len(doc_idx) < 2:
+        return 0
+    doc_idx = np.asarray(doc_idx, dtype=np.int64)
+    non_empty = np.flatnonzero(doc_idx[1:] > doc_idx[:-1])
+    if extra_bytes // itemsize != len(non_empty):
+        return 0
+    ends = np.zeros(len(sizes) + 1, dtype=np.int64)  # tokens the index counts before item i
+    np.cumsum(sizes, dtype=np.int64, out=ends[1:])
+    last_tokens = ends[doc_idx[non_empty + 1]] + np.arange(len(non_empty))
+    eods = np.asarray(tokens[last_tokens])
+    return len(non_empty) if (eods == eods[0]).all() else 0

@@ -4,6 +4,7 @@ The `.bin` is never read into memory: items are numpy views into the mapping, so
 to open in every DataLoader worker.
 """
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,10 @@ from mds_indexed_data.mmap_format import (
     decode_header,
     index_file_path,
     index_file_size,
+    uncounted_eod_tokens,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class IndexedDatasetReader:
@@ -56,22 +60,40 @@ class IndexedDatasetReader:
         self.doc_idx = np.frombuffer(buffer, np.int64, num_doc_idx, HEADER_SIZE + 12 * num_items)
 
         data_bytes = self.data_path.stat().st_size
+        # np.memmap refuses empty files, and an empty dataset has nothing to map.
+        self._tokens = (
+            np.memmap(self.data_path, dtype=self.dtype, mode="r")
+            if data_bytes and data_bytes % self.dtype.itemsize == 0
+            else np.empty(0, self.dtype)
+        )
+        # deepspeedai's --append-eod files: read as the index says, as upstream reads them.
+        self.num_uncounted_eods = uncounted_eod_tokens(
+            sizes=self.sizes,
+            doc_idx=self.doc_idx,
+            itemsize=self.dtype.itemsize,
+            data_bytes=data_bytes,
+            tokens=self._tokens,
+        )
         if validate:
             check_index_body(
                 sizes=self.sizes,
                 pointers=self.pointers,
                 doc_idx=self.doc_idx,
                 itemsize=self.dtype.itemsize,
-                data_bytes=data_bytes,
+                data_bytes=data_bytes - self.num_uncounted_eods * self.dtype.itemsize,
                 index_path=self.index_path,
                 data_path=self.data_path,
             )
-        # np.memmap refuses empty files, and an empty dataset has nothing to map.
-        self._tokens = (
-            np.memmap(self.data_path, dtype=self.dtype, mode="r")
-            if data_bytes
-            else np.empty(0, self.dtype)
-        )
+            if self.num_uncounted_eods:
+                logger.warning(
+                    "%s: deepspeedai/Megatron-DeepSpeed's --append-eod layout (its sizes leave "
+                    "out each document's end-of-document token, which the .bin holds); read as "
+                    "its index says, as upstream reads it: documents start up to %d tokens early "
+                    "and the last %d tokens are never read",
+                    self.data_path,
+                    self.num_uncounted_eods - 1,
+                    self.num_uncounted_eods,
+                )
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -52,13 +52,25 @@ class IndexedDatasetWriter:
         self.add_item(tokens)
         self.end_document()
 
-    def add_documents(self, flat_tokens, lengths) -> None:
-        """Bulk form of add_document: one item per entry of `lengths`, tokens back to back."""
+    def add_documents(
+        self, flat_tokens, lengths, *, deepspeedai: bool = False, uncounted_eod: bool = False
+    ) -> None:
+        """Bulk form of add_document: one item per entry of `lengths`, tokens back to back.
+        `deepspeedai`: the index deepspeedai/Megatron-DeepSpeed's `preprocess_data.py` (6acc370a)
+        writes (README: "Uncounted end-of-document tokens"): a 0 length is an empty document (a
+        doc_idx entry without an item), and with `uncounted_eod` (its --append-eod) each item's
+        size leaves out its last token, the EOD, which the .bin holds."""
         flat_tokens = self._as_tokens(flat_tokens)
         lengths = np.asarray(lengths, dtype=np.int32)
         assert int(lengths.sum(dtype=np.int64)) == len(flat_tokens)
         first = len(self._sizes)
         self._data.write(flat_tokens.tobytes(order="C"))
+        if deepspeedai:
+            non_empty = lengths > 0
+            sizes = lengths[non_empty] - int(uncounted_eod)
+            self._sizes.frombytes(sizes.astype(np.int32).tobytes())
+            self._doc_idx.frombytes((first + np.cumsum(non_empty, dtype=np.int64)).tobytes())
+            return
         self._sizes.frombytes(lengths.tobytes())
         self._doc_idx.frombytes(
             np.arange(first + 1, first + len(lengths) + 1, dtype=np.int64).tobytes()

@@ -90,6 +90,14 @@ class TokenizeConfig(TokenizerFlags):
         default=False,
         help="Append the EOD (<|endoftext|>) to every non-empty document.",
     )
+    deepspeedai_index: bool = flag(
+        "--deepspeedai-index",
+        default=False,
+        help="Write the .idx as deepspeedai/Megatron-DeepSpeed's preprocess_data.py (6acc370a) "
+        "does, byte for byte: with --append-eod each size leaves out the EOD the .bin holds "
+        "(so the index drifts a token per document), and an empty document keeps its doc_idx "
+        "entry. Off: bigscience's and NVIDIA's index, whose documents end at their EOD.",
+    )
     workers: int = flag(
         "--workers", default=1, help="Encoding processes; output is identical for any number."
     )
@@ -131,6 +139,11 @@ class TokenizeConfig(TokenizerFlags):
             index, count = self.partition
             if count < 1 or not 0 <= index < count:
                 raise ValueError(f"--partition {index}/{count}: K must be in 0..N-1")
+            if self.deepspeedai_index:
+                raise ValueError(
+                    "--deepspeedai-index: not with --partition (merging keeps only the bytes an "
+                    "index covers); tokenize the whole input in one run"
+                )
             if self.is_compressed:
                 raise ValueError(
                     f"--partition: {self.input} is compressed and cannot be split by byte ranges; "

@@ -39,6 +39,7 @@ class EncodeSettings:
     append_eod: bool
     dtype: np.dtype
     stop_at_bad_line: bool
+    keep_empty: bool = False  # lengths keep the 0 of each empty document (--deepspeedai-index)
 
 
 def _type_name(value) -> str:
@@ -119,5 +120,6 @@ def encode_block(tokenizer: Tokenizer, block: Block, settings: EncodeSettings) -
         non_empty = lengths > 0
         result.num_empty[key] = int(len(lengths) - non_empty.sum())
         result.ids[key] = ids.astype(settings.dtype, copy=False)
-        result.lengths[key] = lengths[non_empty].astype(np.int32)
+        kept = lengths if settings.keep_empty else lengths[non_empty]
+        result.lengths[key] = kept.astype(np.int32)
     return result

@@ -132,6 +132,7 @@ def run(config: TokenizeConfig, *, tokenizer: Tokenizer | None = None) -> Tokeni
         append_eod=config.append_eod,
         dtype=dtype,
         stop_at_bad_line=not config.skip_bad_lines,
+        keep_empty=config.deepspeedai_index,
     )
     summary = TokenizeSummary(
         num_tokens=dict.fromkeys(config.json_keys, 0),
@@ -171,7 +172,12 @@ def run(config: TokenizeConfig, *, tokenizer: Tokenizer | None = None) -> Tokeni
         for result in results:
             _account_bad_lines(config, summary, result.bad_lines)
             for key, writer in writers.items():
-                writer.add_documents(result.ids[key], result.lengths[key])
+                writer.add_documents(
+                    result.ids[key],
+                    result.lengths[key],
+                    deepspeedai=config.deepspeedai_index,
+                    uncounted_eod=config.append_eod,
+                )
                 summary.num_tokens[key] += len(result.ids[key])
                 summary.num_empty[key] += result.num_empty[key]
             summary.num_docs += result.num_docs
