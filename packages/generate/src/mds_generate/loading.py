@@ -166,9 +166,7 @@ def _recorded_tokenizer(load: Path, recorded: TokenizerRecord) -> TokenizerSpec:
 
 def tokenizer_name(spec: TokenizerSpec) -> str:
     """What error lines call the tokenizer: its vocabulary file or its tokenizer.json's place."""
-    return (
-        str(spec.vocab_file) if spec.tokenizer_name_or_path is None else spec.tokenizer_name_or_path
-    )
+    return str(spec.tokenizer_name_or_path or spec.tokenizer_model or spec.vocab_file)
 
 
 def check_vocabulary(
