@@ -8,6 +8,7 @@ pytest's importlib mode does not let them import conftest."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -118,3 +119,19 @@ def greedy_hf(model, prompt: list[int], num_new: int) -> list[int]:
         pad_token_id=model.config.eos_token_id,
     )
     return output[0, len(prompt) :].tolist()
+
+
+def transformers_wikitext(hf_model, tokens, *, seq_len: int, overlap: int) -> float:
+    """Megatron's scoring, counted per target: target t is scored in window 0 when t <= seq_len,
+    else in window ceil((t - seq_len) / overlap), which starts at that index times overlap."""
+    total, by_window = 0.0, {}
+    for t in range(1, len(tokens)):
+        window = 0 if t <= seq_len else math.ceil((t - seq_len) / overlap)
+        by_window.setdefault(window, []).append(t)
+    with torch.no_grad():
+        for window, targets in by_window.items():
+            start = window * overlap
+            ids = torch.tensor([tokens[start : start + seq_len]])
+            log_probs = torch.log_softmax(hf_model(ids).logits[0].double(), dim=-1)
+            total -= sum(float(log_probs[t - start - 1, tokens[t]]) for t in targets)
+    return total / (len(tokens) - 1)

@@ -4,6 +4,7 @@ meta.json, its `mds-merge-mp export-hf` folder generates the same tokens in tran
 ours), and broken checkpoints get one line."""
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -125,13 +126,16 @@ def test_an_upstream_checkpoint_without_latest_generates_as_with_it(capsys, shar
     assert outputs[1] == outputs[0] != ""
 
 
-def test_upstream_s_llama_golden_gives_its_recorded_greedy_continuation(capsys, shared_data):
+def test_upstream_s_llama_golden_gives_its_recorded_greedy_continuation(
+    capsys, caplog, shared_data
+):
     """Upstream's own Llama-family checkpoint (grouped-query attention, SwiGLU, RMSNorm, untied
     head, rotary; ../shared/data/megatron-deepspeed-llama-golden) continues its prompt greedily
     with the tokens upstream's code generated (logits/upstream_eval.json)."""
     golden = shared_data / "megatron-deepspeed-llama-golden"
     recorded = json.loads((golden / "logits" / "upstream_eval.json").read_text())
     count = len(recorded["greedy_text_ids"])
+    caplog.set_level(logging.INFO, logger="mds_generate.loading")
     with pytest.raises(SystemExit) as exit_:
         main(
             [
@@ -144,3 +148,4 @@ def test_upstream_s_llama_golden_gives_its_recorded_greedy_continuation(capsys, 
     captured = capsys.readouterr()
     assert exit_.value.code == 0, captured.err
     assert captured.out.strip() == recorded["greedy_text"]
+    assert "(Llama upstream checkpoint, 2 layers, hidden 32, float32 on cpu)" in caplog.text

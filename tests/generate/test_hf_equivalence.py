@@ -5,7 +5,6 @@ computes on the same windows (counted independently here)."""
 import math
 
 import pytest
-import torch
 import transformers
 from mds_generate import (
     EvalConfig,
@@ -52,23 +51,9 @@ def test_greedy_tokens_equal_transformers_generate(hf_folder, hf_model, helpers)
         assert list(completion.token_ids) == helpers.greedy_hf(hf_model, prompt, 20)
 
 
-def transformers_wikitext(hf_model, tokens, *, seq_len: int, overlap: int) -> float:
-    """Megatron's scoring, counted per target: target t is scored in window 0 when t <= seq_len,
-    else in window ceil((t - seq_len) / overlap), which starts at that index times overlap."""
-    total, by_window = 0.0, {}
-    for t in range(1, len(tokens)):
-        window = 0 if t <= seq_len else math.ceil((t - seq_len) / overlap)
-        by_window.setdefault(window, []).append(t)
-    with torch.no_grad():
-        for window, targets in by_window.items():
-            start = window * overlap
-            ids = torch.tensor([tokens[start : start + seq_len]])
-            log_probs = torch.log_softmax(hf_model(ids).logits[0].double(), dim=-1)
-            total -= sum(float(log_probs[t - start - 1, tokens[t]]) for t in targets)
-    return total / (len(tokens) - 1)
-
-
-def test_wikitext_perplexity_equals_transformers_on_the_same_windows(hf_folder, hf_model, tmp_path):
+def test_wikitext_perplexity_equals_transformers_on_the_same_windows(
+    hf_folder, hf_model, tmp_path, helpers
+):
     path = tmp_path / "wiki.test.tokens"
     path.write_text(WIKITEXT, encoding="utf-8")
     result = run_eval(
@@ -84,7 +69,7 @@ def test_wikitext_perplexity_equals_transformers_on_the_same_windows(hf_folder, 
     tokenizer = load(ModelSource(load=hf_folder, device="cpu")).tokenizer
     tokens = tokenizer.encode(wikitext_detokenize(WIKITEXT))
     assert len(tokens) > 150  # several overlapping windows
-    loss = transformers_wikitext(hf_model, tokens, seq_len=64, overlap=16)
+    loss = helpers.transformers_wikitext(hf_model, tokens, seq_len=64, overlap=16)
     assert result["avg_loss"] == pytest.approx(loss, rel=1e-5)
     assert result["ppl"] == pytest.approx(math.exp(loss), rel=1e-5)
     words = len(WIKITEXT.strip().split(" "))

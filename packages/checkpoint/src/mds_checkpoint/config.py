@@ -136,7 +136,9 @@ class ExportConfig(VerifyFlags, SaveFlags, LoadFlags):
 class HFFolderFlags:
     # Not LoadFlags' --load: a Hugging Face folder, no mds checkpoint and no --iteration.
     load: Path = flag(
-        "--load", required=True, help="Hugging Face GPT-2 folder (config.json, safetensors)."
+        "--load",
+        required=True,
+        help="Hugging Face GPT-2, Llama, GPT-NeoX or BLOOM folder (config.json, safetensors).",
     )
 
 

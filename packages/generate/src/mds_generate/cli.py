@@ -25,8 +25,9 @@ from .config import (
 )
 
 app = new_app(
-    "Sample text from an mds checkpoint or a Hugging Face GPT-2 folder, or evaluate it zero-shot "
-    "(WikiText-103 perplexity, LAMBADA accuracy)."
+    "Sample text from an mds or Megatron-DeepSpeed checkpoint or a Hugging Face GPT-2, Llama, "
+    "GPT-NeoX or BLOOM folder, or evaluate it zero-shot (WikiText-103 perplexity, LAMBADA "
+    "accuracy)."
 )
 
 _WHOLE = "the checkpoint is read whole, whatever its layout"

@@ -26,9 +26,10 @@ TASKS = ("wikitext103", "lambada")
 
 @dataclass(frozen=True)
 class ModelSource:
-    """An mds checkpoint (`--load` folder with `latest`, or one `global_stepN`) or a Hugging Face
-    GPT-2 folder. The tokenizer defaults to the checkpoint's (meta.json's `tokenizer`, or the
-    folder's tokenizer.json / vocab.json + merges.txt); `tokenizer_type` alone only checks it."""
+    """An mds or upstream checkpoint (`--load` folder with `latest`, or one `global_stepN`) or a
+    Hugging Face GPT-2, Llama, GPT-NeoX or BLOOM folder. The tokenizer defaults to the
+    checkpoint's (meta.json's `tokenizer`, or the folder's tokenizer.json / vocab.json +
+    merges.txt); `tokenizer_type` alone only checks it."""
 
     load: Path
     iteration: int | None = None
@@ -57,7 +58,9 @@ class SourceFlags(CheckedShapeFlags, TokenizerFlags, LoadFlags):
     """The flags that say which model runs and how: a ModelSource."""
 
     load: Path = restate(
-        LoadFlags, "load", note="Or a Hugging Face GPT-2 folder (config.json, safetensors)."
+        LoadFlags,
+        "load",
+        note="Or a Hugging Face GPT-2, Llama, GPT-NeoX or BLOOM folder (config.json, safetensors).",
     )
     # Unset: the checkpoint's tokenizer (a lone --tokenizer-type is checked against it).
     tokenizer_type: str | None = restate(

@@ -1,7 +1,8 @@
-"""The tied LM head of CPU decoding, with the word embeddings copied into the layouts that the
-CPU's fp32 matrix products read fastest: the same logits as `hidden @ embeddings[:V].T`.
+"""The LM head of CPU decoding (`GPT.head_weight`: the untied output layer, or the tied word
+embeddings), with the weight copied into the layouts that the CPU's fp32 matrix products read
+fastest: the same logits as `hidden @ weight[:V].T`.
 
-`F.linear` over the (V, H) embeddings makes MKL run a transposed matrix-vector product that
+`F.linear` over the (V, H) weight makes MKL run a transposed matrix-vector product that
 reads the 51 MB of GPT-2's fp32 head at a third of the copy bandwidth (6.5 ms per step at one
 row, on the 2-core AMD EPYC of benchmarks/generate.py); over a contiguous (H, V) copy the same
 product streams it (2.2 ms). From 4 rows on, the copy is cut into (H, 128) column blocks, one
@@ -23,17 +24,18 @@ MIN_BLOCKED_ROWS = 4  # from this many rows on the blocked product is the faster
 
 
 class CpuLmHead:
-    """hidden (B, H) -> logits (B, vocab_size) over `word_embeddings` (padded V, H), which stays
-    the model's own tensor; the copies are made when first needed and made again when the
-    embeddings change in place (their version counter moves, e.g. `load_state_dict`)."""
+    """hidden (B, H) -> logits (B, vocab_size) over `weight` (padded V, H: the model's
+    `head_weight`), which stays the model's own tensor; the copies are made when first needed and
+    made again when the weight changes in place (its version counter moves, e.g.
+    `load_state_dict`)."""
 
-    def __init__(self, word_embeddings: torch.Tensor, *, vocab_size: int) -> None:
-        if word_embeddings.device.type != "cpu":
+    def __init__(self, weight: torch.Tensor, *, vocab_size: int) -> None:
+        if weight.device.type != "cpu":
             raise ValueError("CpuLmHead is for CPU decoding")
-        self.word_embeddings, self.vocab_size = word_embeddings, vocab_size
+        self.weight, self.vocab_size = weight, vocab_size
         self._columns: torch.Tensor | None = None  # (H, V) contiguous
         self._blocks: torch.Tensor | None = None  # (ceil(V / BLOCK), H, BLOCK), zero-padded
-        self._version = word_embeddings._version
+        self._version = weight._version
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] < MIN_BLOCKED_ROWS:
@@ -57,23 +59,23 @@ class CpuLmHead:
         return torch.bmm(hidden.expand(blocks.shape[0], *hidden.shape), blocks)
 
     def _check_version(self) -> None:
-        if self.word_embeddings._version != self._version:
+        if self.weight._version != self._version:
             self._columns = self._blocks = None
-            self._version = self.word_embeddings._version
+            self._version = self.weight._version
 
     def _columns_layout(self) -> torch.Tensor:
         self._check_version()
         if self._columns is None:
-            weight = self.word_embeddings.detach()[: self.vocab_size]
+            weight = self.weight.detach()[: self.vocab_size]
             self._columns = weight.t().contiguous()
         return self._columns
 
     def _blocks_layout(self) -> torch.Tensor:
         self._check_version()
         if self._blocks is None:
-            vocab, hidden = self.vocab_size, self.word_embeddings.shape[1]
+            vocab, hidden = self.vocab_size, self.weight.shape[1]
             num_blocks = -(-vocab // BLOCK)
-            padded = self.word_embeddings.new_zeros(num_blocks * BLOCK, hidden)
-            padded[:vocab] = self.word_embeddings.detach()[:vocab]
+            padded = self.weight.new_zeros(num_blocks * BLOCK, hidden)
+            padded[:vocab] = self.weight.detach()[:vocab]
             self._blocks = padded.view(num_blocks, BLOCK, hidden).transpose(1, 2).contiguous()
         return self._blocks

@@ -1,7 +1,9 @@
 """From `--load PATH` to a model ready to decode on one device, and its tokenizer.
 
-PATH is an mds checkpoint of any TP/PP layout (read whole by `mds_checkpoint.load_consolidated`:
-its `meta.json` gives the model, so no model flags are needed) or a Hugging Face GPT-2 folder.
+PATH is an mds or upstream checkpoint of any TP/PP layout (read whole by
+`mds_checkpoint.load_consolidated`: its `meta.json` or Megatron's args give the model, so no model
+flags are needed) or a Hugging Face GPT-2, Llama, GPT-NeoX or BLOOM folder (its family's adapter,
+`mds_model.hf_families`).
 The tokenizer (mds_tokenize's one interface: GPT-2 BPE files, a learned vocabulary or a Hugging
 Face tokenizer.json) comes from the tokenizer flags, else from the checkpoint (meta.json's
 `tokenizer`, or the HF folder's tokenizer.json or vocab.json + merges.txt), and must be the one
@@ -28,7 +30,7 @@ from mds_checkpoint import (
     stored_dtype,
 )
 from mds_common.tokenizer_record import TokenizerRecord
-from mds_model import GPT, GPTConfig, from_hf_gpt2_state_dict
+from mds_model import GPT, GPTConfig, hf_adapter, hf_adapter_of_folder
 from mds_model.kernels import triton_available
 from mds_tokenize.interface import (
     Tokenizer,
@@ -48,7 +50,7 @@ class LoadedModel:
     model: GPT  # eval mode, on `device`, in the run's dtype
     tokenizer: Tokenizer
     device: torch.device
-    kind: str  # "mds" or "hf"
+    kind: str  # "mds" (an mds or upstream checkpoint) or "hf"
     # An mds checkpoint's description (mds_checkpoint.meta.CheckpointMeta); None for a Hugging
     # Face folder.
     meta: Any
@@ -105,18 +107,34 @@ def _read_checkpoint(source: ModelSource):
 
 
 def _read_hf_folder(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor], str | None]:
-    """(config, our plain GPT state dict, stored dtype name or None)."""
-    hf = read_hf_config(path)
+    """(config, our plain GPT state dict, stored dtype name or None), through the adapter of the
+    folder's family (config.json's model_type)."""
+    hf = read_hf_config(path)  # checks that an adapter reads it
+    adapter = hf_adapter_of_folder(hf)
     try:
         config = gpt_config_from_hf(hf)
-    except ValueError as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path / CONFIG}: {error}") from None
-    weights = HFWeights(path)  # read a tensor at a time as the conversion asks
+    # read a tensor at a time as the conversion asks, under the names the adapter reads
+    weights = HFWeights(path, adapter.model_type)
     try:
-        state_dict = from_hf_gpt2_state_dict(weights, config)
+        state_dict = adapter.from_hf(weights, config)
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
     return config, state_dict, stored_dtype(hf)
+
+
+def describe(config: GPTConfig, kind: str, meta: Any) -> str:
+    """What the log line calls the model: its family (the Hugging Face family that holds it, else
+    "GPT") and where it came from."""
+    try:
+        family = hf_adapter(config).display
+    except ValueError:  # a layout no transformers family holds (mds-train builds such GPTs)
+        family = "GPT"
+    if kind == "hf":
+        return f"{family} Hugging Face folder"
+    # upstream's files carry no meta.json: their description comes from Megatron's args
+    return f"{family} {'upstream' if meta.tool is None else 'mds'} checkpoint"
 
 
 TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
@@ -219,7 +237,7 @@ def load(source: ModelSource) -> LoadedModel:
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, %s on %s)",
         source.load,
-        "Hugging Face GPT-2" if kind == "hf" else "mds checkpoint",
+        describe(config, kind, meta),
         config.num_layers,
         config.hidden_size,
         dtype,

@@ -1,6 +1,7 @@
 """Where each step's logits come from: the static KV cache (eager, or one CUDA graph replay per
 step) or a full recomputation of every row (`--recompute`, the cache's check). Eager on CPU, the
-tied head runs over `CpuLmHead`'s copies and attention reads only the slots written so far.
+LM head (tied or untied) runs over `CpuLmHead`'s copies and attention reads only the slots
+written so far.
 
 Both take a batch of prompts (one list of ids per row, any lengths) and return the logits that
 predict each row's next token (or, with `greedy=True` where `fuses_greedy`, the argmax tokens

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
         hf_gpt2_config,
         to_hf_gpt2_state_dict,
     )
+    from .hf_families import (
+        HF_ADAPTERS,
+        HFAdapter,
+        hf_adapter,
+        hf_adapter_of_folder,
+        hf_problem,
+    )
     from .parallel import ParallelGroups
     from .pipeline import PipeLoss, build_gpt_pipe, gpt_layer_specs, pipeline_deepspeed_config
     from .rng import RNGStatesTracker, model_parallel_seed
@@ -47,6 +54,7 @@ _LAZY = {
         "hf_gpt2_config",
         "to_hf_gpt2_state_dict",
     ),
+    "hf_families": ("HF_ADAPTERS", "HFAdapter", "hf_adapter", "hf_adapter_of_folder", "hf_problem"),
     "parallel": ("ParallelGroups",),
     "pipeline": ("PipeLoss", "build_gpt_pipe", "gpt_layer_specs", "pipeline_deepspeed_config"),
     "rng": ("RNGStatesTracker", "model_parallel_seed"),
@@ -57,6 +65,8 @@ __all__ = [
     "Decoder",
     "GPT",
     "GPTConfig",
+    "HFAdapter",
+    "HF_ADAPTERS",
     "KVCache",
     "LayerKVCache",
     "ParallelGroups",
@@ -75,7 +85,10 @@ __all__ = [
     "from_hf_gpt2_state_dict",
     "gpt2_problem",
     "gpt_layer_specs",
+    "hf_adapter",
+    "hf_adapter_of_folder",
     "hf_gpt2_config",
+    "hf_problem",
     "layer_parameters",
     "lm_losses",
     "masked_mean",
