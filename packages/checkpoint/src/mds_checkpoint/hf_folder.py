@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
+from mds_common.tokenizer_record import (
+    GPT2_BPE,
+    GPT_SENTENCEPIECE,
+    HF_TOKENIZER,
+    PRETRAINED_FROM_HF,
+    SENTENCEPIECE,
+    TokenizerRecord,
+)
 from mds_model import GPTConfig
 from mds_model.hf_families import hf_adapter_of_folder
 from mds_model.parameters import BLOOM_HF, GPT2_HF
@@ -189,14 +196,21 @@ class HFWeights(Mapping[str, torch.Tensor]):
 TOKENIZER_FILES = {
     PRETRAINED_FROM_HF: ("tokenizer.json",),
     GPT2_BPE: ("vocab.json", "merges.txt"),
+    # upstream's --tokenizer-model kinds: exported under the names Llama folders use
+    GPT_SENTENCEPIECE: ("tokenizer.model",),
+    SENTENCEPIECE: ("tokenizer.model",),
+    HF_TOKENIZER: ("tokenizer.json",),
 }
+# What a folder's own files are read as (a tokenizer.model alone says not which of upstream's
+# two SentencePiece types, nor Hugging Face's BOS handling, made the ids).
+FOLDER_KINDS = (PRETRAINED_FROM_HF, GPT2_BPE)
 
 
 def hf_folder_tokenizer(path: Path) -> TokenizerRecord | None:
     """The tokenizer the folder holds (tokenizer.json, else vocab.json + merges.txt): its type,
     the files' absolute paths and SHA-256; None when it holds none."""
-    for kind, names in TOKENIZER_FILES.items():
-        files = [path / name for name in names]
+    for kind in FOLDER_KINDS:
+        files = [path / name for name in TOKENIZER_FILES[kind]]
         if all(file.is_file() for file in files):
             return TokenizerRecord.of_files(kind, files)
     return None
