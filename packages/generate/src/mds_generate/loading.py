@@ -137,7 +137,10 @@ def describe(config: GPTConfig, kind: str, meta: Any) -> str:
     return f"{family} {'upstream' if meta.tool is None else 'mds'} checkpoint"
 
 
-TOKENIZER_FLAGS = "--vocab-file and --merge-file, or --tokenizer-name-or-path"
+TOKENIZER_FLAGS = (
+    "--vocab-file and --merge-file, --tokenizer-name-or-path, or --tokenizer-type with "
+    "--tokenizer-model"
+)
 
 
 def tokenizer_spec(source: ModelSource, kind: str, recorded: TokenizerRecord) -> TokenizerSpec:
