@@ -255,14 +255,7 @@ class Trainer:
         elapsed = time.perf_counter() - stats.started
         ms = 1000.0 * elapsed / max(1, stats.num_iterations)
         model = self.setup.gpt_config
-        flops = megatron_flops_per_iteration(
-            global_batch=global_batch,
-            seq_length=model.seq_length,
-            num_layers=model.num_layers,
-            hidden_size=model.hidden_size,
-            padded_vocab_size=model.padded_vocab_size,
-            recompute=model.activation_checkpointing == "full",
-        )
+        flops = megatron_flops_per_iteration(model, global_batch=global_batch)
         tflops = flops / (ms / 1000.0 * self.topology.world_size * 1e12)
         peak = self.config.logging.peak_tflops
         mfu = tflops / peak if peak else None

@@ -12,33 +12,21 @@ import time
 from pathlib import Path
 
 import torch
+from mds_model import GPTConfig
+from mds_model.estimate import flops_per_token
 
 # Dense bf16/fp16 peaks (TFLOP/s per GPU) by the device name's marker, for MFU; --peak-tflops wins.
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
 
-def megatron_flops_per_iteration(
-    *,
-    global_batch: int,
-    seq_length: int,
-    num_layers: int,
-    hidden_size: int,
-    padded_vocab_size: int,
-    recompute: bool,
-) -> float:
-    """Narayanan et al. (2021) eq. 3, as BS Megatron: 24 f B s l h^2 (1 + s/6h + V/16lh)."""
-    f = 4 if recompute else 3
-    s, h, layers = seq_length, hidden_size, num_layers
-    return (
-        24
-        * f
-        * global_batch
-        * s
-        * layers
-        * h
-        * h
-        * (1 + s / (6 * h) + padded_vocab_size / (16 * layers * h))
-    )
+def megatron_flops_per_iteration(config: GPTConfig, *, global_batch: int) -> float:
+    """Narayanan et al. (2021) eq. 3 as BS Megatron counts it, 24 f B s l h^2 (1 + s/6h + V/16lh)
+    for GPT-2, with the layer's products as `mds-model info` writes them out (grouped keys and
+    values, SwiGLU): mds_model.estimate.flops_per_token, f = 4 under full recompute, else 3."""
+    recompute = config.activation_checkpointing == "full"
+    per_token = flops_per_token(config)
+    key = "megatron_with_recompute" if recompute else "megatron_no_recompute"
+    return per_token[key] * global_batch * config.seq_length
 
 
 def default_peak_tflops(params_dtype: str) -> float | None:
