@@ -1,18 +1,24 @@
 """Greedy generation speed: mds-generate's Generator vs transformers' `generate`, same weights,
 same process.
 
-A random GPT (default: the seeds' 345M GPT-2, 24 layers, hidden 1024, 16 heads, vocab 50257) is
-built in mds_model, exported to a `GPT2LMHeadModel` (mds_model.hf), and both generate 256 new
-tokens after a 32-token random prompt at batch 1 and 8 (greedy, end-of-document ignored, as the
-issue's probe: `min_new_tokens` for transformers). Prints new tokens/s, our/transformers ratio,
-time to first token (a whole call with one new token), how many greedy tokens agree, and the
-fraction of the weight-bandwidth bound: batch x (copy bandwidth measured here) / (bytes of the
-weights read per step).
+Random GPTs are built in mds_model and exported to transformers through their family's adapter
+(mds_model.hf_families): the seeds' 345M GPT-2 (24 layers, hidden 1024, 16 heads;
+`GPT2LMHeadModel`) and a Llama of Llama 3.2 1B's shape (16 layers, hidden 2048, 32 heads, 8
+key/value heads, ffn 8192, SwiGLU, RMSNorm, untied head, theta 500000; `LlamaForCausalLM`), both
+with GPT-2's vocabulary (50257). Each generates 256 new tokens after a 32-token random prompt at
+batch 1 and 8 (greedy, end-of-document ignored, as the issue's probe: `min_new_tokens` for
+transformers). Prints new tokens/s, our/transformers ratio, time to first token (a whole call with
+one new token), how many greedy tokens agree, and the fraction of the weight-bandwidth bound:
+batch x (copy bandwidth measured here) / (bytes of the weights read per step: every parameter but
+the rows of the position table and, with an untied head, of the word embeddings that a step does
+not read).
 Variants of ours: CUDA graphs over the eager step (the default on CUDA), torch.compile of the
 step under CUDA graphs, and plain eager launches; on CPU eager (the default) and compile (the
 step's layers compiled, the LM head eager; its compilation is in "first call").
-Usage: python benchmarks/generate.py [--device cuda|cpu] [--dtype bfloat16] [--small]
-       [--variants graphs,compile,eager] [--profile]
+Usage: python benchmarks/generate.py [--device cuda|cpu] [--dtype bfloat16] [--models gpt2,llama]
+       [--small | --tiny] [--variants graphs,compile,eager] [--profile]
+(--models defaults to both on CUDA and to gpt2 on CPU; --small: 4-layer models of hidden 256 for
+a CPU; --tiny: 2 layers of hidden 64, a 1,000-token vocabulary and 8 new tokens, a smoke run.)
 """
 
 from __future__ import annotations
@@ -61,32 +67,97 @@ def timed(device, functions, repeats: int):
     return list(zip(best, results, strict=True))
 
 
-def build_models(args, device: torch.device, dtype: torch.dtype):
-    import transformers
-    from mds_generate.loading import inference_config
-    from mds_model import GPT, GPTConfig, hf_gpt2_config, to_hf_gpt2_state_dict
+# Each model's shape: the full one, --small's and --tiny's (GPTConfig fields over the preset's).
+SHAPES = {
+    "gpt2": {
+        "full": {},  # --num-layers, --hidden-size, --num-attention-heads (the 345M's defaults)
+        "small": dict(num_layers=4, hidden_size=256, num_attention_heads=4),
+        "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4),
+    },
+    "llama": {
+        "full": dict(
+            num_layers=16,
+            hidden_size=2048,
+            num_attention_heads=32,
+            num_query_groups=8,
+            ffn_hidden_size=8192,
+        ),
+        "small": dict(
+            num_layers=4,
+            hidden_size=256,
+            num_attention_heads=4,
+            num_query_groups=2,
+            ffn_hidden_size=704,
+        ),
+        "tiny": dict(
+            num_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_query_groups=2,
+            ffn_hidden_size=176,
+        ),
+    },
+}
+MODELS = tuple(SHAPES)
 
-    config = GPTConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_attention_heads=args.num_attention_heads,
+
+def model_config(args, model: str):
+    from mds_model import GPTConfig
+
+    size = "tiny" if args.tiny else "small" if args.small else "full"
+    shape = dict(SHAPES[model][size])
+    if model == "gpt2" and size == "full":
+        shape = dict(
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+        )
+    if model == "llama":
+        shape["rotary_base"] = 500000.0  # Llama 3's
+    return GPTConfig.preset(
+        model,
+        **shape,
         vocab_size=args.vocab_size,
         seq_length=1024,
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
-    config = inference_config(config, dtype=args.dtype, device=device)
+
+
+def build_models(args, model: str, device: torch.device, dtype: torch.dtype):
+    """(config, ours, theirs): one random model, ours and transformers' (its family's adapter)."""
+    import transformers
+    from mds_generate.loading import inference_config
+    from mds_model import GPT, hf_adapter
+
+    config = inference_config(model_config(args, model), dtype=args.dtype, device=device)
     ours = GPT(config, init_seed=1234)
-    hf_config = transformers.GPT2Config(**hf_gpt2_config(config, eos_token_id=args.vocab_size - 1))
-    theirs = transformers.GPT2LMHeadModel(hf_config)
+    adapter = hf_adapter(config)
+    hf = adapter.hf_config(config, eos_token_id=args.vocab_size - 1)
+    hf_config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
+    with torch.device(device):  # transformers' random init, overwritten below, on the device
+        theirs = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     missing, unexpected = theirs.load_state_dict(
-        to_hf_gpt2_state_dict(ours.state_dict(), config), strict=False
+        adapter.to_hf(ours.state_dict(), config), strict=False
     )
-    assert not unexpected and all(name == "lm_head.weight" for name in missing), missing
-    theirs.tie_weights()
+    tied = not config.untie_embeddings_and_output_weights
+    assert not unexpected and all(tied and name == "lm_head.weight" for name in missing), missing
+    if tied:
+        theirs.tie_weights()
     ours = ours.to(device).eval()
     theirs = theirs.to(device, dtype).eval()
     return config, ours, theirs
+
+
+def weights_read_per_step(model, config) -> int:
+    """Bytes of the parameters one decoding step reads whole: all but the position table and,
+    with an untied head, the word embeddings (a step reads one row of each per token)."""
+    skipped = {"embedding.position_embeddings.weight"}
+    if config.untie_embeddings_and_output_weights:
+        skipped.add("embedding.word_embeddings.weight")
+    return sum(
+        p.numel() * p.element_size() for name, p in model.named_parameters() if name not in skipped
+    )
 
 
 def _agreeing(theirs: list[int], ours) -> int:
@@ -170,14 +241,25 @@ def profile_steps(generator, sampler, prompts, device, new: int) -> None:
         )
 
 
-def main() -> None:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated, of {', '.join(MODELS)} (default: both on CUDA, gpt2 on CPU)",
+    )
     parser.add_argument("--small", action="store_true", help="4 layers, hidden 256 (CPU)")
-    parser.add_argument("--num-layers", type=int, default=24)
-    parser.add_argument("--hidden-size", type=int, default=1024)
-    parser.add_argument("--num-attention-heads", type=int, default=16)
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="2 layers, hidden 64, vocab 1000, 8-token prompts, 8 new tokens, batch 1 and 2, one "
+        "timed call: a smoke run",
+    )
+    parser.add_argument("--num-layers", type=int, default=24, help="GPT-2's")
+    parser.add_argument("--hidden-size", type=int, default=1024, help="GPT-2's")
+    parser.add_argument("--num-attention-heads", type=int, default=16, help="GPT-2's")
     parser.add_argument("--vocab-size", type=int, default=50257)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-length", type=int, default=32)
@@ -191,41 +273,62 @@ def main() -> None:
         "CPU: eager and compile only, default eager)",
     )
     parser.add_argument("--profile", action="store_true", help="kernel times of each variant")
-    args = parser.parse_args()
-    if args.small:
-        args.num_layers, args.hidden_size, args.num_attention_heads = 4, 256, 4
+    args = parser.parse_args(argv)
+    if args.small and args.tiny:
+        parser.error("--small or --tiny, not both")
+    if args.tiny:
+        args.vocab_size, args.prompt_length, args.new_tokens = 1000, 8, 8
+        args.batch_sizes, args.repeats = [1, 2], 1
     device = torch.device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    args.models = (args.models or ("gpt2,llama" if device.type == "cuda" else "gpt2")).split(",")
+    unknown = [model for model in args.models if model not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    args.variants = (args.variants or ("graphs" if device.type == "cuda" else "eager")).split(",")
+    if device.type == "cpu" and not set(args.variants) <= {"eager", "compile"}:
+        parser.error("--variants on CPU: eager and/or compile")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants = (args.variants or ("graphs" if device.type == "cuda" else "eager")).split(",")
-    if device.type == "cpu" and not set(variants) <= {"eager", "compile"}:
-        parser.error("--variants on CPU: eager and/or compile")
 
     import transformers
-    from mds_generate import GenerationConfig, Generator, Sampler, SamplingConfig
 
-    torch.manual_seed(0)
-    config, ours, theirs = build_models(args, device, dtype)
-    weight_bytes = sum(
-        p.numel() * p.element_size()
-        for name, p in ours.named_parameters()
-        if name != "embedding.position_embeddings.weight"  # one row per step
-    )
     bandwidth = measured_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"{name}, {args.dtype}, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, threads {torch.get_num_threads()}; "
-        f"{args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}: "
-        f"{weight_bytes / 1e9:.3f} GB of weights per step; copy bandwidth "
-        f"{bandwidth / 1e9:,.0f} GB/s -> bound {bandwidth / weight_bytes:,.0f} steps/s",
+        f"{transformers.__version__}, threads {torch.get_num_threads()}; copy bandwidth "
+        f"{bandwidth / 1e9:,.0f} GB/s",
+        flush=True,
+    )
+    for model in args.models:
+        bench_model(args, model, device, dtype, bandwidth)
+
+
+def bench_model(args, model: str, device, dtype, bandwidth: float) -> None:
+    """The table of one model: each batch size and variant against transformers."""
+    from mds_generate import GenerationConfig, Generator, Sampler, SamplingConfig
+
+    torch.manual_seed(0)
+    config, ours, theirs = build_models(args, model, device, dtype)
+    weight_bytes = weights_read_per_step(ours, config)
+    print(
+        f"\n{model}: {config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} heads, {config.query_groups} key/value heads, ffn "
+        f"{config.ffn_size}, vocab {args.vocab_size}: {weight_bytes / 1e9:.3f} GB of weights per "
+        f"step -> bound {bandwidth / weight_bytes:,.0f} steps/s",
         flush=True,
     )
     sampler = Sampler(SamplingConfig(greedy=True), vocab_size=args.vocab_size, device=device)
     generators = {}
-    for variant in variants:
+    for variant in args.variants:
         cuda_graphs, compiled = VARIANTS[variant]
         generators[variant] = Generator(
             ours_model(ours, config, variant, device),
@@ -250,9 +353,9 @@ def main() -> None:
             )
 
     print(
-        f"{'batch':>5} | {'ours':>7} | {'transformers tok/s':>18} | {'ours tok/s':>10} | "
-        f"{'ratio':>6} | {'of bound':>8} | {'TTFT transformers':>17} | {'TTFT ours':>9} | "
-        "greedy tokens equal (per row)",
+        f"{'model':>5} | {'batch':>5} | {'ours':>7} | {'transformers tok/s':>18} | "
+        f"{'ours tok/s':>10} | {'ratio':>6} | {'of bound':>8} | {'TTFT transformers':>17} | "
+        f"{'TTFT ours':>9} | greedy tokens equal (per row)",
         flush=True,
     )
     for batch in args.batch_sizes:
@@ -282,10 +385,10 @@ def main() -> None:
             theirs_rate, ours_rate = batch * new / theirs_s, batch * new / ours_s
             bound = batch * bandwidth / weight_bytes
             print(
-                f"{batch:>5} | {variant:>7} | {theirs_rate:>18,.0f} | {ours_rate:>10,.0f} | "
-                f"{ours_rate / theirs_rate:>5.2f}x | {ours_rate / bound:>7.1%} | "
-                f"{theirs_first * 1e3:>14.1f} ms | {ours_first * 1e3:>6.1f} ms | "
-                f"{agree} of {new} (first call {setup:.1f} s)",
+                f"{model:>5} | {batch:>5} | {variant:>7} | {theirs_rate:>18,.0f} | "
+                f"{ours_rate:>10,.0f} | {ours_rate / theirs_rate:>5.2f}x | "
+                f"{ours_rate / bound:>7.1%} | {theirs_first * 1e3:>14.1f} ms | "
+                f"{ours_first * 1e3:>6.1f} ms | {agree} of {new} (first call {setup:.1f} s)",
                 flush=True,
             )
             if args.profile and device.type == "cuda":
