@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from mds_model import GPT, GPTConfig, hf_gpt2_config, to_hf_gpt2_state_dict
+from mds_model import GPT, GPTConfig, hf_adapter
+from mds_model.config import ARCHITECTURES
 
 VOCAB_SIZE, EOD = 5000, 4999
 
@@ -36,16 +37,22 @@ def tiny_config(**overrides) -> GPTConfig:
     return GPTConfig(**base)
 
 
+# tiny_config's overrides for a Llama-family GPT: grouped-query attention, untied head, theta.
+LLAMA = dict(ARCHITECTURES["llama"], num_query_groups=2, ffn_hidden_size=96, rotary_base=500000.0)
+
+
 def write_hf_folder(
     path: Path, model: GPT, vocab: tuple[Path, Path] | None = None, *, eos: int = EOD
 ) -> Path:
-    """The model as `save_pretrained` writes a GPT-2 (config.json + model.safetensors)."""
+    """The model as `save_pretrained` writes its family (config.json + model.safetensors;
+    mds_model.hf_families' adapter: GPT-2 for tiny_config())."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
-    (path / "config.json").write_text(json.dumps(hf_gpt2_config(config, eos_token_id=eos)))
-    state_dict = to_hf_gpt2_state_dict(model.state_dict(), config)
+    adapter = hf_adapter(config)
+    (path / "config.json").write_text(json.dumps(adapter.hf_config(config, eos_token_id=eos)))
+    state_dict = adapter.to_hf(model.state_dict(), config)
     save_file(state_dict, path / "model.safetensors", metadata={"format": "pt"})
     if vocab is not None:
         shutil.copyfile(vocab[0], path / "vocab.json")

@@ -1,6 +1,8 @@
 """On a GPU: the CUDA-graph decode gives eager decoding's tokens in bf16 and fp16, the cache gives
 `--recompute`'s tokens in fp32, half precision stays close to fp32, and greedy tokens equal
-transformers' on the GPU. Triton kernels on (as `mds-generate` runs on CUDA)."""
+transformers' on the GPU; for GPT-2 (the fused decoding paths) and a Llama-family GPT
+(grouped-query attention, untied head: the layers' own modules). Triton kernels on (as
+`mds-generate` runs on CUDA)."""
 
 import pytest
 import torch
@@ -28,9 +30,16 @@ class Ids:
         return " ".join(map(str, ids))
 
 
-def model_in(dtype: str, helpers) -> GPT:
-    config = inference_config(helpers.tiny_config(), dtype=dtype, device=CUDA)
-    cpu = GPT(helpers.tiny_config(), init_seed=7)
+ARCHITECTURES = ["gpt2", "llama"]
+
+
+def tiny(helpers, architecture: str):
+    return helpers.tiny_config(**(helpers.LLAMA if architecture == "llama" else {}))
+
+
+def model_in(dtype: str, helpers, architecture: str = "gpt2") -> GPT:
+    config = inference_config(tiny(helpers, architecture), dtype=dtype, device=CUDA)
+    cpu = GPT(tiny(helpers, architecture), init_seed=7)
     model = GPT(config, init_seed=None)
     model.load_state_dict(cpu.state_dict())
     return model.to(CUDA).eval()
@@ -45,9 +54,10 @@ def greedy(model, *, cuda_graphs=True, recompute=False, prompts=PROMPTS, num_new
     ]
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cuda_graphs_give_eager_tokens_in_half_precision(dtype, helpers):
-    model = model_in(dtype, helpers)
+def test_cuda_graphs_give_eager_tokens_in_half_precision(dtype, architecture, helpers):
+    model = model_in(dtype, helpers, architecture)
     assert model.config.use_fused_kernels
     graphed = greedy(model)
     assert graphed == greedy(model, cuda_graphs=False)
@@ -65,8 +75,9 @@ def test_cuda_graphs_give_eager_tokens_in_half_precision(dtype, helpers):
     assert first == second == graphed  # the kept cache and graph, replayed for a second call
 
 
-def test_cache_equals_recompute_on_the_gpu_in_fp32(helpers):
-    model = model_in("float32", helpers)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_cache_equals_recompute_on_the_gpu_in_fp32(architecture, helpers):
+    model = model_in("float32", helpers, architecture)
     assert greedy(model) == greedy(model, recompute=True)
 
 
@@ -79,12 +90,14 @@ def test_half_precision_logits_stay_close_to_fp32(helpers):
         assert (logits - reference).abs().max() < tolerance * scale, dtype
 
 
-def test_greedy_tokens_equal_transformers_on_the_gpu(helpers, tmp_path):
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_greedy_tokens_equal_transformers_on_the_gpu(architecture, helpers, tmp_path):
     import transformers
 
-    folder = helpers.write_hf_folder(tmp_path / "hf", GPT(helpers.tiny_config(), init_seed=7))
-    hf = transformers.GPT2LMHeadModel.from_pretrained(folder).to(CUDA).eval()
-    model = model_in("float32", helpers)
+    cpu = GPT(tiny(helpers, architecture), init_seed=7)
+    folder = helpers.write_hf_folder(tmp_path / "hf", cpu)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).to(CUDA).eval()
+    model = model_in("float32", helpers, architecture)
     for prompt, ours in zip(PROMPTS, greedy(model, num_new=20), strict=True):
         output = hf.generate(
             torch.tensor([prompt], device=CUDA),
