@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from mds_common.tokenizer_record import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerRecord
+from mds_common.tokenizer_record import (
+    GPT2_BPE,
+    GPT_SENTENCEPIECE,
+    HF_TOKENIZER,
+    PRETRAINED_FROM_HF,
+    SENTENCEPIECE,
+    TokenizerRecord,
+)
 
 
 def sha256(path: Path) -> str:
@@ -182,6 +189,31 @@ def test_hugging_face_and_gpt2_files_are_different_tokenizers(gpt2_files, tokeni
     hub = TokenizerRecord.from_json(OLD_FORMS["sidecar vocabulary of a hub name"])
     assert not hub.same_as(hf)
     assert hub.same_as(hub.updated(name_or_path="another/name"))  # by the serialized hash
+
+
+def test_upstream_s_tokenizer_model_kinds_are_told_apart(tmp_path, tokenizer_json):
+    """deepspeedai's --tokenizer-model kinds: one file each (tokenizer_file), the kind is part of
+    the identity (one model read two ways gives other ids), a copy elsewhere is the same."""
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(b"a SentencePiece model's bytes")
+    gpt = TokenizerRecord.of_files(GPT_SENTENCEPIECE, [model], vocab_size=500, eod_id=2)
+    assert gpt.to_json()["tokenizer_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert (gpt.kind, gpt.files, gpt.is_hugging_face) == (GPT_SENTENCEPIECE, (str(model),), False)
+    assert gpt.label() == f"GPTSentencePieceTokenizer {model}"
+    plain = TokenizerRecord.of_files(SENTENCEPIECE, [model], vocab_size=505)
+    assert not gpt.same_as(plain) and not plain.same_as(gpt)
+    copy = tmp_path / "elsewhere.model"
+    shutil.copyfile(model, copy)
+    assert gpt.same_as(TokenizerRecord.of_files(GPT_SENTENCEPIECE, [copy], eod_id=2))
+    # Megatron's args: the path only, hashed while the file is here
+    assert TokenizerRecord.of(type=GPT_SENTENCEPIECE, tokenizer_file=str(copy)).same_as(gpt)
+    upstream_hf = TokenizerRecord.of_files(HF_TOKENIZER, [tokenizer_json])
+    ours_hf = TokenizerRecord.of_files(PRETRAINED_FROM_HF, [tokenizer_json])
+    assert upstream_hf.is_hugging_face and upstream_hf.kind == HF_TOKENIZER
+    assert not upstream_hf.same_as(ours_hf)
+    # an older sidecar: a tokenizer.json hash without a type is PretrainedFromHF
+    older = TokenizerRecord.of(tokenizer_sha256=ours_hf.tokenizer_sha256)
+    assert older.kind == PRETRAINED_FROM_HF
 
 
 def test_a_tokenizer_in_memory_matches_only_an_equal_record(gpt2_files):
