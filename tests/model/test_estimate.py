@@ -101,6 +101,45 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
     assert pp2 < 0.7 * n
 
 
+def test_bf16_gradients_have_an_fp32_buffer_only_where_mds_train_allocates_one():
+    """MasterWeightAdamW (bf16, ZeRO-0, no pipeline) reads the bf16 gradients as they are with
+    one replica and one micro-batch per step (mds_train.model_setup sets up no fp32 reduction);
+    accumulation, DP > 1, a pipeline or ZeRO-1 (DeepSpeed's BF16 optimizer) keep the buffer."""
+    config = GPTConfig(**GPT2_345M, params_dtype="bfloat16")
+    n = 354_871_296
+
+    def gradients(**plan) -> float:
+        return estimate(config, Plan(**plan))["memory_bytes_per_gpu"]["gradients"]
+
+    assert gradients() == 2 * n
+    assert gradients(micro_batch_size=8, global_batch_size=8) == 2 * n
+    assert gradients(micro_batch_size=8, global_batch_size=16) == 6 * n  # 2 micro-batches
+    assert gradients(data_parallel_size=2) == 6 * n
+    pp2 = estimate(config, Plan(pipeline_model_parallel_size=2))
+    assert pp2["memory_bytes_per_gpu"]["gradients"] == 6 * pp2["parameters_per_gpu"]
+    assert gradients(zero_stage=1) == 6 * n
+    with pytest.raises(ValueError, match="--global-batch-size 12 must be a positive multiple"):
+        Plan(micro_batch_size=8, global_batch_size=12)
+
+
+def test_gpt3_xl_estimate_against_the_measured_peak():
+    """GPT-3 XL, micro-batch 8, bf16, ZeRO-0, one H100 (benchmarks/results/
+    train_speed_h100_202611.md, 2026-11-27): the eager peak allocated 44.5 GiB, the graphed run
+    reserved 48.5 GiB. The estimate lies between them (within 5% of each)."""
+    config = GPTConfig(
+        num_layers=24,
+        hidden_size=2048,
+        num_attention_heads=16,
+        seq_length=2048,
+        max_position_embeddings=2048,
+        vocab_size=50257,
+        params_dtype="bfloat16",
+    )
+    total = estimate(config, Plan(micro_batch_size=8))["memory_bytes_per_gpu"]["total"] / 2**30
+    assert 44.5 < total < 48.5
+    assert total == pytest.approx(44.5, rel=0.05) and total == pytest.approx(48.5, rel=0.05)
+
+
 def test_activation_memory_follows_korthikanti():
     s, b, h, a, L = 1024, 4, 1024, 16, 24
     kwargs = dict(GPT2_345M, params_dtype="bfloat16", attention_backend="softmax")

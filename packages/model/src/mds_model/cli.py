@@ -42,6 +42,12 @@ class InfoFlags(ParallelFlags, GPTFlags):
         "--data-parallel-size", default=1, help="Data-parallel replicas (for ZeRO sharding)."
     )
     micro_batch_size: int = restate(MicroBatchFlags, "micro_batch_size")
+    global_batch_size: int | None = flag(
+        "--global-batch-size",
+        default=None,
+        shown_default="micro-batch x data-parallel size",
+        help="Sequences per optimizer step over all replicas (sets gradient accumulation).",
+    )
     params_dtype: str = flag(
         "--params-dtype", default="bfloat16", help="float32, bfloat16 or float16."
     )
@@ -71,6 +77,7 @@ def _info(**values: Any) -> None:
             data_parallel_size=flags.data_parallel_size,
             micro_batch_size=flags.micro_batch_size,
             zero_stage=flags.zero_stage,
+            global_batch_size=flags.global_batch_size,
         )
         result = estimate(config, plan)
     except ValueError as error:

@@ -7,8 +7,10 @@ MLP's two or, gated, three products) so that grouped-query attention and SwiGLU 
 throughput_calculator counts them (less its integer `2 // gqa`, which drops the keys and values).
 Memory: weights, gradients and Adam states by ZeRO stage (ZeRO paper's 2 + 2 + 12 bytes per
 parameter in mixed precision; 2 + 6 + 12 for bf16 at ZeRO 0-1, whose optimizers keep fp32
-gradients too), activations per Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", Table 2) for tensor and sequence parallelism.
+gradients too, except where mds-train's master-weight optimizer reads the bf16 gradients as they
+are: one replica, one micro-batch per step, ZeRO-0, no pipeline), activations per Korthikanti et
+al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Table 2) for tensor
+and sequence parallelism.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Plan:
     data_parallel_size: int = 1
     micro_batch_size: int = 1
     zero_stage: int = 0
+    # None: micro-batch x DP, one micro-batch per replica per step (Megatron's default)
+    global_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
@@ -38,6 +42,20 @@ class Plan:
                 )
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        per_step = self.micro_batch_size * self.data_parallel_size
+        if self.global_batch_size is not None and (
+            self.global_batch_size < 1 or self.global_batch_size % per_step
+        ):
+            raise ValueError(
+                f"--global-batch-size {self.global_batch_size} must be a positive multiple of "
+                f"--micro-batch-size x --data-parallel-size ({per_step})"
+            )
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        if self.global_batch_size is None:
+            return 1
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
 
 
 def check_plan(config: GPTConfig, plan: Plan) -> None:
@@ -157,6 +175,15 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
         # at ZeRO-0 without a pipeline) accumulate into a full-size fp32 gradient buffer, not
         # sharded over DP, beside the bf16 gradients, which they zero but never free.
         grad_bytes = 2 + 4
+        master_weights = plan.zero_stage == 0 and plan.pipeline_model_parallel_size == 1
+        one_replica_one_micro_batch = (
+            plan.data_parallel_size == 1 and plan.gradient_accumulation_steps == 1
+        )
+        if master_weights and one_replica_one_micro_batch:
+            # Nothing to accumulate or average: MasterWeightAdamW's Triton step reads the bf16
+            # gradients as backward left them, and no fp32 buffer exists (on a GPU;
+            # mds_train.model_setup sets up no reduce_in_backward there).
+            grad_bytes = 2
     params = _stage_parameters(config, plan)
     dp = plan.data_parallel_size
     weights = params * weight_bytes / (dp if plan.zero_stage >= 3 else 1)
@@ -175,6 +202,7 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
         "parameters": total_parameters(config),
         "parameters_without_embeddings": total_parameters(config, exclude_embeddings=True),
         "parameters_per_gpu": params,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
         "flops_per_token": flops_per_token(config),
         "memory_bytes_per_gpu": {
             "weights": weights,
@@ -204,6 +232,7 @@ def format_estimate(result: dict) -> str:
         f"memory per GPU (TP={cfg['tensor_model_parallel_size']} "
         f"PP={plan['pipeline_model_parallel_size']} "
         f"DP={plan['data_parallel_size']} micro-batch={plan['micro_batch_size']} "
+        f"accumulation={result['gradient_accumulation_steps']} "
         f"ZeRO-{plan['zero_stage']}, {cfg['params_dtype']}, "
         f"checkpointing {cfg['activation_checkpointing']}):",
     ]
