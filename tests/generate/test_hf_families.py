@@ -3,8 +3,9 @@ attention, untied head, rotary theta 500000), GPTNeoXForCausalLM (partial rotary
 residuals) and BloomForCausalLM (ALiBi, embedding LayerNorm), saved by save_pretrained beside the
 tiny GPT-2 vocabulary's files, generate greedily the tokens of transformers' `generate`, for a
 ragged batch (prompts of different lengths in one batch) and each prompt alone; the Llama
-imported by import-hf at TP=2 x PP=2 does too; sampling over the cache gives `--recompute`'s
-tokens; `eval` gives the WikiText perplexity transformers computes on the same windows."""
+imported by import-hf at TP=2 x PP=2 does too, and so does the command line's streamed text;
+sampling over the cache gives `--recompute`'s tokens; `eval` gives the WikiText perplexity
+transformers computes on the same windows."""
 
 import logging
 import shutil
@@ -167,6 +168,26 @@ def test_imported_llama_generates_transformers_tokens(built, helpers, tmp_path, 
     prompts = [loaded.tokenizer.encode(text) for text in PROMPTS]
     expected = [helpers.greedy_hf(hf_model, prompt, NEW) for prompt in prompts]
     assert _greedy(loaded, prompts) == expected
+
+
+def test_the_command_line_continues_a_prompt_as_transformers(built, helpers, capsys):
+    """`mds-generate --load LLAMA_FOLDER --prompt ... --greedy`: the streamed text is the decoded
+    greedy tokens of transformers' `generate`."""
+    from mds_generate.cli import main
+
+    _, hf_model, folder = built("llama")
+    tokenizer = load(ModelSource(load=folder, device="cpu")).tokenizer
+    expected = helpers.greedy_hf(hf_model, tokenizer.encode(PROMPTS[0]), NEW)
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                *("--load", str(folder), "--prompt", PROMPTS[0], "--greedy", "--ignore-eod"),
+                *("--max-new-tokens", str(NEW), "--device", "cpu"),
+            ]
+        )
+    captured = capsys.readouterr()
+    assert exit_.value.code == 0, captured.err
+    assert captured.out == tokenizer.decode(expected) + "\n"
 
 
 def test_sampling_over_the_cache_equals_recompute(family):
