@@ -1,7 +1,7 @@
-"""The README's table of upstream's example flags: what mds-train does with each flag that
-Megatron-DeepSpeed's `examples_deepspeed/**/*.sh` scripts pass.
+"""The table of upstream's example flags (packages/train/docs/upstream-flags.md): what mds-train
+does with each flag that Megatron-DeepSpeed's `examples_deepspeed/**/*.sh` scripts pass.
 
-    python scripts/upstream_flags.py UPSTREAM_TREE [--readme packages/train/README.md] [--check]
+    python scripts/upstream_flags.py UPSTREAM_TREE [--readme FILE] [--check]
 
 UPSTREAM_TREE is a checkout of deepspeedai/Megatron-DeepSpeed. `pretrain_gpt.py`'s flags are the
 `add_argument` calls of its `megatron/arguments.py` plus DeepSpeed's `add_config_arguments`
@@ -10,7 +10,7 @@ of them is a row, classified by mds-train's own tables (`mds_train.megatron_flag
 works, ignored (with its note), refused (with its reason), or unknown (new upstream: printed, and
 exit 1 with --check). Flags of the scripts' other commands (the launchers, tools, nvidia-smi) get a
 second table naming which program declares them. The tables replace what lies between the
-markers in the README.
+markers in that file.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 
 BEGIN = "<!-- upstream-flags:begin (scripts/upstream_flags.py) -->"
 END = "<!-- upstream-flags:end -->"
+DOC = Path("packages/train/docs/upstream-flags.md")
 FLAG = re.compile(r"(?<![\w-])(--[A-Za-z][\w-]*)")
 
 
@@ -140,7 +141,7 @@ def replace_between_markers(text: str, body: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("upstream", type=Path, help="a Megatron-DeepSpeed checkout")
-    parser.add_argument("--readme", type=Path, default=Path("packages/train/README.md"))
+    parser.add_argument("--readme", type=Path, default=DOC, help="the file with the markers")
     parser.add_argument("--check", action="store_true", help="exit 1 if a flag is unknown")
     args = parser.parse_args()
     body, unknown = tables(args.upstream)

@@ -1,6 +1,6 @@
-"""Upstream's example flags: the README's generated table (scripts/upstream_flags.py) still says
-what mds-train does with each flag, every refused flag ends the command line in one usage line,
-and the ignored and harmless ones are noted once."""
+"""Upstream's example flags: the generated table of packages/train/docs/upstream-flags.md
+(scripts/upstream_flags.py) still says what mds-train does with each flag, every refused flag
+ends the command line in one usage line, and the ignored and harmless ones are noted once."""
 
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from mds_train.megatron_flags import IGNORED, REFUSED, classify, megatron_flags_
 
 from .test_config import parse
 
-README = Path(__file__).parents[2] / "packages/train/README.md"
+README = Path(__file__).parents[2] / "packages/train/docs/upstream-flags.md"
 BEGIN, END = "<!-- upstream-flags:begin", "<!-- upstream-flags:end -->"
 REQUIRED = (
     "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "

@@ -1,10 +1,10 @@
 """The one module that reaches into DeepSpeed's undocumented internals, and the versions checked.
 
 Each function wraps one private attribute, method or monkey-patch that mds-train relies on, with why
-it needs it; tests/train/test_deepspeed_contract.py checks each against the installed DeepSpeed and
-packages/train/README.md ("DeepSpeed internals") lists them. DeepSpeed's documented API
-(`deepspeed.initialize`, the engine's `backward`/`step`/`train_batch`/`save_checkpoint`/
-`load_checkpoint`, `get_global_grad_norm`, ...) is used directly elsewhere.
+it needs it; tests/train/test_deepspeed_contract.py checks each against the installed DeepSpeed,
+and packages/train/docs/deepspeed-internals.md lists them (internal, wrapper, why). DeepSpeed's
+documented API (`deepspeed.initialize`, the engine's `backward`/`step`/`train_batch`/
+`save_checkpoint`/`load_checkpoint`, `get_global_grad_norm`, ...) is used directly elsewhere.
 """
 
 from __future__ import annotations
