@@ -274,6 +274,22 @@ def test_hf_tokenizer_is_upstream_s_transformers_tokenizer(llama3_folder, corpus
     assert record["vocab_size"] == len(reference) == 605
 
 
+def test_upstream_s_hf_tokenizer_command_line_runs_as_written(llama3_folder, corpus, tmp_path):
+    """preprocess_data.py's HFTokenizer line needs --seq-length (transformers' length warning
+    compares with it); mds-tokenize takes it and writes what the in-process run writes."""
+    command = [sys.executable, "-m", "mds_tokenize", "--input", str(corpus[0])]
+    command += ["--output-prefix", str(tmp_path / "cli"), "--tokenizer-type", "HFTokenizer"]
+    command += ["--tokenizer-model", str(llama3_folder), "--seq-length", "4096", "--append-eod"]
+    command += ["--workers", "1", "--dataset-impl", "mmap", "--deepspeedai-index"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    flags = dict(tokenizer_type="HFTokenizer", tokenizer_model=str(llama3_folder))
+    tokenize(corpus[0], tmp_path / "api", append_eod=True, deepspeedai_index=True, **flags)
+    for suffix in (".bin", ".idx"):
+        written = (tmp_path / f"cli_text_document{suffix}").read_bytes()
+        assert written == (tmp_path / f"api_text_document{suffix}").read_bytes()
+
+
 def test_records_tell_kinds_and_files_apart(model_file, tmp_path):
     gpt = load_tokenizer(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=model_file)
     plain = load_tokenizer(tokenizer_type="SentencePieceTokenizer", tokenizer_model=model_file)

@@ -37,6 +37,17 @@ class DatasetImpl:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class UpstreamSeqLength:
+    """deepspeedai's `--seq-length`, which its preprocess_data.py needs with HFTokenizer (it sets
+    transformers' `model_max_length`, for a warning only): accepted, the ids do not depend on it."""
+
+    seq_length: int | None = flag(
+        "--seq-length",
+        help="Accepted for deepspeedai's HFTokenizer command lines; the ids do not depend on it.",
+    )
+
+
 def _encode(**values: Any) -> None:
     from mds_tokenize.pipeline import run
 
@@ -58,7 +69,7 @@ def _merge(**values: Any) -> None:
 app.command("encode")(
     command_function(
         _encode,
-        [TokenizeConfig, DatasetImpl],
+        [TokenizeConfig, DatasetImpl, UpstreamSeqLength],
         name="encode",
         doc="Tokenize a jsonl corpus into Megatron-compatible .bin/.idx datasets "
         "(preprocess_data.py).",
