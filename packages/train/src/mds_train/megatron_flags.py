@@ -158,6 +158,18 @@ REFUSED = RefusedFlags(
             harmless="one sequence-parallel rank is no sequence parallelism",
         ),
         refused(
+            "--vocab-extra-ids",
+            why="SentencePieceTokenizer's <extra_id_N> specials (T5's) are not supported",
+            allowed=("0",),
+            harmless="no extra ids is upstream's default",
+        ),
+        refused(
+            "--trust-remote-code",
+            why="a tokenizer's remote code is never run; save the tokenizer as a tokenizer.json "
+            "folder (AutoTokenizer.from_pretrained(X).save_pretrained(DIR)) and pass that",
+            nargs=0,
+        ),
+        refused(
             "--inference",
             why="mds-train only trains; mds-generate runs a checkpoint",
             nargs=0,
