@@ -88,7 +88,8 @@ class TokenizeConfig(TokenizerFlags):
     append_eod: bool = flag(
         "--append-eod",
         default=False,
-        help="Append the EOD (<|endoftext|>) to every non-empty document.",
+        help="Append the tokenizer's EOD (GPT-2: <|endoftext|>; GPTSentencePieceTokenizer: eos; "
+        "SentencePieceTokenizer: <EOD>) to every non-empty document.",
     )
     deepspeedai_index: bool = flag(
         "--deepspeedai-index",
