@@ -99,8 +99,8 @@ def test_broken_checkpoints_are_one_line(capsys, tp2_pp2_checkpoint, tmp_path, s
     code, line = run_cli(capsys, "--load", broken, "--prompt", "x", "--device", "cpu")
     assert code == 1 and line == (
         f"mds-generate: error: {tmp_path / 'moved-vocab.json'}: no such file (the tokenizer the "
-        "checkpoint's meta.json names); pass --vocab-file and --merge-file, or "
-        "--tokenizer-name-or-path"
+        "checkpoint's meta.json names); pass --vocab-file and --merge-file, "
+        "--tokenizer-name-or-path, or --tokenizer-type with --tokenizer-model"
     )
 
 
