@@ -352,4 +352,4 @@ def test_ambiguous_prefix_lists_the_candidates():
     result = run("mds-model", "info", "--num", "2")
     assert result.returncode == 2
     assert result.stderr.startswith("mds-model info: error: ambiguous option: --num could match ")
-    assert "--num-attention-heads, --num-layers" in result.stderr
+    assert "--num-attention-heads, --num-key-value-heads, --num-layers" in result.stderr
