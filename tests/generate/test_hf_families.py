@@ -190,6 +190,60 @@ def test_the_command_line_continues_a_prompt_as_transformers(built, helpers, cap
     assert captured.out == tokenizer.decode(expected) + "\n"
 
 
+def test_embedding_rows_past_the_tokenizer_s_ids_are_never_sampled(
+    tmp_path, tiny_vocab, helpers, capsys
+):
+    """A GPT-NeoX folder whose embedding holds 5056 rows for the tokenizer's 5000 ids (as Pythia's
+    holds 50304 for 50277): it loads, and the command line's greedy text is transformers'
+    generate with those rows suppressed; the batch's ids all stay below 5000."""
+    from mds_generate.cli import main
+
+    rows = VOCAB + 56
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(
+        **{**_COMMON, "vocab_size": rows},
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=160,
+        max_position_embeddings=128,
+        use_parallel_residual=False,
+        tie_word_embeddings=False,
+        hidden_act="gelu",
+    )
+    hf_model = _far_from_init(transformers.GPTNeoXForCausalLM(config), seed=2)
+    with torch.no_grad():  # the extra rows would win every argmax: no row of ours may
+        hf_model.get_output_embeddings().weight[VOCAB:] *= 10
+    folder = tmp_path / "hf"
+    hf_model.save_pretrained(folder)
+    shutil.copyfile(tiny_vocab[0], folder / "vocab.json")
+    shutil.copyfile(tiny_vocab[1], folder / "merges.txt")
+    loaded = load(ModelSource(load=folder, device="cpu"))
+    assert (loaded.model.config.vocab_size, loaded.num_ids) == (rows, VOCAB)
+    prompt = loaded.tokenizer.encode(PROMPTS[2])
+    unsuppressed = helpers.greedy_hf(hf_model, prompt, NEW)
+    assert max(unsuppressed) >= VOCAB  # transformers' own argmax takes the extra rows
+    output = hf_model.generate(
+        torch.tensor([prompt]),
+        do_sample=False,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        pad_token_id=EOD,
+        suppress_tokens=list(range(VOCAB, rows)),
+    )
+    expected = output[0, len(prompt) :].tolist()
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                *("--load", str(folder), "--prompt", PROMPTS[2], "--greedy", "--ignore-eod"),
+                *("--max-new-tokens", str(NEW), "--device", "cpu"),
+            ]
+        )
+    captured = capsys.readouterr()
+    assert exit_.value.code == 0, captured.err
+    assert captured.out == loaded.tokenizer.decode(expected) + "\n"
+
+
 def test_sampling_over_the_cache_equals_recompute(family):
     _, _, folder = family
     loaded = load(ModelSource(load=folder, device="cpu"))

@@ -44,10 +44,23 @@ class Generator:
         device: torch.device,
         cuda_graphs: bool = True,
         compile: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
+        """vocab_size: the ids drawn from (the first ones; `LoadedModel.num_ids`), at most the
+        model's vocab_size; None: the model's."""
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        self.vocab_size = model.config.vocab_size
-        self._cached = CachedSteps(model, device=device, cuda_graphs=cuda_graphs, compile=compile)
+        self.vocab_size = vocab_size or model.config.vocab_size
+        if self.vocab_size > model.config.vocab_size:
+            raise ValueError(
+                f"vocab_size {vocab_size}: the model has {model.config.vocab_size} ids"
+            )
+        self._cached = CachedSteps(
+            model,
+            device=device,
+            cuda_graphs=cuda_graphs,
+            compile=compile,
+            vocab_size=self.vocab_size,
+        )
         self._recomputed = RecomputedSteps(model, device=device)
 
     def context_length(self, generation: GenerationConfig) -> int:

@@ -55,6 +55,10 @@ class LoadedModel:
     # Face folder.
     meta: Any
     inputs: tuple[Path, ...]  # what was read: the checkpoint, the tokenizer's files
+    # Ids the tokenizer has (its embedding rows), what sampling draws from: the model's
+    # vocab_size, or fewer for a Hugging Face folder whose embedding holds more rows than its
+    # tokenizer has ids (Pythia's 50304 for 50277, BLOOM's 250880 for 250680).
+    num_ids: int
 
 
 def resolve_device(name: str) -> torch.device:
@@ -197,14 +201,18 @@ def check_vocabulary(
     *,
     name: str,
     compare_files: str | None,
+    padded_rows: bool = False,
 ) -> None:
     """The tokenizer is the one the model was trained with: the same number of ids as the model
     has, and `check_checkpoint_tokenizer` against `recorded` (meta.json's `tokenizer`: its EOD,
     size and files by content). `compare_files` names the checkpoint where the flags named the
-    tokenizer; without them it was read from the files `recorded` names."""
+    tokenizer; without them it was read from the files `recorded` names. `padded_rows`: the
+    model may have more rows than the tokenizer has ids (a Hugging Face folder's config.json
+    counts its embedding's rows, which transformers pads past the tokenizer's)."""
     given = tokenizer.record()
     size = given.embedding_rows()  # as mds-train sizes the model
-    if size != config.vocab_size:
+    # a Hugging Face folder's extra embedding rows are never sampled (LoadedModel.num_ids)
+    if size != config.vocab_size and not (padded_rows and size < config.vocab_size):
         raise ValueError(
             f"{name}: {size} tokens, but the checkpoint's model was trained with a vocabulary of "
             f"{config.vocab_size}; pass the tokenizer it was trained with ({TOKENIZER_FLAGS})"
@@ -225,6 +233,7 @@ def load(source: ModelSource) -> LoadedModel:
         recorded,
         name=tokenizer_name(spec),
         compare_files=None if source.tokenizer is None else f"--load {source.load}",
+        padded_rows=kind == "hf",
     )
     dtype = run_dtype(source.dtype, saved_dtype, device)
     config = inference_config(config, dtype=dtype, device=device)
@@ -253,4 +262,5 @@ def load(source: ModelSource) -> LoadedModel:
         kind=kind,
         meta=meta,
         inputs=(source.load, *tokenizer.files),
+        num_ids=min(tokenizer.record().embedding_rows(), config.vocab_size),
     )

@@ -235,6 +235,7 @@ def run_sample(config: SampleConfig) -> None:
         loaded.tokenizer,
         device=loaded.device,
         cuda_graphs=config.source.cuda_graphs,
+        vocab_size=loaded.num_ids,
     )
     runners = {
         "prompt": run_prompt,

@@ -36,8 +36,15 @@ class CachedSteps:
     stays eager (inductor would run F.linear's slow layout)."""
 
     def __init__(
-        self, model: GPT, *, device: torch.device, cuda_graphs: bool, compile: bool = False
+        self,
+        model: GPT,
+        *,
+        device: torch.device,
+        cuda_graphs: bool,
+        compile: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
+        """vocab_size: the logits' columns that `CpuLmHead` computes (None: the model's)."""
         self.model, self.device = model, device
         self.decoder = Decoder(model)  # the fused decoding paths, over the model's parameters
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
@@ -49,7 +56,9 @@ class CachedSteps:
         self._kept: dict[tuple[int, int], tuple[StaticKVCache, _OneTokenStep]] = {}
         self.cpu_head = None
         if device.type == "cpu" and model.groups.tp_size == 1:
-            self.cpu_head = CpuLmHead(model.head_weight, vocab_size=model.config.vocab_size)
+            self.cpu_head = CpuLmHead(
+                model.head_weight, vocab_size=vocab_size or model.config.vocab_size
+            )
         # torch.compile of the one-token step (fuses the small ops); compiled once per shape.
         function = _decode_one if self.cpu_head is None else _decode_one_hidden
         self.compiled = torch.compile(function, fullgraph=True, dynamic=False) if compile else None
