@@ -1,11 +1,12 @@
 """mds-generate on the Hugging Face families past GPT-2: a random LlamaForCausalLM (grouped-query
-attention, untied head, rotary theta 500000), GPTNeoXForCausalLM (partial rotary, sequential
-residuals) and BloomForCausalLM (ALiBi, embedding LayerNorm), saved by save_pretrained beside the
-tiny GPT-2 vocabulary's files, generate greedily the tokens of transformers' `generate`, for a
-ragged batch (prompts of different lengths in one batch) and each prompt alone; the Llama
-imported by import-hf at TP=2 x PP=2 does too, and so does the command line's streamed text;
-sampling over the cache gives `--recompute`'s tokens; `eval` gives the WikiText perplexity
-transformers computes on the same windows."""
+attention, untied head, rotary theta 500000; and one with a tied head and biases),
+GPTNeoXForCausalLM (partial rotary, sequential residuals) and BloomForCausalLM (ALiBi, embedding
+LayerNorm), saved by save_pretrained beside the tiny GPT-2 vocabulary's files, generate greedily
+the tokens of transformers' `generate`, for a ragged batch (prompts of different lengths in one
+batch) and each prompt alone; the Llama imported by import-hf at TP=2 x PP=2 does too, and so
+does the command line's streamed text; a folder whose embedding has rows past its tokenizer's ids
+never samples them; sampling over the cache gives `--recompute`'s tokens; `eval` gives the
+WikiText perplexity transformers computes on the same windows."""
 
 import logging
 import shutil
@@ -51,6 +52,21 @@ HF_MODELS = {
             tie_word_embeddings=False,
         )
     ),
+    # multi-head attention, a tied head, biases in attention and the MLP
+    "llama-tied-biases": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **_COMMON,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            max_position_embeddings=128,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=True,
+        )
+    ),
     "gpt-neox": lambda: transformers.GPTNeoXForCausalLM(
         transformers.GPTNeoXConfig(
             **_COMMON,
@@ -81,7 +97,7 @@ HF_MODELS = {
         )
     ),
 }
-FAMILY = {"llama": "Llama", "gpt-neox": "GPT-NeoX", "bloom": "BLOOM"}
+FAMILY = {"llama": "Llama", "llama-tied-biases": "Llama", "gpt-neox": "GPT-NeoX", "bloom": "BLOOM"}
 
 
 def _far_from_init(model: torch.nn.Module, seed: int) -> torch.nn.Module:
