@@ -46,6 +46,14 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "add_bias_linear": False,
         "untie_embeddings_and_output_weights": True,
     },
+    # GPT-NeoX's (transformers' GPTNeoXConfig defaults): a quarter of each head rotated, exact
+    # GeLU, its own output layer
+    "gpt_neox": {
+        "position_embedding_type": "rotary",
+        "rotary_percent": 0.25,
+        "activation": "gelu",
+        "untie_embeddings_and_output_weights": True,
+    },
 }
 
 KIND = "kind"

@@ -21,6 +21,7 @@ import torch
 
 from .arguments import HF_ACTIVATION_OF, HF_ACTIVATIONS
 from .config import ARCHITECTURE, ARCHITECTURES, KIND, GPTConfig
+from .config import GPT2 as GPT2_VALUES
 from .hf import (
     from_hf_gpt2_parts,
     gpt2_problems,
@@ -48,7 +49,10 @@ _PADDING = {
     for f in dataclasses.fields(GPTConfig)
     if f.metadata.get("compared_as") == "padded_vocab_size"
 }
-_ARCHITECTURE = {f.name for f in dataclasses.fields(GPTConfig) if f.metadata[KIND] == ARCHITECTURE}
+# in GPTConfig's field order, the order a family's refusals are told in
+_ARCHITECTURE = tuple(
+    f.name for f in dataclasses.fields(GPTConfig) if f.metadata[KIND] == ARCHITECTURE
+)
 
 
 class HFAdapter:
@@ -156,17 +160,20 @@ class _TableAdapter(HFAdapter):
     """A family whose names are the table's `hf_names` and whose layouts are ours, or ours cut
     (QKV into q, k, v; GATED into gate, up)."""
 
-    # field -> the only value the family holds; `expressed`: fields its config.json varies
-    fixed: Mapping[str, Any] = {}
+    # The family's architecture preset (config.ARCHITECTURES): every architecture field its
+    # config.json does not vary (`expressed`) and its function does not ignore (`ignored`: ALiBi
+    # has no position table) is fixed at the preset's value (GPT-2's where the preset is silent).
+    preset: str
     expressed: frozenset[str] = frozenset()
-    # fields the family's function does not depend on (ALiBi has no position table)
     ignored: frozenset[str] = frozenset()
+    fixed: Mapping[str, Any] = {}  # field -> the only value the family holds (derived)
     why: Mapping[str, str] = {}  # field -> the parenthesis of its refusal, where not "X's is v"
     aliases: Mapping[str, str] = {}  # a name read -> its other spelling, read where it is absent
 
     def __init_subclass__(cls) -> None:
-        covered = set(cls.fixed) | cls.expressed | cls.ignored | _PADDING
-        assert covered == _ARCHITECTURE, (cls.__name__, _ARCHITECTURE ^ covered)
+        values = {**GPT2_VALUES, **ARCHITECTURES[cls.preset]}
+        free = cls.expressed | cls.ignored | _PADDING
+        cls.fixed = {name: values[name] for name in _ARCHITECTURE if name not in free}
 
     def problems(self, config: GPTConfig) -> list[str]:
         problems = []
@@ -318,13 +325,7 @@ class LlamaAdapter(_TableAdapter):
     biases (attention_bias and mlp_bias together) and a tied head as the config says."""
 
     model_type, architecture, display = LLAMA_HF, "LlamaForCausalLM", "Llama"
-    fixed = {
-        "position_embedding_type": "rotary",
-        "rotary_percent": 1.0,
-        "embed_layernorm": False,
-        "activation": "swiglu",
-        "normalization": "rmsnorm",
-    }
+    preset = "llama"
     expressed = _SIZES | {
         "max_position_embeddings",
         "num_query_groups",
@@ -386,7 +387,7 @@ class LlamaAdapter(_TableAdapter):
                 "every linear's bias (add_bias_linear)"
             )
         return {
-            **ARCHITECTURES["llama"],
+            **ARCHITECTURES[self.preset],
             "num_layers": hf["num_hidden_layers"],
             "hidden_size": hidden,
             "num_attention_heads": heads,
@@ -411,14 +412,7 @@ class GPTNeoXAdapter(_TableAdapter):
     checkpoints are untied; a tied one is refused, keeping the family choice one-to-one)."""
 
     model_type, architecture, display = GPT_NEOX_HF, "GPTNeoXForCausalLM", "GPT-NeoX"
-    fixed = {
-        "position_embedding_type": "rotary",
-        "embed_layernorm": False,
-        "normalization": "layernorm",
-        "num_query_groups": None,
-        "add_bias_linear": True,
-        "untie_embeddings_and_output_weights": True,
-    }
+    preset = "gpt_neox"
     expressed = _SIZES | {"max_position_embeddings", "rotary_percent", "activation"}
     why = {"num_query_groups": "GPT-NeoX has a key/value head per query head"}
     # Its files call the head embed_out (transformers 4's module; 5 saves it so and loads both),
@@ -498,11 +492,10 @@ class GPTNeoXAdapter(_TableAdapter):
             "max_position_embeddings": hf["max_position_embeddings"],
             "seq_length": seq_length or hf["max_position_embeddings"],
             "layernorm_epsilon": float(hf.get("layer_norm_eps", 1e-5)),
-            "position_embedding_type": "rotary",
+            **ARCHITECTURES[self.preset],
             "rotary_base": theta,
             "rotary_percent": partial,
             "activation": HF_ACTIVATIONS[activation],
-            "untie_embeddings_and_output_weights": True,
             "init_method_std": hf.get("initializer_range", 0.02),
             "hidden_dropout": float(hf.get("hidden_dropout", 0.0)),
             "attention_dropout": float(hf.get("attention_dropout", 0.0)),
@@ -514,14 +507,7 @@ class BloomAdapter(_TableAdapter):
     biases, an MLP of 4 x hidden; the head tied or not (tie_word_embeddings)."""
 
     model_type, architecture, display = BLOOM_HF, "BloomForCausalLM", "BLOOM"
-    fixed = {
-        "position_embedding_type": "alibi",
-        "embed_layernorm": True,
-        "activation": "gelu_tanh",
-        "normalization": "layernorm",
-        "num_query_groups": None,
-        "add_bias_linear": True,
-    }
+    preset = "bloom"
     expressed = _SIZES - {"ffn_hidden_size"} | {"untie_embeddings_and_output_weights"}
     # ALiBi has no position table; the rotary fields are not read
     ignored = frozenset({"max_position_embeddings", "rotary_percent", "ffn_hidden_size"})
@@ -568,7 +554,7 @@ class BloomAdapter(_TableAdapter):
                 "apply_residual_connection_post_layernorm is set, which mds GPTs do not implement"
             )
         return {
-            **ARCHITECTURES["bloom"],
+            **ARCHITECTURES[self.preset],
             "num_layers": hf["n_layer"],
             "hidden_size": hf["hidden_size"],
             "num_attention_heads": hf["n_head"],
