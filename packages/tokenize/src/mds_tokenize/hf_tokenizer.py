@@ -12,7 +12,6 @@ set (pad `[PAD]`, eos `</s>`, bos `<s>`, unk `<unk>`) are added as special token
 """
 
 import hashlib
-import itertools
 import json
 import logging
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from mds_common.tokenizer_record import HF_TOKENIZER, TokenizerRecord
 
-from mds_tokenize.interface import FLAG, PRETRAINED_FROM_HF
+from mds_tokenize.interface import FLAG, PRETRAINED_FROM_HF, pack_id_lists
 
 logger = logging.getLogger(__name__)
 
@@ -283,16 +282,7 @@ class HFTokenizer:
         """(ids as uint32 back to back, lengths as int64), as GPT2BPETokenizer.encode_batch. How
         many threads `tokenizers` uses is its TOKENIZERS_PARALLELISM (the pipeline sets false)."""
         id_lists = [encoding.ids for encoding in self._backend.encode_batch_fast(texts)]
-        if append_eod:
-            eod = self.eod
-            for ids in id_lists:
-                if ids:
-                    ids.append(eod)
-        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        ids = np.fromiter(
-            itertools.chain.from_iterable(id_lists), dtype=np.uint32, count=int(lengths.sum())
-        )
-        return ids, lengths
+        return pack_id_lists(id_lists, eod=self.eod if append_eod else None)
 
     def decode(self, ids) -> str:
         """Megatron's detokenize (`tokenizer.decode(ids)`): special tokens kept."""

@@ -68,6 +68,25 @@ class Tokenizer(Protocol):
         """The files the tokenizer was read from (a sidecar's `inputs`)."""
 
 
+def pack_id_lists(id_lists: list[list[int]], *, eod: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_batch`'s result from one id list per text: with `eod`, it ends each non-empty
+    list (Megatron appends none to an empty document); the ids back to back as uint32 and the
+    lengths as int64. The lists are extended in place."""
+    import itertools
+
+    import numpy as np
+
+    if eod is not None:
+        for ids in id_lists:
+            if ids:
+                ids.append(eod)
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    ids = np.fromiter(
+        itertools.chain.from_iterable(id_lists), dtype=np.uint32, count=int(lengths.sum())
+    )
+    return ids, lengths
+
+
 class TokenizerFlagError(ValueError):
     """A tokenizer flag missing, or given where it does not apply (a usage error)."""
 

@@ -12,12 +12,13 @@ separately), and ends documents with `<EOD>`.
 
 from __future__ import annotations
 
-import itertools
 import re
 from pathlib import Path
 
 import numpy as np
 from mds_common.tokenizer_record import GPT_SENTENCEPIECE, SENTENCEPIECE, TokenizerRecord
+
+from mds_tokenize.interface import pack_id_lists
 
 MODEL_FLAG = "--tokenizer-model"
 
@@ -148,16 +149,7 @@ class SentencePieceTokenizer:
             id_lists = self._processor.encode_as_ids(texts)
         else:
             id_lists = [self.encode(text) for text in texts]
-        if append_eod:
-            eod = self.eod
-            for ids in id_lists:
-                if ids:
-                    ids.append(eod)
-        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        ids = np.fromiter(
-            itertools.chain.from_iterable(id_lists), dtype=np.uint32, count=int(lengths.sum())
-        )
-        return ids, lengths
+        return pack_id_lists(id_lists, eod=self.eod if append_eod else None)
 
     def decode(self, ids) -> str:
         """Upstream's detokenize: `decode_ids`; SentencePieceTokenizer writes each special as
