@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import kernels
 from .config import GPTConfig
+from .kernels.rotary import rotate_half_reference
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .parallel import ParallelGroups
 from .rng import RNGStatesTracker, checkpoint
@@ -80,21 +81,13 @@ class RotaryEmbedding(nn.Module):
         seq = x.shape[2]
         cos = self.cos[offset : offset + seq].to(x.dtype)
         sin = self.sin[offset : offset + seq].to(x.dtype)
-        return self._rotate(x, cos, sin)
+        return rotate_half_reference(x, cos, sin)
 
     def at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, heads, S, head_dim) rotated by per-row positions (B, S)."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, S, head_dim)
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, S, dim)
         sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        return self._rotate(x, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.dim != x.shape[-1]:
-            head, rest = x[..., : self.dim], x[..., self.dim :]
-            return torch.cat((self._rotate(head, cos, sin), rest), dim=-1)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        return rotate_half_reference(x, cos, sin)
 
 
 def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:

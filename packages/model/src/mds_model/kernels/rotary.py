@@ -18,7 +18,8 @@ from ._common import check_kernel_device
 
 
 def rotate_half_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., S, head_dim) rotated over its first cos.shape[-1] dimensions; cos, sin (S, r)."""
+    """x (..., S, head_dim) rotated over its first cos.shape[-1] dimensions; cos and sin (S, r),
+    or any shape broadcasting to x's first r dimensions (per-row positions: (B, 1, S, r))."""
     rotary_dim = cos.shape[-1]
     head, rest = x[..., :rotary_dim], x[..., rotary_dim:]
     half = rotary_dim // 2
