@@ -15,8 +15,11 @@ gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 
 """
 
 import contextlib
+import enum
 import io
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,23 @@ def zero3_resumed_tp2(runs, train_flags, zero3_run, tmp_path_factory) -> Path:
     target = ["--target-tensor-model-parallel-size", "2"]
     run = ["--tensor-model-parallel-size", "2", "--zero-stage", "3"]
     return _resume(runs, train_flags, zero3_run, out, target, run, iteration=3, iterations=6)
+
+
+@pytest.fixture(scope="module")
+def megatron_enums():
+    """Upstream's `args` pickle one Megatron class, `megatron.core.enums.ModelType` (its values as
+    in Megatron-DeepSpeed's megatron/core/enums.py); torch needs it importable to load and save
+    the goldens' states in a test (`pytestmark = pytest.mark.usefixtures("megatron_enums")`).
+    mds's own reader never imports it."""
+    enums = types.ModuleType("megatron.core.enums")
+    enums.ModelType = enum.Enum(
+        "ModelType", "encoder_or_decoder encoder_and_decoder retro_encoder retro_decoder"
+    )
+    enums.ModelType.__module__ = enums.__name__
+    modules = {"megatron": types.ModuleType("megatron"), "megatron.core": types.ModuleType("x")}
+    modules["megatron.core.enums"] = enums
+    assert not set(modules) & set(sys.modules)
+    sys.modules.update(modules)
+    yield
+    for name in modules:
+        del sys.modules[name]

@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import enum
 import json
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -42,28 +39,12 @@ REAL_VOCAB = 50257
 LOGIT_ATOL = 8e-7
 
 
+pytestmark = pytest.mark.usefixtures("megatron_enums")  # conftest.py
+
+
 @pytest.fixture(scope="module")
 def golden(shared_data) -> Path:
     return shared_data / "megatron-deepspeed-golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_enums():
-    """Upstream's `args` pickle one Megatron class, `megatron.core.enums.ModelType` (its values as
-    in Megatron-DeepSpeed's megatron/core/enums.py); torch needs it importable to load and save
-    the golden's states here. mds's own reader never imports it."""
-    enums = types.ModuleType("megatron.core.enums")
-    enums.ModelType = enum.Enum(
-        "ModelType", "encoder_or_decoder encoder_and_decoder retro_encoder retro_decoder"
-    )
-    enums.ModelType.__module__ = enums.__name__
-    modules = {"megatron": types.ModuleType("megatron"), "megatron.core": types.ModuleType("x")}
-    modules["megatron.core.enums"] = enums
-    assert not set(modules) & set(sys.modules)
-    sys.modules.update(modules)
-    yield
-    for name in modules:
-        del sys.modules[name]
 
 
 @pytest.fixture(scope="module")

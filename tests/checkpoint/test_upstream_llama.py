@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -33,27 +30,12 @@ LOGIT_ATOL = 1e-5
 GATE_UP = "language_model.encoder.layers.0.mlp.dense_h_to_4h.weight"
 
 
+pytestmark = pytest.mark.usefixtures("megatron_enums")  # conftest.py
+
+
 @pytest.fixture(scope="module")
 def golden(shared_data) -> Path:
     return shared_data / "megatron-deepspeed-llama-golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_enums():
-    """Upstream's `args` pickle `megatron.core.enums.ModelType`; torch needs it importable to
-    load and save the golden's states here (mds's reader never imports it)."""
-    enums = types.ModuleType("megatron.core.enums")
-    enums.ModelType = enum.Enum(
-        "ModelType", "encoder_or_decoder encoder_and_decoder retro_encoder retro_decoder"
-    )
-    enums.ModelType.__module__ = enums.__name__
-    modules = {"megatron": types.ModuleType("megatron"), "megatron.core": types.ModuleType("x")}
-    modules["megatron.core.enums"] = enums
-    assert not set(modules) & set(sys.modules)
-    sys.modules.update(modules)
-    yield
-    for name in modules:
-        del sys.modules[name]
 
 
 @pytest.fixture(scope="module")
