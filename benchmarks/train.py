@@ -149,6 +149,14 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "fp8-e4m3": (0, {}, ["--fp8-e4m3"]),
     "fp8-bf16-wgrad": (0, {}, ["--fp8-hybrid", "--no-fp8-wgrad"]),
     "fp8-cudnn": (0, {}, ["--fp8-hybrid", "--attention-backend", "fused"]),
+    # Scales with headroom, and scales from the largest amax of 16 steps (Transformer Engine's
+    # common recipe): whether saturating a growing tensor at last step's scale moves the curve.
+    "fp8-margin": (0, {}, ["--fp8-hybrid", "--fp8-margin", "2"]),
+    "fp8-history": (
+        0,
+        {},
+        ["--fp8-hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max"],
+    ),
 }
 CURVE_WINDOW = 10  # iterations per mean in the loss-curve comparison
 
