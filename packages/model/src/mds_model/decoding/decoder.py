@@ -5,9 +5,11 @@ training's forward.
 `decode` continues a growing `KVCache` with the training block's math. `decode_static_hidden`
 writes a preallocated `StaticKVCache` at per-row positions (ragged batches, CUDA graphs) and spends
 its kernels sparingly, since one step of a small model is bound by kernel count: keys and values
-go into the cache with one scatter straight from the QKV projection's output, the attention mask
-is built once per step for every layer, each layer's last residual add is left to the next
-LayerNorm (fused into the next product for one row: `projections.py`).
+go into the cache straight from the QKV projection's output (one scatter, or rotated on the way by
+`kernels.rotary_qkv_into_cache`), grouped keys and values are attended as they are (each group's
+queries as rows of one head), the attention mask is built once per step for every layer, each
+layer's last residual add is left to the next norm (LayerNorm or RMSNorm, fused into the next
+product for one row with the MLP's GeLU or SwiGLU after it: `projections.py`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..attention import ParallelSelfAttention, repeat_kv
-from ..config import GPTConfig
 from ..gpt import GPT
 from ..transformer import ParallelTransformerLayer
 from .caches import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
@@ -34,7 +36,6 @@ class Decoder:
         if any(layer.sequence_parallel for layer in model.layers):
             raise ValueError("decoding needs a config with sequence_parallel=False")
         self.model = model
-        self.fused = fused_decoding(model.config)
 
     def decode(self, tokens: torch.Tensor, *, cache: KVCache) -> torch.Tensor:
         """tokens (B, S_new) at positions cache.num_positions onwards -> their vocab-parallel
@@ -84,27 +85,12 @@ class Decoder:
             )
         bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
         x = model.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
-        # Each layer's last residual add is left to the next LayerNorm (the next layer's input
-        # norm, fused into its QKV product for one token per row, or the final norm).
-        first, *others = zip(model.layers, cache.layers, strict=True)
-        out, summed = _static_layer(
-            first[0],
-            first[0].input_layernorm(x),
-            x,
-            cache=first[1],
-            positions=positions,
-            bias=bias,
-            fused=self.fused,
-        )
-        for layer, layer_cache in others:
-            out, summed = _static_layer_after(
-                layer,
-                out,
-                summed,
-                cache=layer_cache,
-                positions=positions,
-                bias=bias,
-                fused=self.fused,
+        # Each layer's last residual add is left to the next norm (the next layer's input norm,
+        # fused into its QKV product for one token per row, or the final norm).
+        out, summed = None, x
+        for layer, layer_cache in zip(model.layers, cache.layers, strict=True):
+            out, summed = _static_layer(
+                layer, out, summed, cache=layer_cache, positions=positions, bias=bias
             )
         normed, _ = model.final_layernorm.add_norm(out, summed)
         x = normed.transpose(0, 1)  # (B, S_new, H), final LayerNorm applied
@@ -123,20 +109,6 @@ class Decoder:
             )
 
 
-def fused_decoding(config: GPTConfig) -> bool:
-    """Whether the static-cache step takes its fused paths (GPT-2's block): keys and values
-    scattered straight from the QKV output and each LayerNorm fused into the next product. They
-    need learned or ALiBi positions (no rotation between projection and attention), LayerNorm,
-    the GeLU MLP with biases and per-head QKV rows; other blocks run the layers' own modules."""
-    return (
-        not config.rotary_positions
-        and config.normalization == "layernorm"
-        and not config.gated
-        and config.add_bias_linear
-        and config.num_query_groups is None
-    )
-
-
 def _decode_layer(
     layer: ParallelTransformerLayer, x: torch.Tensor, cache: LayerKVCache
 ) -> torch.Tensor:
@@ -152,75 +124,45 @@ def _decode_layer(
 
 def _static_layer(
     layer: ParallelTransformerLayer,
-    normed: torch.Tensor,
+    out: torch.Tensor | None,
     residual: torch.Tensor,
     *,
     cache: StaticLayerCache,
     positions: torch.Tensor,
     bias: torch.Tensor,
-    fused: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer on the static cache without its first norm and last add, which the caller
-    fuses with the neighbouring layers' (one kernel fewer each): normed = input_layernorm(residual)
-    -> (mlp_out, summed), the layer's output being summed + mlp_out."""
+    """The layer on the static cache without its last add, which the caller leaves to the next
+    norm: the layer's input is residual + out (out None: residual alone, the first layer), whose
+    add and input norm run inside the QKV product's kernel for one token per row
+    (`decode_add_norm_linear`) -> (mlp_out, summed), the layer's output being summed + mlp_out."""
     attention = layer.self_attention
-    if not fused:
-        q, k, v = attention.project_qkv(normed, positions=positions)
-        keys, values = cache.write(k, v, positions)
-        attn = _attend_slots(attention, q, keys, values, bias)
-        normed, summed = layer.post_attention_layernorm.add_norm(attn, residual)
-        return layer.mlp(normed), summed
-    qkv = decode_linear(
-        attention.query_key_value, normed, use_kernel=attention.config.use_fused_kernels
-    )
+    use_kernel = layer.config.use_fused_kernels
+    if out is None:
+        normed = layer.input_layernorm(residual)
+        qkv = decode_linear(attention.query_key_value, normed, use_kernel=use_kernel)
+    else:
+        qkv, residual = decode_add_norm_linear(
+            layer.input_layernorm, out, residual, attention.query_key_value, use_kernel=use_kernel
+        )
     attn = _attend_qkv(attention, qkv, cache=cache, positions=positions, bias=bias)
     return _mlp(layer, attn, residual)
-
-
-def _static_layer_after(
-    layer: ParallelTransformerLayer,
-    out: torch.Tensor,
-    residual: torch.Tensor,
-    *,
-    cache: StaticLayerCache,
-    positions: torch.Tensor,
-    bias: torch.Tensor,
-    fused: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_static_layer` from the previous layer's (mlp_out, summed), whose add and this layer's
-    input LayerNorm run inside the QKV product's kernel for one token per row
-    (`decode_add_norm_linear`): the layer's input is residual + out."""
-    attention = layer.self_attention
-    if not fused:
-        normed, summed = layer.input_layernorm.add_norm(out, residual)
-        return _static_layer(
-            layer, normed, summed, cache=cache, positions=positions, bias=bias, fused=False
-        )
-    qkv, summed = decode_add_norm_linear(
-        layer.input_layernorm,
-        out,
-        residual,
-        attention.query_key_value,
-        use_kernel=layer.config.use_fused_kernels,
-    )
-    attn = _attend_qkv(attention, qkv, cache=cache, positions=positions, bias=bias)
-    return _mlp(layer, attn, summed)
 
 
 def _mlp(
     layer: ParallelTransformerLayer, attn: torch.Tensor, residual: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mlp_out, summed) after attention: summed = residual + attn, its LayerNorm fused into
-    the first MLP product where it can be."""
-    mlp = layer.mlp
+    """(mlp_out, summed) after attention: summed = residual + attn, its norm fused into the
+    first MLP product where it can be, the GeLU (bias included) or SwiGLU in its epilogue."""
+    mlp, gated = layer.mlp, layer.config.gated
     hidden, summed = decode_add_norm_linear(
         layer.post_attention_layernorm,
         attn,
         residual,
         mlp.dense_h_to_4h,
         use_kernel=mlp.use_kernel,
-        gelu=True,
-        approximate=mlp.gelu_approximate,
+        gelu=not gated,
+        swiglu=gated,
+        approximate="tanh" if gated else mlp.gelu_approximate,  # unread with swiglu
     )
     return decode_linear(mlp.dense_4h_to_h, hidden, use_kernel=mlp.use_kernel), summed
 
@@ -233,13 +175,30 @@ def _attend_qkv(
     positions: torch.Tensor,
     bias: torch.Tensor,
 ) -> torch.Tensor:
-    """Attention from the QKV projection's output (S_new, B, 3H/TP), not rotary: keys and values
-    go into the cache straight from it (one scatter, no copy)."""
+    """Attention from the QKV projection's output (S_new, B, qkv_size/TP), per group [its
+    queries, key, value]: keys and values go into the cache straight from it (one scatter
+    without rotary; rotated on the way by `kernels.rotary_qkv_into_cache` with it)."""
     seq, batch = qkv.shape[:2]
-    qkv = qkv.view(seq, batch, attention.num_local_heads, 3, attention.head_dim)
-    q = qkv[:, :, :, 0].permute(1, 2, 0, 3)  # (B, nh, S, hd)
-    keys, values = cache.write_kv(qkv[:, :, :, 1:].permute(3, 1, 2, 0, 4), positions)
-    return _attend_slots(attention, q, keys, values, bias)
+    groups, head_dim = attention.num_local_groups, attention.head_dim
+    per_group = attention.num_local_heads // groups
+    if attention.rotary is not None:
+        q = kernels.rotary_qkv_into_cache(
+            qkv,
+            attention.rotary.cos,
+            attention.rotary.sin,
+            positions,
+            cache.keys,
+            cache.values,
+            groups=groups,
+            per_group=per_group,
+            head_dim=head_dim,
+            use_kernel=attention.config.use_fused_kernels,
+        )  # (B, nh, S, hd)
+        return _attend_slots(attention, q, cache.keys, cache.values, bias)
+    qkv = qkv.view(seq, batch, groups, per_group + 2, head_dim)
+    q = qkv[:, :, :, :per_group].reshape(seq, batch, groups * per_group, head_dim)
+    keys, values = cache.write_kv(qkv[:, :, :, per_group:].permute(3, 1, 2, 0, 4), positions)
+    return _attend_slots(attention, q.permute(1, 2, 0, 3), keys, values, bias)
 
 
 def _attend_slots(
@@ -259,15 +218,28 @@ def _attend_slots(
 def _masked_attention(
     attention: ParallelSelfAttention, q, k, v, bias: torch.Tensor
 ) -> torch.Tensor:
-    """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, nh, L, hd), plus the additive
-    bias (B, 1, Sq, L). ALiBi's key positions are the slots."""
+    """Attention of q (B, nh, Sq, hd) over every slot of k, v (B, groups, L, hd), plus the
+    additive bias (B, 1, Sq, L). ALiBi's key positions are the slots."""
     q = q.to(k.dtype)
-    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
-    if attention.alibi is None and not attention.config.explicit_attention_scores:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(attention.head_dim)
-    if attention.alibi is not None:
+    batch, heads, seq, head_dim = q.shape
+    if attention.alibi is not None:  # per-head slopes: a score row per query head
+        k, v = repeat_kv(k, heads), repeat_kv(v, heads)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(head_dim)
         slots = torch.arange(k.shape[2], device=q.device, dtype=torch.float32)
         scores = scores + attention.alibi.to(q.device).float() * slots
-    probs = torch.softmax(scores + bias.float(), dim=-1)
-    return torch.matmul(probs.to(v.dtype), v)
+        probs = torch.softmax(scores + bias.float(), dim=-1)
+        return torch.matmul(probs.to(v.dtype), v)
+    # Grouped-query attention without repeating keys and values over the cache: a group's
+    # query heads are rows of one head, (B, groups, per_group * Sq, hd), the mask repeated to
+    # match (row p * Sq + s is head p's query s; one query per row broadcasts as it is).
+    per_group = heads // k.shape[1]
+    q = q.reshape(batch, k.shape[1], per_group * seq, head_dim)
+    if per_group > 1 and seq > 1:
+        bias = bias.repeat(1, 1, per_group, 1)
+    if not attention.config.explicit_attention_scores:
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    else:
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(head_dim)
+        probs = torch.softmax(scores + bias.float(), dim=-1)
+        context = torch.matmul(probs.to(v.dtype), v)
+    return context.reshape(batch, heads, seq, head_dim)

@@ -1,14 +1,16 @@
 """A decoding step's projections: one row at TP=1 in half precision on CUDA runs the skinny
 Triton kernels (`kernels.skinny_linear`, and `kernels.skinny_add_norm_linear` with the residual
-add and LayerNorm before it), anything else the layers' own forward. Inference only.
+add and LayerNorm or RMSNorm before it; GeLU or SwiGLU after), anything else the layers' own
+forward and activation kernels. Inference only.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .. import kernels
-from ..layers import ColumnParallelLinear, LayerNorm, RowParallelLinear
+from ..layers import ColumnParallelLinear, LayerNorm, RMSNorm, RowParallelLinear
 
 
 def _one_row_kernel(layer: ColumnParallelLinear | RowParallelLinear, x: torch.Tensor) -> bool:
@@ -28,34 +30,47 @@ def decode_linear(
     *,
     use_kernel: bool,
     gelu: bool = False,
+    swiglu: bool = False,
     approximate: str = "tanh",
 ) -> torch.Tensor:
     """A decoding step's projection: `kernels.skinny_linear` for one row (`_one_row_kernel`),
     else the layer's forward; with gelu, bias + the GeLU follow (the layer skips its bias),
-    approximate "tanh" or "none" as `kernels.bias_gelu`'s. Inference only."""
+    approximate "tanh" or "none" as `kernels.bias_gelu`'s; with swiglu, `kernels.swiglu` over a
+    gated layer's [gate; up] output (its bias, if any, added by the layer). Inference only."""
     if use_kernel and _one_row_kernel(layer, x):
         return kernels.skinny_linear(
-            x, layer.weight, layer.bias, gelu=gelu, approximate=approximate, use_kernel=True
+            x,
+            layer.weight,
+            layer.bias,
+            gelu=gelu,
+            swiglu=swiglu,
+            approximate=approximate,
+            use_kernel=True,
         )
     y = layer(x)
+    if swiglu:
+        return kernels.swiglu(y, use_kernel=use_kernel)
     if not gelu:
         return y
+    if layer.bias is None:  # --disable-bias-linear, as GeluMLP
+        return F.gelu(y, approximate=approximate)
     return kernels.bias_gelu(y, layer.bias, approximate=approximate, use_kernel=use_kernel)
 
 
 def decode_add_norm_linear(
-    norm: LayerNorm,
+    norm: LayerNorm | RMSNorm,
     x: torch.Tensor,
     residual: torch.Tensor,
     layer: ColumnParallelLinear,
     *,
     use_kernel: bool,
     gelu: bool = False,
+    swiglu: bool = False,
     approximate: str = "tanh",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(decode_linear(layer, norm(x + residual)), x + residual): for one row the add, the norm
-    and the product are one kernel (`kernels.skinny_add_norm_linear`), else `norm.add_norm` and
-    `decode_linear`. Inference only."""
+    (LayerNorm or RMSNorm) and the product are one kernel (`kernels.skinny_add_norm_linear`),
+    else `norm.add_norm` and `decode_linear`. Inference only."""
     if (
         use_kernel
         and _one_row_kernel(layer, x)
@@ -67,14 +82,18 @@ def decode_add_norm_linear(
             x,
             residual,
             norm.weight,
-            norm.bias,
+            None if isinstance(norm, RMSNorm) else norm.bias,
             layer.weight,
             layer.bias,
             eps=norm.eps,
+            normalization="rmsnorm" if isinstance(norm, RMSNorm) else "layernorm",
             gelu=gelu,
+            swiglu=swiglu,
             approximate=approximate,
             use_kernel=True,
         )
     normed, summed = norm.add_norm(x, residual)
-    out = decode_linear(layer, normed, use_kernel=use_kernel, gelu=gelu, approximate=approximate)
+    out = decode_linear(
+        layer, normed, use_kernel=use_kernel, gelu=gelu, swiglu=swiglu, approximate=approximate
+    )
     return out, summed

@@ -9,7 +9,7 @@ from .bias_gelu import bias_gelu
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layer_norm import add_layer_norm
 from .rms_norm import add_rms_norm
-from .rotary import rotary_qkv
+from .rotary import rotary_qkv, rotary_qkv_into_cache
 from .skinny_linear import MAX_FUSED_NORM_WIDTH, skinny_add_norm_linear, skinny_linear
 from .softmax import scaled_masked_softmax
 from .swiglu import swiglu
@@ -20,6 +20,7 @@ __all__ = [
     "add_rms_norm",
     "bias_gelu",
     "rotary_qkv",
+    "rotary_qkv_into_cache",
     "scaled_masked_softmax",
     "skinny_add_norm_linear",
     "skinny_linear",

@@ -10,6 +10,10 @@ keys rotated at positions 0..S-1 over their first `rotary_dim` dimensions by rot
 share of the first half comes in with +sin, x1's of the second with -sin) and writes them in
 qkv's layout. One program per (position, batch row, group): the split, permute, rotation and
 their backward copies are one pass each way instead of about ten.
+
+`rotary_qkv_into_cache` is decoding's form (forward only): each row's tokens at their own
+positions (B, S), the keys and values written straight into a preallocated cache's slots at those
+positions (`decoding.StaticKVCache`), the queries returned.
 """
 
 import torch
@@ -47,6 +51,24 @@ def rotary_qkv_reference(
     return rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v
 
 
+def rotary_qkv_into_cache_reference(
+    qkv, cos, sin, positions, keys, values, *, groups: int, per_group: int, head_dim: int
+) -> torch.Tensor:
+    """Pure-torch `rotary_qkv_into_cache`: the split, the rotation at per-row positions (as
+    `RotaryEmbedding.at`) and one scatter of keys and values into their slots."""
+    seq, batch = qkv.shape[:2]
+    qkv = qkv.view(seq, batch, groups, per_group + 2, head_dim)
+    q, k, v = qkv.split([per_group, 1, 1], dim=3)
+    q = q.reshape(seq, batch, groups * per_group, head_dim).permute(1, 2, 0, 3)
+    k, v = (t.squeeze(3).permute(1, 2, 0, 3) for t in (k, v))  # (B, groups, S, hd)
+    cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (B, 1, S, r)
+    k = rotate_half_reference(k, cos, sin)
+    index = positions[:, None, :, None].expand(k.shape)
+    keys.scatter_(2, index, k.to(keys.dtype))
+    values.scatter_(2, index, v.to(values.dtype))
+    return rotate_half_reference(q, cos, sin)
+
+
 try:
     import triton
     import triton.language as tl
@@ -63,9 +85,11 @@ if triton is not None:
         v,
         cos,
         sin,
+        positions,  # (B, S) int64 with AT_POSITIONS, else unread
         batch,
         seq,
         groups,
+        kv_len,  # the keys' and values' sequence length: S, or a cache's slots
         stride_s,
         stride_b,
         PER_GROUP: tl.constexpr,
@@ -73,11 +97,17 @@ if triton is not None:
         ROTARY_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BACKWARD: tl.constexpr,
+        AT_POSITIONS: tl.constexpr,
     ):
         row = tl.program_id(0)  # s * batch + b
         g = tl.program_id(1)
         s = row // batch
         b = row % batch
+        # the position's table row, and the key/value slot (per-row positions: a cache's)
+        if AT_POSITIONS:
+            p = tl.load(positions + b * seq + s)
+        else:
+            p = s
         d = tl.arange(0, BLOCK_D)
         in_head = d < HEAD_DIM
         half = ROTARY_DIM // 2
@@ -85,18 +115,18 @@ if triton is not None:
         # rotate-half's partner of each dimension and its sign: cat(-x2, x1)
         partner = tl.where(d < half, d + half, d - half)
         sign = tl.where(d < half, -1.0, 1.0)
-        c = tl.load(cos + s * ROTARY_DIM + d, mask=rotated, other=1.0)
-        sn = tl.load(sin + s * ROTARY_DIM + d, mask=rotated, other=0.0)
-        sn_partner = tl.load(sin + s * ROTARY_DIM + partner, mask=rotated, other=0.0)
+        c = tl.load(cos + p * ROTARY_DIM + d, mask=rotated, other=1.0)
+        sn = tl.load(sin + p * ROTARY_DIM + d, mask=rotated, other=0.0)
+        sn_partner = tl.load(sin + p * ROTARY_DIM + partner, mask=rotated, other=0.0)
         base = src + s * stride_s + b * stride_b + g * (PER_GROUP + 2) * HEAD_DIM
         heads = groups * PER_GROUP
         for j in tl.static_range(PER_GROUP + 2):
             if j < PER_GROUP:  # a query head
                 dst = q + ((b * heads + g * PER_GROUP + j) * seq + s) * HEAD_DIM
             elif j == PER_GROUP:
-                dst = k + ((b * groups + g) * seq + s) * HEAD_DIM
+                dst = k + ((b * groups + g) * kv_len + p) * HEAD_DIM
             else:
-                dst = v + ((b * groups + g) * seq + s) * HEAD_DIM
+                dst = v + ((b * groups + g) * kv_len + p) * HEAD_DIM
             if BACKWARD:
                 dy = tl.load(dst + d, mask=in_head, other=0.0).to(tl.float32)
                 if j <= PER_GROUP:
@@ -117,10 +147,14 @@ if triton is not None:
                     y = tl.where(rotated, x * c + sign * x_partner * sn, x)
                 else:
                     y = x
-                tl.store(dst + d, y.to(q.dtype.element_ty), mask=in_head)
+                tl.store(dst + d, y.to(dst.dtype.element_ty), mask=in_head)
 
 
-def _launch(src, q, k, v, cos, sin, *, groups, per_group, head_dim, backward: bool) -> None:
+def _launch(
+    src, q, k, v, cos, sin, *, groups, per_group, head_dim, backward: bool, positions=None
+) -> None:
+    """positions (B, S) contiguous: rotate at them and write k and v (B, groups, slots, hd) at
+    those slots (forward only); None: positions 0..S-1, k and v (B, groups, S, hd)."""
     seq, batch = src.shape[:2]
     rotary_dim = cos.shape[-1]
     _rotary_qkv_kernel[(seq * batch, groups)](
@@ -130,9 +164,11 @@ def _launch(src, q, k, v, cos, sin, *, groups, per_group, head_dim, backward: bo
         v,
         cos,
         sin,
+        src if positions is None else positions,  # unread without AT_POSITIONS
         batch,
         seq,
         groups,
+        seq if positions is None else k.shape[2],
         src.stride(0),
         src.stride(1),
         PER_GROUP=per_group,
@@ -140,6 +176,7 @@ def _launch(src, q, k, v, cos, sin, *, groups, per_group, head_dim, backward: bo
         ROTARY_DIM=rotary_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BACKWARD=backward,
+        AT_POSITIONS=positions is not None,
         num_warps=1 if head_dim <= 64 else 2,
     )
 
@@ -206,3 +243,53 @@ def rotary_qkv(
         )
     check_kernel_device(qkv, cos, sin, name="rotary_qkv")
     return RotaryQKVFunction.apply(qkv, cos.float(), sin.float(), groups, per_group, head_dim)
+
+
+def rotary_qkv_into_cache(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    groups: int,
+    per_group: int,
+    head_dim: int,
+    use_kernel: bool,
+) -> torch.Tensor:
+    """Decoding's split and rotation: qkv (S, B, groups * (per_group + 2) * head_dim) of tokens at
+    per-row positions (B, S) -> the rotated queries (B, groups * per_group, S, hd); the rotated
+    keys and the values are written into keys and values (B, groups, slots, hd), contiguous
+    (a `StaticLayerCache`'s halves), at slots `positions` (every position < slots, not checked:
+    that would wait on the device), in their dtype. cos and sin: the (>= slots, rotary_dim) fp32
+    tables. Forward only (inference)."""
+    seq, batch = qkv.shape[:2]
+    width = groups * (per_group + 2) * head_dim
+    cache_shape = (batch, groups, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
+    if qkv.dim() != 3 or qkv.shape[-1] != width or positions.shape != (batch, seq):
+        raise ValueError(
+            f"rotary_qkv_into_cache: qkv must be (S, B, {width}) for {groups} groups of "
+            f"{per_group} queries + key + value of {head_dim}, and positions (B, S); got "
+            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
+        )
+    if keys.shape != cache_shape or values.shape != cache_shape:
+        raise ValueError(
+            f"rotary_qkv_into_cache: keys and values must be (B {batch}, groups {groups}, slots, "
+            f"{head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}"
+        )
+    if not use_kernel:
+        return rotary_qkv_into_cache_reference(
+            qkv, cos, sin, positions, keys, values,
+            groups=groups, per_group=per_group, head_dim=head_dim,
+        )  # fmt: skip
+    check_kernel_device(qkv, cos, sin, positions, keys, values, name="rotary_qkv_into_cache")
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("rotary_qkv_into_cache: the kernel writes contiguous keys and values")
+    if qkv.stride(2) != 1:
+        qkv = qkv.contiguous()
+    q = torch.empty((batch, groups * per_group, seq, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _launch(qkv, q, keys, values, cos.float().contiguous(), sin.float().contiguous(),
+            groups=groups, per_group=per_group, head_dim=head_dim, backward=False,
+            positions=positions.contiguous())  # fmt: skip
+    return q

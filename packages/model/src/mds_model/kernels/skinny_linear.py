@@ -1,10 +1,12 @@
-"""Linear layer for a few rows (one token per sequence while decoding): y = x W^T (+ b) [-> GeLU].
+"""Linear layer for a few rows (one token per sequence while decoding): y = x W^T (+ b) [-> GeLU,
+or SwiGLU over [gate; up]], optionally after a residual add and LayerNorm or RMSNorm.
 
 cuBLAS runs a one-row product as a general matrix product at a fraction of the memory bandwidth
 (on an H200, about 7 us for a 1024 x 3072 bf16 weight that takes 1.5 us to read); this kernel
 streams the weight rows once per input row, each program owning BLOCK_N outputs over the whole
-K, with bias and a GeLU (`bias_gelu`'s: tanh or exact) in the epilogue. Forward only (inference);
-the pure-torch reference beside it is the CPU path and the tests' oracle.
+K, with bias and a GeLU (`bias_gelu`'s: tanh or exact) or SwiGLU (`swiglu`'s: each program owns
+the gate rows j and the up rows f + j of a gated weight) in the epilogue. Forward only
+(inference); the pure-torch reference beside it is the CPU path and the tests' oracle.
 """
 
 import os
@@ -15,10 +17,19 @@ import torch.nn.functional as F
 from ._common import check_kernel_device
 from .bias_gelu import bias_gelu_reference, check_approximate
 from .layer_norm import add_layer_norm_reference
+from .rms_norm import add_rms_norm_reference
+from .swiglu import swiglu_reference
+
+NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 
-def skinny_linear_reference(x, weight, bias=None, *, gelu: bool = False, approximate="tanh"):
-    """F.linear, then (with gelu) `bias_gelu_reference`'s bias + GeLU in fp32; out in x's dtype."""
+def skinny_linear_reference(
+    x, weight, bias=None, *, gelu: bool = False, swiglu: bool = False, approximate="tanh"
+):
+    """F.linear, then (with gelu) `bias_gelu_reference`'s bias + GeLU in fp32, or (with swiglu)
+    `swiglu_reference` over the output's [gate; up]; out in x's dtype."""
+    if swiglu:
+        return swiglu_reference(F.linear(x, weight, bias))
     if not gelu:
         return F.linear(x, weight, bias)
     y = F.linear(x, weight)
@@ -35,6 +46,33 @@ except ImportError:  # CPU-only installs run the reference
 
 if triton is not None:
     from .bias_gelu import gelu as _gelu
+    from .swiglu import silu_mul
+
+    @triton.jit
+    def _epilogue(
+        y,
+        up,
+        b_ptr,
+        outs,
+        out_ok,
+        N,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        EXACT_GELU: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        DTYPE: tl.constexpr,
+    ):
+        """Bias and activation of fp32 products y (and up, SwiGLU's up rows N + outs)."""
+        if HAS_BIAS:
+            y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
+        if GELU:
+            y = _gelu(y, EXACT_GELU)
+        if SWIGLU:
+            if HAS_BIAS:
+                up += tl.load(b_ptr + N + outs, mask=out_ok, other=0.0).to(tl.float32)
+            # gate and up rounded as the product's output would be, then swiglu's rounding
+            y = silu_mul(y.to(DTYPE).to(tl.float32), up.to(DTYPE).to(tl.float32), DTYPE)
+        return y
 
     @triton.jit
     def _skinny_linear_fwd(
@@ -50,9 +88,11 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         EXACT_GELU: tl.constexpr,
+        SWIGLU: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
+        # N: the outputs (a gated weight's half: its rows N + outs are the up rows)
         row = tl.program_id(1).to(tl.int64)
         outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         out_ok = outs < N
@@ -60,17 +100,30 @@ if triton is not None:
         w_rows = w_ptr + outs.to(tl.int64)[:, None] * stride_w
         # A 2-D accumulator: the reduction over K happens once, after the loop.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # SwiGLU's up rows
         for start in range(0, K, BLOCK_K):
             k = start + cols
             k_ok = k < K
             x = tl.load(x_ptr + row * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + k[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)
+            w_ok = out_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_rows + k[None, :], mask=w_ok, other=0.0)
             acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
-        if GELU:
-            y = _gelu(y, EXACT_GELU)
+            if SWIGLU:
+                w_up = tl.load(w_rows + N * stride_w + k[None, :], mask=w_ok, other=0.0)
+                acc_up += w_up.to(tl.float32) * x[None, :]
+        y = _epilogue(
+            tl.sum(acc, axis=1),
+            tl.sum(acc_up, axis=1),
+            b_ptr,
+            outs,
+            out_ok,
+            N,
+            HAS_BIAS,
+            GELU,
+            EXACT_GELU,
+            SWIGLU,
+            y_ptr.dtype.element_ty,
+        )
         tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
@@ -94,15 +147,18 @@ if triton is not None:
         stride_y,
         stride_sum,
         eps,
+        RMS_NORM: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         EXACT_GELU: tl.constexpr,
+        SWIGLU: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ):
         # The whole row (BLOCK_K >= K) is summed and normed in every program, as
-        # _add_layer_norm_fwd does it (the sum rounded to its dtype first, statistics in fp32,
-        # the normed row rounded to the activations' dtype); program 0 stores the sum.
+        # _add_layer_norm_fwd (or _add_rms_norm_fwd) does it (the sum rounded to its dtype
+        # first, statistics in fp32, the normed row rounded to the activations' dtype); program 0
+        # stores the sum.
         row = tl.program_id(1).to(tl.int64)
         cols = tl.arange(0, BLOCK_K)
         k_ok = cols < K
@@ -112,21 +168,29 @@ if triton is not None:
         if tl.program_id(0) == 0:
             tl.store(sum_ptr + row * stride_sum + cols, s_low, mask=k_ok)
         s = s_low.to(tl.float32)
-        mean = tl.sum(s, axis=0) / K
-        diff = tl.where(k_ok, s - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / K + eps)
         ln_w = tl.load(ln_w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
-        ln_b = tl.load(ln_b_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
-        normed = (diff * rstd * ln_w + ln_b).to(y_ptr.dtype.element_ty).to(tl.float32)
+        dtype = y_ptr.dtype.element_ty
+        if RMS_NORM:
+            # LlamaRMSNorm's order: the normalised row rounded, then weighted (no bias)
+            rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / K + eps)
+            normed = ((s * rstd).to(dtype).to(tl.float32) * ln_w).to(dtype).to(tl.float32)
+        else:
+            mean = tl.sum(s, axis=0) / K
+            diff = tl.where(k_ok, s - mean, 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / K + eps)
+            ln_b = tl.load(ln_b_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+            normed = (diff * rstd * ln_w + ln_b).to(dtype).to(tl.float32)
         outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         out_ok = outs < N
         w_rows = w_ptr + outs.to(tl.int64)[:, None] * stride_w
-        w = tl.load(w_rows + cols[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = out_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=w_ok, other=0.0)
         y = tl.sum(w.to(tl.float32) * normed[None, :], axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + outs, mask=out_ok, other=0.0).to(tl.float32)
-        if GELU:
-            y = _gelu(y, EXACT_GELU)
+        up = y  # SwiGLU's up rows N + outs, read only with SWIGLU
+        if SWIGLU:
+            w_up = tl.load(w_rows + N * stride_w + cols[None, :], mask=w_ok, other=0.0)
+            up = tl.sum(w_up.to(tl.float32) * normed[None, :], axis=1)
+        y = _epilogue(y, up, b_ptr, outs, out_ok, N, HAS_BIAS, GELU, EXACT_GELU, SWIGLU, dtype)
         tl.store(y_ptr + row * stride_y + outs, y.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
@@ -150,19 +214,44 @@ def _blocks(num_in: int) -> tuple[int, int, int]:
     return _INTERPRETER_CONFIG if interpreted else block_config(num_in)
 
 
+def _check_epilogue(weight, *, gelu: bool, swiglu: bool, approximate: str, name: str) -> int:
+    """The outputs of a weight (N, K) under the epilogue: N, or N / 2 for SwiGLU's [gate; up]."""
+    check_approximate(approximate)
+    if gelu and swiglu:
+        raise ValueError(f"{name}: gelu and swiglu are two activations; pass one")
+    if swiglu and weight.shape[0] % 2:
+        raise ValueError(
+            f"{name}: swiglu needs a gated weight of [gate; up] rows (an even count), got "
+            f"{tuple(weight.shape)}"
+        )
+    return weight.shape[0] // 2 if swiglu else weight.shape[0]
+
+
 def skinny_linear(
-    x, weight, bias=None, *, gelu: bool = False, approximate: str = "tanh", use_kernel: bool
+    x,
+    weight,
+    bias=None,
+    *,
+    gelu: bool = False,
+    swiglu: bool = False,
+    approximate: str = "tanh",
+    use_kernel: bool,
 ):
     """x (..., K) @ weight (N, K)^T [+ bias (N)] [-> GeLU] -> (..., N) in x's dtype; the GeLU's
-    approximate is "tanh" or "none" (exact), as `bias_gelu`'s.
+    approximate is "tanh" or "none" (exact), as `bias_gelu`'s. With swiglu the weight is a gated
+    MLP's [gate; up] (N = 2f) and the output silu(gate) * up (..., f), as `swiglu`'s.
 
     The kernel suits few rows (decoding); it reads the weight once per row. No autograd.
     """
-    check_approximate(approximate)
+    num_out = _check_epilogue(
+        weight, gelu=gelu, swiglu=swiglu, approximate=approximate, name="skinny_linear"
+    )
     if not use_kernel:
-        return skinny_linear_reference(x, weight, bias, gelu=gelu, approximate=approximate)
+        return skinny_linear_reference(
+            x, weight, bias, gelu=gelu, swiglu=swiglu, approximate=approximate
+        )
     check_kernel_device(x, weight, name="skinny_linear")
-    num_out, num_in = weight.shape
+    num_in = weight.shape[1]
     if x.shape[-1] != num_in or weight.stride(1) != 1:
         raise ValueError(
             f"skinny_linear: x (..., {x.shape[-1]}) does not fit a row-major weight "
@@ -186,6 +275,7 @@ def skinny_linear(
         HAS_BIAS=bias is not None,
         GELU=gelu,
         EXACT_GELU=approximate == "none",
+        SWIGLU=swiglu,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,
@@ -206,24 +296,39 @@ def skinny_add_norm_linear(
     bias=None,
     *,
     eps: float,
+    normalization: str = "layernorm",
     gelu: bool = False,
+    swiglu: bool = False,
     approximate: str = "tanh",
     use_kernel: bool,
 ):
-    """`skinny_linear(LayerNorm(x + residual))` and the sum: (y, summed), as `add_layer_norm`
-    followed by `skinny_linear`, in one kernel (a decoding step's LayerNorm is a kernel of its own
-    for a row of a few KB). x, residual (..., K) in one dtype, K <= MAX_FUSED_NORM_WIDTH."""
-    check_approximate(approximate)
-    if not use_kernel:
-        normed, summed = add_layer_norm_reference(
-            x, norm_weight, norm_bias, eps=eps, residual=residual
+    """`skinny_linear(norm(x + residual))` and the sum: (y, summed), as `add_layer_norm` (or
+    `add_rms_norm`, normalization "rmsnorm", norm_bias None) followed by `skinny_linear`, in one
+    kernel (a decoding step's norm is a kernel of its own for a row of a few KB). x, residual
+    (..., K) in one dtype, K <= MAX_FUSED_NORM_WIDTH."""
+    num_out = _check_epilogue(
+        weight, gelu=gelu, swiglu=swiglu, approximate=approximate, name="skinny_add_norm_linear"
+    )
+    rms_norm = normalization == "rmsnorm"
+    if normalization not in NORMALIZATIONS or rms_norm != (norm_bias is None):
+        raise ValueError(
+            f"skinny_add_norm_linear: normalization must be one of {', '.join(NORMALIZATIONS)}, "
+            f"with a norm bias for layernorm only; got {normalization!r} and norm_bias "
+            f"{'None' if norm_bias is None else tuple(norm_bias.shape)}"
         )
+    if not use_kernel:
+        if rms_norm:
+            normed, summed = add_rms_norm_reference(x, norm_weight, eps=eps, residual=residual)
+        else:
+            normed, summed = add_layer_norm_reference(
+                x, norm_weight, norm_bias, eps=eps, residual=residual
+            )
         reference = skinny_linear_reference(
-            normed, weight, bias, gelu=gelu, approximate=approximate
+            normed, weight, bias, gelu=gelu, swiglu=swiglu, approximate=approximate
         )
         return reference, summed
     check_kernel_device(x, residual, weight, name="skinny_add_norm_linear")
-    num_out, num_in = weight.shape
+    num_in = weight.shape[1]
     if (
         x.shape != residual.shape
         or x.dtype != residual.dtype
@@ -245,7 +350,7 @@ def skinny_add_norm_linear(
         rows,
         res_rows,
         norm_weight,
-        norm_bias,
+        norm_weight if rms_norm else norm_bias,  # unread with RMS_NORM
         weight,
         bias if bias is not None else weight,  # unread without HAS_BIAS
         y,
@@ -258,9 +363,11 @@ def skinny_add_norm_linear(
         y.stride(0),
         summed.stride(0),
         eps,
+        RMS_NORM=rms_norm,
         HAS_BIAS=bias is not None,
         GELU=gelu,
         EXACT_GELU=approximate == "none",
+        SWIGLU=swiglu,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=warps,

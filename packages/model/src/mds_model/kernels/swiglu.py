@@ -28,6 +28,15 @@ except ImportError:  # CPU-only installs run the reference
 if triton is not None:
 
     @triton.jit
+    def silu_mul(gate, up, DTYPE: tl.constexpr):
+        """silu(gate) * up of fp32 gate and up, silu(gate) rounded to DTYPE first as torch's two
+        eager ops round it; the product stays fp32 for the caller to round. Shared with
+        skinny_linear's epilogue."""
+        # exp(-gate) overflows to inf for gate < ~-88: the sigmoid is then 0, the right limit.
+        act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
+        return act * up
+
+    @triton.jit
     def _swiglu_fwd(
         y_ptr,
         out_ptr,
@@ -44,11 +53,10 @@ if triton is not None:
         gate_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
         gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_ptrs + half, mask=mask, other=0.0).to(tl.float32)
-        # exp(-gate) overflows to inf for gate < ~-88: the sigmoid is then 0, the right limit.
-        act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        out = silu_mul(gate, up, out_ptr.dtype.element_ty)
         tl.store(
             out_ptr + rows[:, None] * stride_out + cols[None, :],
-            (act * up).to(out_ptr.dtype.element_ty),
+            out.to(out_ptr.dtype.element_ty),
             mask=mask,
         )
 
