@@ -1,8 +1,7 @@
 """On a GPU: the CUDA-graph decode gives eager decoding's tokens in bf16 and fp16, the cache gives
 `--recompute`'s tokens in fp32, half precision stays close to fp32, and greedy tokens equal
-transformers' on the GPU; for GPT-2 (the fused decoding paths) and a Llama-family GPT
-(grouped-query attention, untied head: the layers' own modules). Triton kernels on (as
-`mds-generate` runs on CUDA)."""
+transformers' on the GPU; for GPT-2 and a Llama-family GPT (grouped-query attention, untied
+head), both on the fused decoding paths. Triton kernels on (as `mds-generate` runs on CUDA)."""
 
 import pytest
 import torch
