@@ -199,7 +199,7 @@ def is_llama(args) -> bool:
     return args.shape_name.startswith("llama")
 
 
-def run_reference(args) -> float:
+def run_reference(args) -> float | None:
     shape, peak = args.shape, args.peak_tflops
     command = [sys.executable, str(args.reference), "--compile", "--mbs", str(args.micro_batch)]
     command += ["--steps", "20", "--peak", str(peak * 1e12), "--seq", str(shape["seq_length"])]
@@ -209,9 +209,13 @@ def run_reference(args) -> float:
         command += ["--preset", args.shape_name, "--kv-heads", str(shape["num_query_groups"])]
         command += ["--ffn", str(shape["ffn_hidden_size"]), "--theta", str(LLAMA_THETA)]
         command += ["--vocab", str(PADDED_VOCAB)]
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    print(output.strip(), flush=True)
-    return float(re.search(r"tok/s=([\d,]+)", output).group(1).replace(",", ""))
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:  # out of memory at a micro-batch search's top, say
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"{args.reference.name}: failed (exit {result.returncode}): {last}", flush=True)
+        return None
+    print(result.stdout.strip(), flush=True)
+    return float(re.search(r"tok/s=([\d,]+)", result.stdout).group(1).replace(",", ""))
 
 
 def profile_reference(args) -> None:
@@ -423,7 +427,10 @@ def measure(args) -> None:
     reference = None
     if args.reference is not None:
         reference = run_reference(args)
-        print(f"{args.reference.name} --compile: {reference:,.0f} tokens/s (measured, this call)")
+        if reference is not None:
+            print(
+                f"{args.reference.name} --compile: {reference:,.0f} tokens/s (measured, this call)"
+            )
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for variant in args.variants.split(","):

@@ -19,6 +19,8 @@ from mds_model import (
 )
 from mds_model.attention import ParallelSelfAttention, RotaryEmbedding
 
+from .stand_in_group import tensor_parallel_rank
+
 VOCAB, SEQ = 100, 16
 
 
@@ -231,7 +233,7 @@ def test_alibi_slopes_are_sliced_per_tensor_parallel_rank():
         num_attention_heads=8, position_embedding_type="alibi", tensor_model_parallel_size=2
     )
     # Construction draws no collective; a stand-in group object is enough to see rank 1's slice.
-    groups = ParallelGroups(tp_group=object(), tp_rank=1, tp_size=2)
+    groups = tensor_parallel_rank(1, 2)
     attn = ParallelSelfAttention(config, groups=groups, rng_tracker=None)
     expected = torch.tensor(alibi_slopes_by_formula(8)[4:])
     torch.testing.assert_close(attn.alibi.flatten(), expected, rtol=1e-6, atol=0)

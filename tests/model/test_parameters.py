@@ -11,8 +11,9 @@ from mds_checkpoint.engine_names import optimizer_order
 from mds_checkpoint.partition import merge_shards, shard_for_rank
 from mds_model import GPT, GPTConfig
 from mds_model.config import ARCHITECTURES
-from mds_model.parallel import ParallelGroups
 from mds_model.parameters import REPLICATED, parameters
+
+from .stand_in_group import tensor_parallel_rank
 
 # Every preset of today's architectures: GPT-2 (learned positions), BLOOM (ALiBi with the
 # embedding LayerNorm), rotary positions, Llama (RMSNorm, SwiGLU's gated split, grouped-query
@@ -62,7 +63,7 @@ def test_each_split_kind_cuts_and_joins_real_shards_exactly(preset, tp):
     whole = {n: p.detach().numpy() for n, p in GPT(config(preset), init_seed=5).named_parameters()}
     ranks = []
     for rank in range(tp):
-        groups = ParallelGroups(tp_group=object(), tp_rank=rank, tp_size=tp)
+        groups = tensor_parallel_rank(rank, tp)
         model = GPT(config(preset, tensor_model_parallel_size=tp), groups=groups, init_seed=5)
         ranks.append({n: p.detach().numpy() for n, p in model.named_parameters()})
     for param in parameters(config(preset)):

@@ -16,23 +16,37 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class ParallelGroups:
-    """This rank's place in the (pp, dp, tp) grid; a None group means size 1, no communication."""
+    """This rank's place in the (pp, dp, tp) grid, held as its three process groups: each rank
+    and size is the group's own (`ProcessGroup.rank()`, `.size()`), so the degrees live in the
+    groups alone. A None group means size 1, no communication."""
 
     tp_group: dist.ProcessGroup | None = None
-    tp_rank: int = 0
-    tp_size: int = 1
     dp_group: dist.ProcessGroup | None = None
-    dp_rank: int = 0
-    dp_size: int = 1
     pp_group: dist.ProcessGroup | None = None
-    pp_rank: int = 0
-    pp_size: int = 1
 
-    def __post_init__(self) -> None:
-        for kind in ("tp", "dp", "pp"):
-            rank, size = getattr(self, f"{kind}_rank"), getattr(self, f"{kind}_size")
-            assert 0 <= rank < size, f"{kind} rank {rank} outside size {size}"
-            assert size == 1 or getattr(self, f"{kind}_group") is not None, f"{kind} group missing"
+    @property
+    def tp_rank(self) -> int:
+        return _rank_in(self.tp_group)
+
+    @property
+    def tp_size(self) -> int:
+        return _size_of(self.tp_group)
+
+    @property
+    def dp_rank(self) -> int:
+        return _rank_in(self.dp_group)
+
+    @property
+    def dp_size(self) -> int:
+        return _size_of(self.dp_group)
+
+    @property
+    def pp_rank(self) -> int:
+        return _rank_in(self.pp_group)
+
+    @property
+    def pp_size(self) -> int:
+        return _size_of(self.pp_group)
 
     @classmethod
     def build(cls, *, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> ParallelGroups:
@@ -53,7 +67,6 @@ class ParallelGroups:
         def coords(r: int) -> tuple[int, int, int]:
             return r // (dp * tp), (r // tp) % dp, r % tp
 
-        mine = coords(rank)
         found: dict[str, dist.ProcessGroup | None] = {}
         for kind, axis in (("tp", 2), ("dp", 1), ("pp", 0)):
             # Every rank creates every group of this kind: new_group is collective over the world.
@@ -67,15 +80,17 @@ class ParallelGroups:
                     found[kind] = group
         return cls(
             tp_group=found["tp"] if tp > 1 else None,
-            tp_rank=mine[2],
-            tp_size=tp,
             dp_group=found["dp"] if dp > 1 else None,
-            dp_rank=mine[1],
-            dp_size=dp,
             pp_group=found["pp"] if pp > 1 else None,
-            pp_rank=mine[0],
-            pp_size=pp,
         )
+
+
+def _rank_in(group: dist.ProcessGroup | None) -> int:
+    return 0 if group is None else group.rank()
+
+
+def _size_of(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else group.size()
 
 
 def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
