@@ -100,7 +100,8 @@ if triton is not None:
         w_rows = w_ptr + outs.to(tl.int64)[:, None] * stride_w
         # A 2-D accumulator: the reduction over K happens once, after the loop.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # SwiGLU's up rows
+        if SWIGLU:  # the up rows' accumulator (a static branch: defined only when used)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             k = start + cols
             k_ok = k < K
@@ -111,9 +112,13 @@ if triton is not None:
             if SWIGLU:
                 w_up = tl.load(w_rows + N * stride_w + k[None, :], mask=w_ok, other=0.0)
                 acc_up += w_up.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, axis=1)
+        up = y  # SwiGLU's up rows N + outs, read only with SWIGLU
+        if SWIGLU:
+            up = tl.sum(acc_up, axis=1)
         y = _epilogue(
-            tl.sum(acc, axis=1),
-            tl.sum(acc_up, axis=1),
+            y,
+            up,
             b_ptr,
             outs,
             out_ok,
