@@ -110,10 +110,16 @@ def merge_deepspeed_config(derived: dict[str, Any], user: dict[str, Any]) -> dic
     """The user's file over the derived config (after ds_file.resolve_user_config, so the keys a
     flag sets agree): the file's other keys win, as derived values yield to it; "auto" takes the
     derived value. The batch keys stay derived: with a ramp-up the file's are DeepSpeed's initial
-    values only, which the loop's set_train_batch_size replaces (as upstream)."""
+    values only, which the loop's set_train_batch_size replaces (as upstream). So does the ZeRO
+    stage: the file's is the config's already, and the derived one is what the engine must run
+    (`effective_zero_stage`: a bf16 pipeline's or fp16's stage 0 is 1). Upstream's bf16 Llama
+    scripts write stage 0 in their file; DeepSpeed refuses that stage beside the BF16
+    optimizer's fp32 gradient accumulation (`unsupported mix of model_dtype=torch.bfloat16 and
+    grad_accum_dtype=torch.float32`)."""
     merged = _over(derived, user)
     for key in _BATCH_KEYS:
         merged[key] = derived[key]
+    merged["zero_optimization"] = {**merged["zero_optimization"], **derived["zero_optimization"]}
     return merged
 
 
