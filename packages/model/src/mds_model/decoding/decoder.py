@@ -24,7 +24,7 @@ from ..attention import ParallelSelfAttention, repeat_kv
 from ..gpt import GPT
 from ..transformer import ParallelTransformerLayer
 from .caches import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
-from .projections import decode_add_norm_linear, decode_linear
+from .projections import decode_add_norm_linear, decode_linear, decode_lm_head
 
 
 class Decoder:
@@ -99,8 +99,9 @@ class Decoder:
         return x
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head: the final norm's output (B, S, H) -> vocab-parallel logits (B, S, V/TP)."""
-        return self.model.lm_head(hidden)
+        """The LM head: the final norm's output (B, S, H) -> vocab-parallel logits (B, S, V/TP);
+        one row through the skinny kernel where the projections take it (`decode_lm_head`)."""
+        return decode_lm_head(self.model, hidden)
 
     def _check_num_layers(self, cache: KVCache | StaticKVCache) -> None:
         if len(cache.layers) != len(self.model.layers):
