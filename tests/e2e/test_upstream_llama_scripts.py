@@ -16,9 +16,9 @@ accelerator has it). What cannot run as written, and what replaces it:
   `mds-merge-mp import-hf`, of a tiny LlamaForCausalLM made here; its alpaca_data.json (which
   finetune_llama.py formats as prompts) is c4_demo.jsonl tokenized with the model's tokenizer,
   since mds-train reads mds-index datasets;
-- finetune_llama.sh's run gets `--allow-tokenizer-change`: mds-merge-mp import-hf records the
-  folder's tokenizer.json as PretrainedFromHF, and mds-train's --load check calls the script's
-  HFTokenizer of that file (transformers' way: a [PAD] id added) another tokenizer;
+- import-hf is given the script's tokenizer flags, which upstream's converter reads from its
+  comm_args (`--tokenizer-type HFTokenizer --tokenizer-model $HF_LLAMA_PATH`), so meta.json
+  records the tokenizer the finetune run names (a [PAD] id added) and its --load check passes;
 - run_llama_bf16.sh trains at DP=1, not 2 (8 processes took 80 s here), so
   run_universal_llama_bf16.sh loads a DP=1 checkpoint (LOAD_DP 2 -> 1);
 - the universal-checkpoint pair's step 2 (its README's `ds_to_universal.py`) is DeepSpeed's own
@@ -309,6 +309,11 @@ def test_finetune_llama_script(shared_data, tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert imported.returncode == 0, imported.stderr[-3000:]
+    meta = json.loads(
+        (tmp_path / values["MEGA_DS_LLAMA_PATH"] / "global_step0/meta.json").read_text()
+    )
+    assert meta["tokenizer"]["type"] == "HFTokenizer"
+    assert meta["tokenizer"]["vocab_size"] == PIECES + 1  # [PAD] added, a padding row's id
     words = shlex.split(values["full_cmd"])
     # the launcher takes every GPU of the node; here TP x PP of them
     words[1:1] = ["--num_gpus", "4", "--master_port", str(_free_port())]
@@ -316,10 +321,8 @@ def test_finetune_llama_script(shared_data, tmp_path):
         words,
         {"--train-iters": ITERATIONS, "--lr-warmup-iters": 1, "--eval-iters": 1},
     )
-    # mds-merge-mp import-hf records the folder's tokenizer.json as PretrainedFromHF; the
-    # script's HFTokenizer reads the same file with a [PAD] id added (transformers' way), which
-    # mds-train's --load check calls another tokenizer. Upstream's converter records none.
-    words.append("--allow-tokenizer-change")
+    # the script's own tokenizer, recorded by the import: no --allow-tokenizer-change
+    assert not any(word.startswith("--allow-tokenizer") for word in words)
     output = launch(words, tmp_path)
     assert "TP=2 PP=2 DP=1, ZeRO-1, bfloat16" in output, output[-3000:]
     assert "--repeated-dataloader" in output  # noted

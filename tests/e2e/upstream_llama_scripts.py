@@ -338,9 +338,10 @@ comm_args="--tensor-model-parallel-size $TP \\
 task_args="$finetune_args"
 full_cmd="$task_args $comm_args"
 """
-# The convert_hf2mds step, in mds: the script's variables, mds-merge-mp's flags.
+# The convert_hf2mds step, in mds: the script's variables, mds-merge-mp's flags, and the
+# tokenizer flags upstream's converter reads from comm_args (recorded in meta.json).
 IMPORT_HF = """
 mds-merge-mp import-hf --load $HF_LLAMA_PATH --save $MEGA_DS_LLAMA_PATH \\
 --target-tensor-model-parallel-size $TP --target-pipeline-model-parallel-size $PP \\
---seq-length $SEQ_LENGTH
+--seq-length $SEQ_LENGTH --tokenizer-type HFTokenizer --tokenizer-model $HF_LLAMA_PATH
 """

@@ -120,6 +120,7 @@ def _export_hf(**values: Any) -> None:
 
 def _import_hf(**values: Any) -> None:
     config = group_from_values(ImportConfig, values)
+    config.tokenizer()  # a misplaced tokenizer flag: the usage error first (exit 2)
     with _loading():
         from .hf import import_hf
 

@@ -8,12 +8,14 @@ the tokenizer's). Errors name the command-line flag, so the CLI passes them thro
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.flags import flag, restate
 from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
-from mds_tokenize.flags import TokenizerFlags
+from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
+from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerSpec
 
 from .flags import CheckedShapeFlags, LoadFlags, SaveFlags, TargetParallelFlags, checked
 
@@ -143,13 +145,35 @@ class HFFolderFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImportConfig(TargetParallelFlags, SaveFlags, HFFolderFlags):
-    """`mds-merge-mp import-hf --load HFDIR --save OUT --target-tensor-model-parallel-size T`."""
+class ImportConfig(TokenizerFlags, TargetParallelFlags, SaveFlags, HFFolderFlags):
+    """`mds-merge-mp import-hf --load HFDIR --save OUT --target-tensor-model-parallel-size T`,
+    with upstream's converter's tokenizer flags (tools/hf2megads_weight_converter.py reads the
+    script's `--tokenizer-type HFTokenizer --tokenizer-model $HF_LLAMA_PATH`)."""
 
     make_vocab_size_divisible_by: int = restate(GPTFlags, "make_vocab_size_divisible_by")
     seq_length: int | None = restate(GPTFlags, "seq_length", shown_default="n_positions")
+    # Unset (with no files named): the folder's own tokenizer, recorded as PretrainedFromHF.
+    tokenizer_type: str | None = restate(
+        TokenizerFlags,
+        "tokenizer_type",
+        default=None,
+        shown_default="the folder's own tokenizer",
+        note="The tokenizer meta.json records, as the run that loads the import names it.",
+    )
 
     def __post_init__(self) -> None:
         TargetParallelFlags.__post_init__(self)
         check_at_least(self, 1, "make_vocab_size_divisible_by", "seq_length")
         _distinct(self.load, self.save)
+
+    def tokenizer(self) -> TokenizerSpec | None:
+        """The tokenizer the flags name; None when they name none (the folder's own is recorded).
+        A missing or misplaced flag is a usage error (exit 2), as in every mds tool."""
+        kind = self.tokenizer_type
+        if kind is None and not self.names_files:
+            return None
+        if kind is None:
+            if self.tokenizer_model is not None:  # upstream's flag needs its type named
+                tokenizer_spec(dataclasses.replace(self, tokenizer_type=GPT2_BPE))
+            kind = GPT2_BPE if self.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
+        return tokenizer_spec(dataclasses.replace(self, tokenizer_type=kind))

@@ -7,11 +7,13 @@ table) and written with `safetensors` (a tied head left out, as `save_pretrained
 `from_pretrained` loads it with no missing or unexpected keys. A layout no family holds is
 refused in one line. import-hf: the reverse (the family by config.json's model_type), written as
 an mds-train checkpoint at any TP/PP (iteration 0, no optimizer state), one part at a time (the
-weights are read a tensor per lookup, `hf_folder.HFWeights`).
+weights are read a tensor per lookup, `hf_folder.HFWeights`); meta.json records the tokenizer the
+flags name, as upstream's converter reads them, else the folder's own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -195,6 +197,11 @@ def import_hf(config: ImportConfig) -> Path:
         tensor_model_parallel_size=config.target_tensor_model_parallel_size,
         pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     )
+    tokenizer = _import_tokenizer(config, target, eos=hf_config.get("eos_token_id"))
+    if tokenizer.vocab_size is not None and tokenizer.vocab_size > target.vocab_size:
+        # The named tokenizer's ids are the model's vocabulary (GPTConfig.vocab_size), as a run
+        # with its flags writes it: export-hf keeps their rows. The padded rows stay the same.
+        target = dataclasses.replace(target, vocab_size=tokenizer.vocab_size)
     weights = HFWeights(config.load, adapter.model_type)
     check_save_folder(config.save)
     tag = tag_for(0)
@@ -210,11 +217,6 @@ def import_hf(config: ImportConfig) -> Path:
                 writer.write_part({name: as_array(tensor) for name, tensor in part.items()})
         except ValueError as error:
             raise ValueError(f"{config.load}: {error}") from None
-        eos = hf_config.get("eos_token_id")
-        # meta.json's `tokenizer` for the folder's files, as mds-train records its own.
-        tokenizer = (hf_folder_tokenizer(config.load) or TokenizerRecord()).updated(
-            vocab_size=model.vocab_size, eod_id=eos
-        )
         base = CheckpointMeta(model={}, parallel=Parallel(), tokenizer=tokenizer)
         writer.finish(base.progress.to_dict(), tokenizer=base.tokenizer)
         layout = f"huggingface-{adapter.model_type}"
@@ -232,3 +234,30 @@ def import_hf(config: ImportConfig) -> Path:
         )
         (staging / LATEST).write_text(tag)
     return config.save / tag
+
+
+def _import_tokenizer(
+    config: ImportConfig, model: GPTConfig, *, eos: int | None
+) -> TokenizerRecord:
+    """meta.json's `tokenizer`, as mds-train records its own (`vocab_size`: the rows its ids
+    take, `eod_id`), so that a run naming the same tokenizer loads the import unchallenged. The
+    tokenizer flags' (upstream's converter reads the script's, e.g. HFTokenizer, which adds a
+    `[PAD]` id where the tokenizer sets no pad token), each id with one of the model's embedding
+    rows; else the folder's own (tokenizer.json as PretrainedFromHF, else vocab.json +
+    merges.txt) with config.json's size and eos id."""
+    spec = config.tokenizer()
+    if spec is None:
+        recorded = hf_folder_tokenizer(config.load) or TokenizerRecord()
+        return recorded.updated(vocab_size=model.vocab_size, eod_id=eos)
+    from mds_tokenize import load_tokenizer
+
+    given = load_tokenizer(spec).record()
+    ids, rows = given.embedding_rows(), model.padded_vocab_size
+    if ids > rows:
+        raise ValueError(
+            f"{config.load / CONFIG}: the model has {rows} embedding rows (vocab_size "
+            f"{model.vocab_size}, padded), but the tokenizer flags name {given.label()} with "
+            f"{ids} ids; raise --make-vocab-size-divisible-by until the rows hold them, or name "
+            "the tokenizer the model was trained with"
+        )
+    return given.updated(vocab_size=ids)
