@@ -8,14 +8,13 @@ the tokenizer's). Errors name the command-line flag, so the CLI passes them thro
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from mds_common.flags import flag, restate
 from mds_model.flags import GPTFlags, ParallelFlags, check_at_least
-from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
-from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF, TokenizerSpec
+from mds_tokenize.flags import TokenizerFlags, named_tokenizer_spec
+from mds_tokenize.interface import TokenizerSpec
 
 from .flags import CheckedShapeFlags, LoadFlags, SaveFlags, TargetParallelFlags, checked
 
@@ -169,11 +168,6 @@ class ImportConfig(TokenizerFlags, TargetParallelFlags, SaveFlags, HFFolderFlags
     def tokenizer(self) -> TokenizerSpec | None:
         """The tokenizer the flags name; None when they name none (the folder's own is recorded).
         A missing or misplaced flag is a usage error (exit 2), as in every mds tool."""
-        kind = self.tokenizer_type
-        if kind is None and not self.names_files:
+        if self.tokenizer_type is None and not self.names_files:
             return None
-        if kind is None:
-            if self.tokenizer_model is not None:  # upstream's flag needs its type named
-                tokenizer_spec(dataclasses.replace(self, tokenizer_type=GPT2_BPE))
-            kind = GPT2_BPE if self.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
-        return tokenizer_spec(dataclasses.replace(self, tokenizer_type=kind))
+        return named_tokenizer_spec(self)

@@ -16,8 +16,8 @@ from pathlib import Path
 from mds_checkpoint import CheckedShapeFlags, LoadFlags
 from mds_common.flags import flag, restate
 from mds_model.flags import HalfFlags
-from mds_tokenize.flags import TokenizerFlags, tokenizer_spec
-from mds_tokenize.interface import GPT2_BPE, PRETRAINED_FROM_HF, TOKENIZER_TYPES, TokenizerSpec
+from mds_tokenize.flags import TokenizerFlags, named_tokenizer_spec, tokenizer_spec
+from mds_tokenize.interface import TOKENIZER_TYPES, TokenizerSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("prompt", "input-file", "unconditional", "interactive")
@@ -86,11 +86,7 @@ class SourceFlags(CheckedShapeFlags, TokenizerFlags, LoadFlags):
             if kind is not None and kind not in TOKENIZER_TYPES:
                 tokenizer_spec(TokenizerFlags(tokenizer_type=kind))  # the usage error
             return None
-        if kind is None:
-            if self.tokenizer_model is not None:  # upstream's flag needs its type named
-                tokenizer_spec(dataclasses.replace(self, tokenizer_type=GPT2_BPE))
-            kind = GPT2_BPE if self.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
-        return tokenizer_spec(dataclasses.replace(self, tokenizer_type=kind))
+        return named_tokenizer_spec(self)
 
     def model_source(self, *, cuda_graphs: bool = True) -> ModelSource:
         dtype = self.dtype

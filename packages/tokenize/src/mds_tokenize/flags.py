@@ -13,13 +13,19 @@ error, exit 2, as for a missing flag):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 from mds_common.flags import flag
 
-from mds_tokenize.interface import GPT2_BPE, TokenizerFlagError, TokenizerSpec
+from mds_tokenize.interface import (
+    GPT2_BPE,
+    PRETRAINED_FROM_HF,
+    TokenizerFlagError,
+    TokenizerSpec,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,4 +103,17 @@ def tokenizer_spec(flags: TokenizerFlags) -> TokenizerSpec:
         raise TokenizerFlagUsage(str(error)) from None
 
 
-__all__ = ["GPT2_BPE", "TokenizerFlags", "tokenizer_spec"]
+def named_tokenizer_spec(flags: TokenizerFlags) -> TokenizerSpec:
+    """`tokenizer_spec` for a tool whose --tokenizer-type has no default (the checkpoint's or
+    folder's own tokenizer stands unless files are named), flags naming files: without a type,
+    --tokenizer-name-or-path means PretrainedFromHF, --vocab-file/--merge-file GPT-2 BPE, and a
+    lone --tokenizer-model is the usage error that says upstream's flag needs its type named."""
+    kind = flags.tokenizer_type
+    if kind is None:
+        if flags.tokenizer_model is not None:
+            tokenizer_spec(dataclasses.replace(flags, tokenizer_type=GPT2_BPE))
+        kind = GPT2_BPE if flags.tokenizer_name_or_path is None else PRETRAINED_FROM_HF
+    return tokenizer_spec(dataclasses.replace(flags, tokenizer_type=kind))
+
+
+__all__ = ["GPT2_BPE", "TokenizerFlags", "named_tokenizer_spec", "tokenizer_spec"]
