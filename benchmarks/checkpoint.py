@@ -55,7 +55,7 @@ def _shape(spec: str, h: int) -> tuple[int, ...]:
     return tuple(sizes[s] for s in spec.split(","))
 
 
-def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
+def write_source(folder: Path, config: GPTConfig, *, tp: int, pp: int) -> None:
     """A random TP/PP checkpoint in mds-train's layout, written part by part."""
     generator = torch.Generator().manual_seed(1234)
     dtype, h = config.torch_dtype, config.hidden_size
@@ -64,7 +64,9 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
         return as_array((torch.randn(shape, generator=generator) * 0.02).to(dtype))
 
     tag = tag_for(100)
-    with CheckpointWriter(folder / tag, config=config, pipeline_model_parallel_size=pp) as writer:
+    with CheckpointWriter(
+        folder / tag, config=config, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+    ) as writer:
         for part in part_names(config.num_layers):
             if part == "embedding":
                 tensors = {
@@ -82,6 +84,7 @@ def write_source(folder: Path, config: GPTConfig, *, pp: int) -> None:
     meta = output_meta(
         base,
         config,
+        tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         tag=tag,
         reshaped={"from": "random"},
@@ -154,6 +157,7 @@ def main() -> None:
     write_source(
         source,
         target_config(model, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+        tp=2,
         pp=2,
     )
     size = folder_bytes(source)

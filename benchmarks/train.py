@@ -315,24 +315,25 @@ def reserved_note(reserved_gib: float | None) -> str:
 
 
 def estimated_memory_gib(args, zero: int, recompute: str) -> float:
-    from mds_model import GPTConfig, Plan, estimate
+    from mds_model import GPTConfig, Plan, estimate, for_tensor_parallel
 
     config = GPTConfig.preset(
         "llama" if is_llama(args) else "gpt2",
         **args.shape,
         **({"rotary_base": float(LLAMA_THETA)} if is_llama(args) else {}),
         vocab_size=50257,
-        tensor_model_parallel_size=args.tp,
         params_dtype="bfloat16",
         activation_checkpointing=recompute,
     )
     plan = Plan(
+        tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp,
         data_parallel_size=args.nproc // (args.tp * args.pp),
         micro_batch_size=args.micro_batch,
         zero_stage=zero,
     )
-    return estimate(config, plan)["memory_bytes_per_gpu"]["total"] / 2**30
+    memory = estimate(for_tensor_parallel(config, args.tp), plan)["memory_bytes_per_gpu"]
+    return memory["total"] / 2**30
 
 
 def main() -> None:

@@ -85,6 +85,7 @@ def test_written_args_read_back_as_the_same_gelu(activation, hf_name):
     )
     args = megatron_args(
         config,
+        tensor_model_parallel_size=1,
         pipeline_model_parallel_size=1,
         progress={},
         tokenizer=TokenizerRecord(),

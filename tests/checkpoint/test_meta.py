@@ -42,6 +42,23 @@ def test_the_current_version_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("recorded", "rows"),
+    [
+        ({"tensor_model_parallel_size": 2, "padded_vocab_size": 50432}, 50432),
+        ({"tensor_model_parallel_size": 2}, 50432),  # no derived size: the TP it was padded for
+        ({"tensor_model_parallel_size": 1, "padded_vocab_size": 50304}, 50304),
+        ({"padded_vocab_size": 50432, "pad_vocab_size_to": 50432}, 50432),  # as written now
+    ],
+)
+def test_the_model_keeps_its_vocabulary_rows_whatever_tp_wrote_it(recorded, rows):
+    """meta.json's `model` held the run's TP until GPTConfig stopped holding a parallel size: the
+    rows it padded to stay the model's (a TP=2 GPT-2 has 50432), read as the config's own."""
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 50257}
+    config = CheckpointMeta(model={**model, **recorded}, parallel=Parallel()).config(where="x")
+    assert config.padded_vocab_size == rows and not hasattr(config, "tensor_model_parallel_size")
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [
         ({"format": "other"}, "meta.json: not an mds-train checkpoint description"),

@@ -238,6 +238,7 @@ def test_llama_args_read_back_what_they_wrote(golden_states):
     config = golden_config(golden_states)
     args = megatron_args(
         config,
+        tensor_model_parallel_size=2,
         pipeline_model_parallel_size=1,
         progress={},
         tokenizer=TokenizerRecord(),

@@ -21,9 +21,8 @@ def worker(rank: int, folder: str, tokens_path: str, out: str, store: str) -> No
     groups = ParallelGroups.build(tensor_parallel_size=2)
     import dataclasses
 
-    config = dataclasses.replace(
-        load_consolidated(folder).config, tensor_model_parallel_size=2, params_dtype="float32"
-    )
+    # the consolidated config keeps the TP=2 files' vocabulary rows
+    config = dataclasses.replace(load_consolidated(folder).config, params_dtype="float32")
     model = GPT(config, groups=groups, init_seed=None)
     module = torch.load(Path(folder) / f"mp_rank_{rank:02d}_model_states.pt", weights_only=False)
     weights = megatron_flat(module["module"])  # mds-merge-mp nests the names as upstream does

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from mds_model.config import ARCHITECTURES, GPTConfig
+from mds_model.config import ARCHITECTURES, GPTConfig, for_tensor_parallel
 from mds_model.gpt import GPT, masked_mean
 from mds_model.naming import split_of
 from mds_model.parallel import ParallelGroups
@@ -37,13 +37,12 @@ def tiny_config(tp: int, **overrides) -> GPTConfig:
         vocab_size=VOCAB,
         seq_length=SEQ,
         make_vocab_size_divisible_by=64,
-        tensor_model_parallel_size=tp,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         use_fused_kernels=False,
     )
     base.update(overrides)
-    return GPTConfig(**base)
+    return for_tensor_parallel(GPTConfig(**base), tp)
 
 
 def batch(seed: int, batch_size: int = BATCH):

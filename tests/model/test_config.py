@@ -1,6 +1,7 @@
 """GPTConfig: Megatron's vocab padding table (reference 3.6), validation errors naming the field."""
 
 import dataclasses
+import re
 
 import pytest
 from mds_model.config import (
@@ -11,6 +12,8 @@ from mds_model.config import (
     RUN,
     TUNABLE,
     GPTConfig,
+    check_tensor_parallel,
+    for_tensor_parallel,
     padded_vocab_size,
 )
 
@@ -24,7 +27,12 @@ def config(**overrides) -> GPTConfig:
 @pytest.mark.parametrize("tp, padded", [(1, 50304), (2, 50432), (4, 50688), (8, 51200)])
 def test_vocab_padding_table(tp, padded):
     assert padded_vocab_size(50257, tensor_model_parallel_size=tp) == padded
-    assert config(num_attention_heads=8, tensor_model_parallel_size=tp).padded_vocab_size == padded
+    made = for_tensor_parallel(config(num_attention_heads=8), tp)
+    # the rows a run at this TP makes are recorded: the config holds no parallel size
+    assert made.padded_vocab_size == padded and made.pad_vocab_size_to == (
+        None if tp == 1 else padded
+    )
+    assert for_tensor_parallel(made, 1) == made  # rows, once made, stay (a reshape keeps them)
 
 
 def test_divisible_by_1024_at_tp1_and_override():
@@ -42,19 +50,8 @@ def test_defaults_follow_megatron():
     "overrides, message",
     [
         ({"hidden_size": 65}, "hidden_size (65) must be divisible by num_attention_heads (4)"),
-        (
-            {"num_attention_heads": 4, "tensor_model_parallel_size": 3},
-            "num_attention_heads (4) must be divisible by tensor_model_parallel_size (3)",
-        ),
         ({"num_layers": 0}, "num_layers must be a positive integer"),
-        (
-            {"vocab_size": 5000, "pad_vocab_size_to": 5121, "tensor_model_parallel_size": 2},
-            "5121 is not divisible by 2",
-        ),
-        (
-            {"vocab_size": 5000, "pad_vocab_size_to": 5122, "tensor_model_parallel_size": 2},
-            "5122 is not divisible by 128",
-        ),
+        ({"vocab_size": 5000, "pad_vocab_size_to": 5122}, "5122 is not divisible by 128"),
         ({"vocab_size": 5000, "pad_vocab_size_to": 4096}, "pad_vocab_size_to (4096) is smaller"),
         (
             {"seq_length": 128, "max_position_embeddings": 64},
@@ -65,15 +62,8 @@ def test_defaults_follow_megatron():
         ({"activation_checkpointing": "some"}, "activation_checkpointing must be one of"),
         ({"params_dtype": "fp8"}, "params_dtype must be one of"),
         ({"hidden_dropout": 1.0}, "hidden_dropout must be in [0, 1)"),
-        (
-            {"ffn_hidden_size": 3, "tensor_model_parallel_size": 2, "num_attention_heads": 4},
-            "ffn_hidden_size (3) must be a positive multiple",
-        ),
+        ({"ffn_hidden_size": 0}, "ffn_hidden_size must be positive"),
         ({"layernorm_epsilon": 0.0}, "layernorm_epsilon must be > 0"),
-        (
-            {"sequence_parallel": True, "tensor_model_parallel_size": 4, "seq_length": 30},
-            "sequence_parallel needs seq_length (30) divisible by tensor_model_parallel_size (4)",
-        ),
         (
             {"position_embedding_type": "rotary", "hidden_size": 12, "num_attention_heads": 4},
             "rotary position embeddings need an even number of rotated dimensions",
@@ -86,6 +76,42 @@ def test_validation_names_the_field(overrides, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "tp, overrides, message",
+    [
+        (3, {}, "num_attention_heads (4) must be divisible by tensor_model_parallel_size (3)"),
+        (
+            4,
+            {"num_query_groups": 2},
+            "num_query_groups (2) must be divisible by tensor_model_parallel_size (4)",
+        ),
+        (
+            2,
+            {"ffn_hidden_size": 3},
+            "ffn_hidden_size (3) must be divisible by tensor_model_parallel_size (2)",
+        ),
+        (
+            2,
+            {"vocab_size": 5000, "pad_vocab_size_to": 5121, "make_vocab_size_divisible_by": 1},
+            "pad_vocab_size_to: 5121 is not divisible by 2",
+        ),
+        (
+            4,
+            {"sequence_parallel": True, "seq_length": 30},
+            "sequence_parallel needs seq_length (30) divisible by tensor_model_parallel_size (4)",
+        ),
+        (1, {"sequence_parallel": True}, "turn it off at tensor_model_parallel_size 1"),
+    ],
+)
+def test_a_tensor_parallel_size_that_does_not_split_the_model_is_named(tp, overrides, message):
+    with pytest.raises(ValueError) as error:
+        check_tensor_parallel(config(**overrides), tp)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    if tp > 1:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            for_tensor_parallel(config(**overrides), tp)
+
+
 def test_config_is_frozen():
     c = config()
     with pytest.raises(AttributeError):
@@ -93,10 +119,9 @@ def test_config_is_frozen():
 
 
 def test_derived_switches():
-    # Sequence parallelism splits nothing at TP=1: every module reads this one property.
-    assert not config(sequence_parallel=True).sequence_parallel_active
-    assert config(sequence_parallel=True, tensor_model_parallel_size=2).sequence_parallel_active
-    assert not config(tensor_model_parallel_size=2).sequence_parallel_active
+    # Sequence parallelism splits nothing at TP=1: a run there turns it off, as Megatron does.
+    assert not for_tensor_parallel(config(sequence_parallel=True), 1).sequence_parallel
+    assert for_tensor_parallel(config(sequence_parallel=True), 2).sequence_parallel
     assert config(position_embedding_type="alibi").explicit_attention_scores
     assert config(attention_backend="softmax").explicit_attention_scores
     assert not config(attention_backend="sdpa").explicit_attention_scores
@@ -117,7 +142,6 @@ def test_every_field_is_marked_and_the_architecture_is_what_a_checkpoint_must_ma
     assert set(kinds.values()) == {ARCHITECTURE, TUNABLE, RUN}
     assert GPTConfig.fields_of_kind(RUN) == (
         "seq_length",
-        "tensor_model_parallel_size",
         "hidden_dropout",
         "attention_dropout",
         "init_method_std",
@@ -155,11 +179,6 @@ def test_every_field_is_marked_and_the_architecture_is_what_a_checkpoint_must_ma
         ({"normalization": "batchnorm"}, "normalization must be one of layernorm, rmsnorm"),
         ({"num_query_groups": 0}, "num_query_groups must be a positive integer"),
         ({"num_query_groups": 3}, "num_query_groups (3) must divide num_attention_heads (4)"),
-        (
-            {"num_query_groups": 2, "tensor_model_parallel_size": 4},
-            "num_query_groups (2) must divide num_attention_heads (4) and be divisible by "
-            "tensor_model_parallel_size (4)",
-        ),
         ({"rotary_percent": 0.0}, "rotary_percent must be in (0, 1]"),
     ],
 )

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from mds_model.cli import app
-from mds_model.config import ARCHITECTURES, GPTConfig
+from mds_model.config import ARCHITECTURES, GPTConfig, for_tensor_parallel
 from mds_model.estimate import Plan, estimate, flops_per_token, total_parameters
 from mds_model.gpt import GPT
 from typer.testing import CliRunner
@@ -95,8 +95,8 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
     assert (z3["weights"], z3["gradients"]) == (2 * n / 8, 2 * n / 8)
     fp16 = GPTConfig(**GPT2_345M, params_dtype="float16")
     assert estimate(fp16, Plan(zero_stage=1))["memory_bytes_per_gpu"]["gradients"] == 2 * n
-    tp2 = GPTConfig(**{**GPT2_345M, "tensor_model_parallel_size": 2}, params_dtype="bfloat16")
-    assert estimate(tp2, Plan())["parameters_per_gpu"] < 0.55 * n
+    tp2 = for_tensor_parallel(GPTConfig(**GPT2_345M, params_dtype="bfloat16"), 2)
+    assert estimate(tp2, Plan(tensor_model_parallel_size=2))["parameters_per_gpu"] < 0.55 * n
     pp2 = estimate(config, Plan(pipeline_model_parallel_size=2))["parameters_per_gpu"]
     assert pp2 < 0.7 * n
 
@@ -256,10 +256,11 @@ def test_info_cli_bad_flag_is_one_line_naming_the_flag():
 
 def test_sequence_parallel_splits_the_activations_outside_tp_regions():
     s, b, h, t, L = 1024, 2, 1024, 4, 24
-    kwargs = dict(GPT2_345M, params_dtype="bfloat16", tensor_model_parallel_size=t)
+    kwargs = dict(GPT2_345M, params_dtype="bfloat16")
     logits = s * b * 50688 // t * 2  # 50257 padded to a multiple of 128 * 4
-    plain = estimate(GPTConfig(**kwargs), Plan(micro_batch_size=b))["memory_bytes_per_gpu"]
-    sp = estimate(GPTConfig(**kwargs, sequence_parallel=True), Plan(micro_batch_size=b))
+    plan = Plan(tensor_model_parallel_size=t, micro_batch_size=b)
+    plain = estimate(for_tensor_parallel(GPTConfig(**kwargs), t), plan)["memory_bytes_per_gpu"]
+    sp = estimate(for_tensor_parallel(GPTConfig(**kwargs, sequence_parallel=True), t), plan)
     assert plain["activations"] - logits == pytest.approx(L * s * b * h * (10 + 24 / t))
     assert sp["memory_bytes_per_gpu"]["activations"] - logits == pytest.approx(
         L * s * b * h * 34 / t

@@ -16,6 +16,8 @@ from mds_model import (
 )
 from mds_model.rng import MODEL_PARALLEL_RNG, RNGStatesTracker, model_parallel_seed
 
+from .stand_in_group import tensor_parallel_rank
+
 VOCAB, SEQ = 100, 16
 
 
@@ -244,9 +246,9 @@ def test_init_is_reproducible_and_seeded_per_layer():
     assert std == pytest.approx(0.02 / 2.0, rel=0.1)  # Megatron's scaled output-layer init
 
 
-def test_groups_must_match_the_config_tp_size():
-    with pytest.raises(ValueError, match="tensor_model_parallel_size is 2 in the config"):
-        GPT(tiny(tensor_model_parallel_size=2), groups=ParallelGroups())
+def test_a_tensor_parallel_group_that_does_not_split_the_heads_is_refused():
+    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) must be divisible by "):
+        GPT(tiny(), groups=tensor_parallel_rank(0, 3))
 
 
 def test_loss_is_masked_mean_of_per_token_cross_entropy():

@@ -229,9 +229,7 @@ def test_alibi_slopes_follow_the_paper(num_heads):
 
 
 def test_alibi_slopes_are_sliced_per_tensor_parallel_rank():
-    config = tiny(
-        num_attention_heads=8, position_embedding_type="alibi", tensor_model_parallel_size=2
-    )
+    config = tiny(num_attention_heads=8, position_embedding_type="alibi")
     # Construction draws no collective; a stand-in group object is enough to see rank 1's slice.
     groups = tensor_parallel_rank(1, 2)
     attn = ParallelSelfAttention(config, groups=groups, rng_tracker=None)

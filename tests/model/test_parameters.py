@@ -9,7 +9,7 @@ import pytest
 import torch
 from mds_checkpoint.engine_names import optimizer_order
 from mds_checkpoint.partition import merge_shards, shard_for_rank
-from mds_model import GPT, GPTConfig
+from mds_model import GPT, GPTConfig, check_tensor_parallel, for_tensor_parallel
 from mds_model.config import ARCHITECTURES
 from mds_model.parameters import REPLICATED, parameters
 
@@ -52,7 +52,7 @@ def test_the_table_is_the_module(preset):
 
 def _valid(preset: str, tp: int) -> bool:
     try:
-        config(preset, tensor_model_parallel_size=tp)
+        check_tensor_parallel(config(preset), tp)
     except ValueError:  # 2 key/value groups cannot be cut in 4
         return False
     return True
@@ -64,7 +64,7 @@ def test_each_split_kind_cuts_and_joins_real_shards_exactly(preset, tp):
     ranks = []
     for rank in range(tp):
         groups = tensor_parallel_rank(rank, tp)
-        model = GPT(config(preset, tensor_model_parallel_size=tp), groups=groups, init_seed=5)
+        model = GPT(for_tensor_parallel(config(preset), tp), groups=groups, init_seed=5)
         ranks.append({n: p.detach().numpy() for n, p in model.named_parameters()})
     for param in parameters(config(preset)):
         shards = [held[param.name] for held in ranks]

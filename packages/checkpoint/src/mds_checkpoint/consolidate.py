@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mds_model import GPTConfig
+from mds_model import GPTConfig, for_tensor_parallel
 from mds_model.naming import OUTPUT_LAYER, WORD_EMBEDDINGS
 
 from .arrays import as_tensor
@@ -38,20 +38,17 @@ class ConsolidatedModel:
 
 
 def single_rank_config(config: GPTConfig, tensor_model_parallel_size: int = 1) -> GPTConfig:
-    """The same model at another tensor-parallel size, with the source's vocabulary rows wherever
-    the target TP divides them: Megatron trains the padding rows and they take part in its
-    softmax, so re-padding to Megatron's multiple of 128 x TP would change the function (a TP=2
-    GPT-2 has 50432 rows, TP=1 pads to 50304: the loss moves by the dropped rows' share; zero rows
-    added the other way move it too). Only rows TP does not divide are re-padded Megatron's way."""
-    pad_to = config.pad_vocab_size_to
-    if pad_to is not None and pad_to % tensor_model_parallel_size:
-        raise ValueError(
-            f"the vocabulary is padded to {pad_to} rows (pad_vocab_size_to), not divisible by the "
-            f"target tensor-parallel size {tensor_model_parallel_size}"
-        )
-    target = dataclasses.replace(config, tensor_model_parallel_size=tensor_model_parallel_size)
-    rows = config.padded_vocab_size
-    if target.padded_vocab_size != rows and rows % tensor_model_parallel_size == 0:
+    """The same model split over another tensor-parallel size, with the source's vocabulary rows
+    wherever the target TP divides them: Megatron trains the padding rows and they take part in
+    its softmax, so re-padding to Megatron's multiple of 128 x TP would change the function (a
+    TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304: the loss moves by the dropped rows' share;
+    zero rows added the other way move it too). Only rows TP does not divide are re-padded
+    Megatron's way, from the tokenizer's vocabulary. ValueError where TP does not split it."""
+    tp, rows = tensor_model_parallel_size, config.padded_vocab_size
+    if rows % tp:
+        return for_tensor_parallel(dataclasses.replace(config, pad_vocab_size_to=None), tp)
+    target = for_tensor_parallel(config, tp)
+    if target.padded_vocab_size != rows:
         target = dataclasses.replace(target, pad_vocab_size_to=rows)
     return target
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mds_model import GPTConfig
+from mds_model import GPTConfig, for_tensor_parallel, padded_vocab_size
 from mds_model.arguments import (
     POSITION_OF_BIGSCIENCE,
     POSITION_OF_MEGATRON,
@@ -31,9 +31,21 @@ CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(GPTConfig))
 
 
 def config_from_meta(model: dict[str, Any], *, where: str) -> GPTConfig:
-    """meta.json's `model` (every GPTConfig field, plus derived ones that are ignored)."""
+    """meta.json's `model` (every GPTConfig field, plus derived ones): the vocabulary rows are
+    its `padded_vocab_size`; files written before GPTConfig held no parallel size say the
+    tensor-parallel size they were padded for instead."""
     try:
-        return GPTConfig(**{name: model[name] for name in CONFIG_FIELDS if name in model})
+        config = GPTConfig(**{name: model[name] for name in CONFIG_FIELDS if name in model})
+        rows = model.get("padded_vocab_size")
+        if rows is None:
+            rows = padded_vocab_size(
+                config.vocab_size,
+                make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
+                tensor_model_parallel_size=int(model.get("tensor_model_parallel_size", 1)),
+            )
+        if config.pad_vocab_size_to is None and rows != config.padded_vocab_size:
+            config = dataclasses.replace(config, pad_vocab_size_to=int(rows))
+        return config
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: meta.json's model does not describe a GPT ({error})") from None
 
@@ -148,7 +160,8 @@ def _refuse_unread_features(args: Any, where: str) -> None:
 def config_from_megatron_args(
     args: Any, *, checkpoint_info: dict | None, tensor_model_parallel_size: int, where: str
 ) -> GPTConfig:
-    """GPTConfig at the files' TP size from Megatron's pickled argparse namespace."""
+    """GPTConfig from Megatron's pickled argparse namespace: its rows are the args'
+    `padded_vocab_size`, else Megatron's padding at the files' TP size."""
 
     def arg(name: str, default: Any = None) -> Any:
         value = getattr(args, name, default)
@@ -171,14 +184,15 @@ def config_from_megatron_args(
     fields.setdefault("seq_length", int(arg("max_position_embeddings", 1024)))
     fields.update(
         vocab_size=int(vocab),
-        tensor_model_parallel_size=tensor_model_parallel_size,
         position_embedding_type=_position_from_args(args, where),
         activation=activation_from_args(args, where=where),
         params_dtype=_dtype_name(args),
     )
     try:
         config = GPTConfig(**fields)
-        if padded is not None and config.padded_vocab_size != padded:
+        if padded is None:
+            config = for_tensor_parallel(config, tensor_model_parallel_size)
+        elif config.padded_vocab_size != padded:
             config = dataclasses.replace(config, pad_vocab_size_to=int(padded))
     except ValueError as error:
         raise ValueError(f"{where}: Megatron's args describe no valid GPT ({error})") from None

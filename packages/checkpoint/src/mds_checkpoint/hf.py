@@ -209,6 +209,7 @@ def import_hf(config: ImportConfig) -> Path:
         config.save,
         tag,
         config=target,
+        tensor_model_parallel_size=config.target_tensor_model_parallel_size,
         pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
     ) as (staging, writer):
         folder = writer.folder
@@ -226,6 +227,7 @@ def import_hf(config: ImportConfig) -> Path:
             output_meta(
                 base,
                 target,
+                tensor_model_parallel_size=config.target_tensor_model_parallel_size,
                 pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
                 tag=tag,
                 reshaped={**provenance, "rng_states": False},

@@ -109,7 +109,7 @@ def stored_dtype(hf: dict[str, Any]) -> str | None:
     return dtype if dtype in _DTYPES else None
 
 
-def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> GPTConfig:
+def gpt_config_from_hf(hf: dict[str, Any], **overrides: Any) -> GPTConfig:
     """The GPTConfig of a family's `config.json` (its adapter's `config_fields`); a ValueError
     (without the file's name) for what mds GPTs do not implement or a missing key."""
     seq = overrides.pop("seq_length", None)
@@ -117,7 +117,6 @@ def gpt_config_from_hf(hf: dict[str, Any], *, tp: int = 1, **overrides: Any) -> 
     return GPTConfig(
         **fields,
         params_dtype=stored_dtype(hf) or "float32",
-        tensor_model_parallel_size=tp,
         **overrides,
     )
 

@@ -26,8 +26,8 @@ DISTRIBUTION = "mds-checkpoint"
 def target_config(
     config: GPTConfig, *, tensor_model_parallel_size: int, pipeline_model_parallel_size: int
 ) -> GPTConfig:
-    """The model at the target TP; ValueError when T does not divide heads or the vocabulary, or
-    P the layers."""
+    """The model split over the target TP; ValueError when T does not divide heads or the
+    vocabulary, or P the layers."""
     try:
         target = single_rank_config(config, tensor_model_parallel_size)
     except ValueError as error:
@@ -71,6 +71,7 @@ def output_meta(
     base: CheckpointMeta,
     config: GPTConfig,
     *,
+    tensor_model_parallel_size: int,
     pipeline_model_parallel_size: int,
     tag: str,
     reshaped: dict[str, Any],
@@ -78,7 +79,7 @@ def output_meta(
     layout: str = "mds",
 ) -> CheckpointMeta:
     """meta.json of the output: the source's description with this model, topology and records."""
-    tp = config.tensor_model_parallel_size
+    tp = tensor_model_parallel_size
     return base.replace(
         tool=TOOL,
         version=distribution_version(DISTRIBUTION),

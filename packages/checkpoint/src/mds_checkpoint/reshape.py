@@ -68,6 +68,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         config.save,
         tag,
         config=target,
+        tensor_model_parallel_size=config.target_tensor_model_parallel_size,
         pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
         layout=config.target_layout,
     ) as (staging, writer):
@@ -133,6 +134,7 @@ def reshape(config: ReshapeConfig) -> ReshapeResult:
         meta = output_meta(
             source.meta,
             target,
+            tensor_model_parallel_size=config.target_tensor_model_parallel_size,
             pipeline_model_parallel_size=config.target_pipeline_model_parallel_size,
             tag=tag,
             reshaped=_provenance(source),

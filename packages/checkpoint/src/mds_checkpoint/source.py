@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,9 +270,12 @@ def _megatron_source(folder: Path) -> Source:
         head=config.untie_embeddings_and_output_weights,
     )
     _check_qkv_order(config, reader.qkv_order, where=str(first_dir / MEGATRON_FILE))
-    if reader.tensor_model_parallel_size != tp_guess:
-        config = dataclasses.replace(
-            config, tensor_model_parallel_size=reader.tensor_model_parallel_size
+    if reader.tensor_model_parallel_size != tp_guess:  # the files' TP pads an unrecorded vocabulary
+        config = config_from_megatron_args(
+            state["args"],
+            checkpoint_info=vocabulary_info(state),
+            tensor_model_parallel_size=reader.tensor_model_parallel_size,
+            where=str(first_dir / MEGATRON_FILE),
         )
     if reader.num_layers != config.num_layers:
         raise ValueError(

@@ -70,6 +70,7 @@ def tokenizer_eod_id(tokenizer: TokenizerRecord) -> int | None:
 def megatron_args(
     config: GPTConfig,
     *,
+    tensor_model_parallel_size: int,
     pipeline_model_parallel_size: int,
     progress: dict[str, int],
     tokenizer: TokenizerRecord,
@@ -87,7 +88,7 @@ def megatron_args(
         kv_channels=config.head_dim,
         encoder_seq_length=config.seq_length,
         padded_vocab_size=config.padded_vocab_size,
-        tensor_model_parallel_size=config.tensor_model_parallel_size,
+        tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=None,
         num_layers_per_virtual_pipeline_stage=None,
@@ -150,7 +151,7 @@ _PIPE_UNTIED_WORDS = r"\d+.word_embeddings.weight"
 
 
 def universal_checkpoint_info(
-    config: GPTConfig, *, original_vocab_size: int, names: str
+    config: GPTConfig, *, tensor_model_parallel_size: int, original_vocab_size: int, names: str
 ) -> dict[str, Any]:
     """deepspeedai's `_universal_checkpoint_info`: the vocabulary sizes and its parameter-pattern
     lists, as `UniversalCheckpointInfo` (megatron/model/gpt_model.py at 6acc370a) builds them
@@ -172,7 +173,7 @@ def universal_checkpoint_info(
         info["pipeline_replicated_parameter_patterns"] = (
             [] if untied else [words] + ([positions] if learned else [])
         )
-    if config.tensor_model_parallel_size > 1:
+    if tensor_model_parallel_size > 1:
         replicated = [
             layers + r"\d+.input_layernorm.weight",
             layers + r"\d+.post_attention_layernorm.weight",
@@ -253,6 +254,7 @@ def scheduler_progress(record: dict[str, Any] | None) -> dict[str, int | None]:
 def upstream_keys(
     config: GPTConfig,
     *,
+    tensor_model_parallel_size: int,
     pipeline_model_parallel_size: int,
     progress: dict[str, Any],
     tokenizer: TokenizerRecord,
@@ -272,6 +274,7 @@ def upstream_keys(
     return {
         "args": megatron_args(
             config,
+            tensor_model_parallel_size=tensor_model_parallel_size,
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             progress=progress,
             tokenizer=tokenizer,
@@ -286,6 +289,7 @@ def upstream_keys(
         },
         "universal_checkpoint_info": universal_checkpoint_info(
             config,
+            tensor_model_parallel_size=tensor_model_parallel_size,
             original_vocab_size=original,
             names="pipe" if pipe else "megatron",
         ),

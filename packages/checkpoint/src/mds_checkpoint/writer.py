@@ -97,6 +97,7 @@ class CheckpointWriter:
         folder: Path,
         *,
         config: GPTConfig,
+        tensor_model_parallel_size: int,
         pipeline_model_parallel_size: int,
         layout: str = "mds",
     ) -> None:
@@ -110,7 +111,7 @@ class CheckpointWriter:
             pipeline_model_parallel_size,
             layout,
         )
-        self.tp = config.tensor_model_parallel_size
+        self.tp = tensor_model_parallel_size
         folder.mkdir(parents=True, exist_ok=True)
         # layer files (DeepSpeed's pipeline engine), else one streamed file per (tp, stage)
         self.layer_files = layout == "bigscience" or (layout != "megatron" and self.pp > 1)
@@ -248,6 +249,7 @@ class CheckpointWriter:
         self._write_back.close()
         client = upstream_keys(
             self.config,
+            tensor_model_parallel_size=self.tp,
             pipeline_model_parallel_size=self.pp,
             progress=progress,
             tokenizer=tokenizer or TokenizerRecord(),
@@ -277,6 +279,7 @@ def new_save_folder(
     tag: str,
     *,
     config: GPTConfig,
+    tensor_model_parallel_size: int,
     pipeline_model_parallel_size: int,
     layout: str = "mds",
 ) -> Iterator[tuple[Path, CheckpointWriter]]:
@@ -291,6 +294,7 @@ def new_save_folder(
         CheckpointWriter(
             staging / tag,
             config=config,
+            tensor_model_parallel_size=tensor_model_parallel_size,
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             layout=layout,
         ) as writer,

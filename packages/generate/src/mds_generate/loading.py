@@ -84,7 +84,6 @@ def inference_config(config: GPTConfig, *, dtype: str, device: torch.device) -> 
     backend = config.attention_backend
     return dataclasses.replace(
         config,
-        tensor_model_parallel_size=1,
         sequence_parallel=False,
         activation_checkpointing="none",
         hidden_dropout=0.0,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from mds_common.lazy import lazy_attributes
 
-from .config import GPTConfig, padded_vocab_size
+from .config import GPTConfig, check_tensor_parallel, for_tensor_parallel, padded_vocab_size
 from .estimate import (
     Plan,
     activation_bytes_per_layer,
@@ -77,9 +77,11 @@ __all__ = [
     "StaticLayerCache",
     "activation_bytes_per_layer",
     "build_gpt_pipe",
+    "check_tensor_parallel",
     "embedding_parameters",
     "estimate",
     "flops_per_token",
+    "for_tensor_parallel",
     "format_estimate",
     "from_hf_gpt2_parts",
     "from_hf_gpt2_state_dict",

@@ -111,7 +111,7 @@ class ParallelSelfAttention(nn.Module):
         self.num_local_heads = config.num_attention_heads // groups.tp_size
         self.num_local_groups = config.query_groups // groups.tp_size
         self.head_dim = config.head_dim
-        sequence_parallel = config.sequence_parallel_active
+        sequence_parallel = config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
             h,
             config.qkv_size,

@@ -58,21 +58,23 @@ class InfoFlags(ParallelFlags, GPTFlags):
 
 
 def _info(**values: Any) -> None:
-    from .config import GPTConfig
+    from .config import GPTConfig, for_tensor_parallel
     from .estimate import Plan, estimate, format_estimate
 
     try:
         flags = group_from_values(InfoFlags, values)
         fields = flags.gpt_fields()
         fields.setdefault("num_attention_heads", max(1, flags.hidden_size // 64))
-        config = GPTConfig(
+        tp = flags.tensor_model_parallel_size
+        model = GPTConfig(
             **fields,
             vocab_size=flags.vocab_size,
-            tensor_model_parallel_size=flags.tensor_model_parallel_size,
             params_dtype=flags.params_dtype,
             activation_checkpointing=flags.activation_checkpointing,
         )
+        config = for_tensor_parallel(model, tp)
         plan = Plan(
+            tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=flags.pipeline_model_parallel_size,
             data_parallel_size=flags.data_parallel_size,
             micro_batch_size=flags.micro_batch_size,
@@ -86,7 +88,7 @@ def _info(**values: Any) -> None:
         from .arguments import ARGUMENT_OF
 
         message = str(error)
-        for field in GPTConfig.__dataclass_fields__:
+        for field in (*GPTConfig.__dataclass_fields__, "tensor_model_parallel_size"):
             row = ARGUMENT_OF.get(field)
             spelled = row.flag if row is not None else "--" + field.replace("_", "-")
             message = re.sub(rf"(?<!-)\b{field}\b", spelled, message)

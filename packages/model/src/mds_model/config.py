@@ -1,14 +1,18 @@
 """The GPT model's shape and options as one frozen dataclass, with Megatron's argument names.
 
 Vocabulary padding follows Megatron's `_vocab_size_with_padding`: the embedding row count is the
-smallest multiple of `make_vocab_size_divisible_by * tensor_model_parallel_size` that holds the
-tokenizer's vocabulary (50257 -> 50304 at TP=1), unless `pad_vocab_size_to` overrides it (BS).
+smallest multiple of `make_vocab_size_divisible_by` x the tensor-parallel size of the run that made
+the model and holds the tokenizer's vocabulary (50257 -> 50304 at TP=1, 50432 at TP=2), unless
+`pad_vocab_size_to` fixes it (BS). The config holds no parallel size: the rows are architecture
+(a reshape keeps them), so `for_tensor_parallel` records them in `pad_vocab_size_to` where a
+run's TP makes them differ from TP=1's, and `check_tensor_parallel` says whether a TP splits the
+model; the degree itself is the process group's (mds_model.parallel).
 
 Each field is marked (`KIND`): `architecture` fixes the parameters or the forward computation, so
 a checkpoint's must match (`architecture_keys`, meta.json's names); `tunable` is a constant of the
 forward math a resume may change on purpose, as upstream's checks let it; `run` is how this run
-computes (parallel sizes, kernels, dtype, dropout). Named presets (`ARCHITECTURES`) are partial
-configs. It does not import torch (`torch_dtype` does, when asked): mds-merge-mp reads a
+computes (kernels, dtype, dropout, sequence parallelism). Named presets (`ARCHITECTURES`) are
+partial configs. It does not import torch (`torch_dtype` does, when asked): mds-merge-mp reads a
 checkpoint's shape from here and reshapes it with numpy, without paying torch's import.
 """
 
@@ -86,6 +90,60 @@ def padded_vocab_size(
     return math.ceil(vocab_size / multiple) * multiple
 
 
+def for_tensor_parallel(config: GPTConfig, tensor_model_parallel_size: int) -> GPTConfig:
+    """The model a run at this TP makes from `config` (flags, a Hugging Face config), as
+    Megatron's arguments.py does: the vocabulary padded for the TP (recorded as the rows, unless
+    `pad_vocab_size_to` fixes them) and sequence parallelism off at TP=1. ValueError where the
+    TP does not split the model (`check_tensor_parallel`)."""
+    tp = tensor_model_parallel_size
+    changes: dict[str, Any] = {}
+    if config.pad_vocab_size_to is None:
+        rows = padded_vocab_size(
+            config.vocab_size,
+            make_vocab_size_divisible_by=config.make_vocab_size_divisible_by,
+            tensor_model_parallel_size=tp,
+        )
+        if rows != config.padded_vocab_size:
+            changes["pad_vocab_size_to"] = rows
+    if tp == 1 and config.sequence_parallel:
+        changes["sequence_parallel"] = False
+    made = dataclasses.replace(config, **changes) if changes else config
+    check_tensor_parallel(made, tp)
+    return made
+
+
+def check_tensor_parallel(config: GPTConfig, tensor_model_parallel_size: int) -> None:
+    """ValueError, naming the field, unless this many tensor-parallel ranks split `config`'s heads,
+    key/value groups, MLP, vocabulary rows and (with sequence parallelism) sequence evenly."""
+    tp = tensor_model_parallel_size
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_model_parallel_size must be a positive integer, got {tp!r}")
+    checks = (
+        ("num_attention_heads", config.num_attention_heads),
+        ("num_query_groups", config.query_groups),
+        ("ffn_hidden_size", config.ffn_size),
+        ("padded_vocab_size", config.padded_vocab_size),
+    )
+    for name, value in checks:
+        if value % tp and name == "padded_vocab_size" and config.pad_vocab_size_to is not None:
+            # BS Megatron-DeepSpeed's --pad-vocab-size-to check, in its words
+            raise ValueError(f"pad_vocab_size_to: {value} is not divisible by {tp}")
+        if value % tp:
+            raise ValueError(
+                f"{name} ({value}) must be divisible by tensor_model_parallel_size ({tp})"
+            )
+    if config.sequence_parallel and tp == 1:
+        raise ValueError(
+            "sequence_parallel splits over tensor-parallel ranks: turn it off at "
+            "tensor_model_parallel_size 1 (as Megatron does)"
+        )
+    if config.sequence_parallel and config.seq_length % tp:
+        raise ValueError(
+            f"sequence_parallel needs seq_length ({config.seq_length}) divisible by "
+            f"tensor_model_parallel_size ({tp})"
+        )
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """The model's architecture, and how a run computes it: each field's `KIND` says which."""
@@ -98,7 +156,6 @@ class GPTConfig:
     ffn_hidden_size: int | None = _architecture(None, compared_as="ffn_size")  # None: 4 x hidden
     max_position_embeddings: int | None = _architecture(None, compared_as="max_positions")
     make_vocab_size_divisible_by: int = _architecture(128, compared_as="padded_vocab_size")
-    tensor_model_parallel_size: int = _run(1)
     pad_vocab_size_to: int | None = _architecture(None, compared_as="padded_vocab_size")
     layernorm_epsilon: float = _tunable(1e-5)
     hidden_dropout: float = _run(0.1)
@@ -118,7 +175,7 @@ class GPTConfig:
     attention_backend: str = _run("auto")
     activation_checkpointing: str = _run("none")
     params_dtype: str = _run("float32")
-    sequence_parallel: bool = _run(False)
+    sequence_parallel: bool = _run(False)  # over TP > 1 ranks (for_tensor_parallel)
 
     def __post_init__(self) -> None:
         for name in (
@@ -128,7 +185,6 @@ class GPTConfig:
             "vocab_size",
             "seq_length",
             "make_vocab_size_divisible_by",
-            "tensor_model_parallel_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -138,19 +194,8 @@ class GPTConfig:
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        tp = self.tensor_model_parallel_size
-        if self.num_attention_heads % tp:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
-                f"tensor_model_parallel_size ({tp})"
-            )
-        if self.ffn_hidden_size is not None and (
-            self.ffn_hidden_size < 1 or self.ffn_hidden_size % tp
-        ):
-            raise ValueError(
-                f"ffn_hidden_size ({self.ffn_hidden_size}) must be a positive multiple of "
-                f"tensor_model_parallel_size ({tp})"
-            )
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
+            raise ValueError(f"ffn_hidden_size must be positive, got {self.ffn_hidden_size}")
         if (
             self.max_position_embeddings is not None
             and self.max_position_embeddings < self.seq_length
@@ -165,10 +210,6 @@ class GPTConfig:
                 raise ValueError(
                     f"pad_vocab_size_to ({self.pad_vocab_size_to}) is smaller than vocab_size "
                     f"({self.vocab_size})"
-                )
-            if self.pad_vocab_size_to % tp:
-                raise ValueError(
-                    f"pad_vocab_size_to: {self.pad_vocab_size_to} is not divisible by {tp}"
                 )
             if self.pad_vocab_size_to % self.make_vocab_size_divisible_by:
                 raise ValueError(
@@ -197,19 +238,13 @@ class GPTConfig:
             raise ValueError(f"num_query_groups must be a positive integer, got {groups!r}")
         if groups == self.num_attention_heads:  # one group per head is plain multi-head attention
             object.__setattr__(self, "num_query_groups", None)
-        if self.num_attention_heads % self.query_groups or self.query_groups % tp:
+        if self.num_attention_heads % self.query_groups:
             raise ValueError(
                 f"num_query_groups ({self.query_groups}) must divide num_attention_heads "
-                f"({self.num_attention_heads}) and be divisible by tensor_model_parallel_size "
-                f"({tp})"
+                f"({self.num_attention_heads})"
             )
         if not 0.0 < self.rotary_percent <= 1.0:
             raise ValueError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
-        if self.sequence_parallel and self.seq_length % tp:
-            raise ValueError(
-                f"sequence_parallel needs seq_length ({self.seq_length}) divisible by "
-                f"tensor_model_parallel_size ({tp})"
-            )
         if self.rotary_positions and self.rotary_dim % 2:
             raise ValueError(
                 "rotary position embeddings need an even number of rotated dimensions, got "
@@ -246,11 +281,6 @@ class GPTConfig:
     def query_groups(self) -> int:
         """Key/value head groups: every head its own (GPT-2) unless num_query_groups says."""
         return self.num_query_groups or self.num_attention_heads
-
-    @property
-    def sequence_parallel_active(self) -> bool:
-        """Sequence parallelism only splits anything over more than one tensor-parallel rank."""
-        return self.sequence_parallel and self.tensor_model_parallel_size > 1
 
     @property
     def learned_positions(self) -> bool:
@@ -318,9 +348,7 @@ class GPTConfig:
         if self.pad_vocab_size_to is not None:
             return self.pad_vocab_size_to
         return padded_vocab_size(
-            self.vocab_size,
-            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
-            tensor_model_parallel_size=self.tensor_model_parallel_size,
+            self.vocab_size, make_vocab_size_divisible_by=self.make_vocab_size_divisible_by
         )
 
     @property

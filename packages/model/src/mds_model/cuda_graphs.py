@@ -26,14 +26,14 @@ from torch import nn
 from .config import GPTConfig
 
 
-def unsupported(config: GPTConfig) -> str | None:
-    """Why the layers of `config` cannot be graphed, or None."""
+def unsupported(config: GPTConfig, *, tensor_model_parallel_size: int) -> str | None:
+    """Why the layers of `config` at this TP cannot be graphed, or None."""
     if config.activation_checkpointing != "none":
         return (
             "activation recompute restores RNG states inside the backward: drop "
             "--recompute-granularity and --checkpoint-activations"
         )
-    if config.tensor_model_parallel_size > 1:
+    if tensor_model_parallel_size > 1:
         return (
             "tensor-parallel collectives are not captured yet: use --tensor-model-parallel-size 1"
         )
@@ -48,7 +48,11 @@ def graph_layers(
     passes run first, as make_graphed_callables does; they compute gradients with
     `torch.autograd.grad`, so no parameter's `.grad` changes, and the CUDA generator's state is
     restored after them."""
-    problems = {unsupported(layer.config) for layer in layers if hasattr(layer, "config")}
+    problems = {
+        unsupported(layer.config, tensor_model_parallel_size=layer.groups.tp_size)
+        for layer in layers
+        if hasattr(layer, "config")
+    }
     if problems - {None}:
         raise ValueError(sorted(problems - {None})[0])
     for layer in layers:

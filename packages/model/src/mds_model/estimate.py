@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from . import parameters as table
-from .config import GPTConfig
+from .config import GPTConfig, check_tensor_parallel
 
 GIB = 2**30
 
@@ -27,6 +27,7 @@ GIB = 2**30
 class Plan:
     """The parallel layout and batch the estimate is for."""
 
+    tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 1
     micro_batch_size: int = 1
@@ -35,7 +36,12 @@ class Plan:
     global_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size"):
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "data_parallel_size",
+            "micro_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
@@ -60,6 +66,7 @@ class Plan:
 
 def check_plan(config: GPTConfig, plan: Plan) -> None:
     """Refuses a layout no run can have, naming the flags (ValueError)."""
+    check_tensor_parallel(config, plan.tensor_model_parallel_size)
     pp = plan.pipeline_model_parallel_size
     if pp > config.num_layers:
         raise ValueError(
@@ -109,7 +116,7 @@ def flops_per_token(config: GPTConfig) -> dict[str, float]:
 def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
     """Parameters held by the busiest GPU: the first stage (embedding + its share of layers),
     each parameter's TP shard (parameters.py's split)."""
-    t = config.tensor_model_parallel_size
+    t = plan.tensor_model_parallel_size
 
     def on_one_gpu(params) -> int:
         return sum(p.numel if p.split.dim is None else p.numel // t for p in params)
@@ -122,7 +129,9 @@ def _stage_parameters(config: GPTConfig, plan: Plan) -> int:
     return count
 
 
-def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> float:
+def activation_bytes_per_layer(
+    config: GPTConfig, micro_batch_size: int, tensor_model_parallel_size: int = 1
+) -> float:
     """Korthikanti et al. Table 2 with tensor parallelism t (and sequence parallelism, which
     splits the 10 sbh kept outside the TP regions over t too), half-precision activations.
 
@@ -131,9 +140,9 @@ def activation_bytes_per_layer(config: GPTConfig, micro_batch_size: int) -> floa
     softmax backend).
     """
     s, b, h, a = config.seq_length, micro_batch_size, config.hidden_size, config.num_attention_heads
-    t = config.tensor_model_parallel_size
+    t = tensor_model_parallel_size
     mode = config.activation_checkpointing
-    sp = config.sequence_parallel_active
+    sp = config.sequence_parallel
     if mode == "full":
         return 2 * s * b * h / (t if sp else 1)  # only the layer input is kept
     outside = 10 / t if sp else 10
@@ -158,7 +167,7 @@ def _allreduce_bucket_bytes(config: GPTConfig, plan: Plan, params: int) -> int:
     )
     if not bf16_optimizer:
         return 0
-    t, h = config.tensor_model_parallel_size, config.hidden_size
+    t, h = plan.tensor_model_parallel_size, config.hidden_size
     largest = max(config.padded_vocab_size // t, config.ffn_size // t, 3 * h // t) * h
     return min(_ALLREDUCE_BUCKET_ELEMENTS + largest, params) * (4 + 2)
 
@@ -190,9 +199,10 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
     grads = params * grad_bytes / (dp if plan.zero_stage >= 2 else 1)
     optimizer = params * optim_bytes / (dp if plan.zero_stage >= 1 else 1)
     # With 1F1B the first stage holds pp micro-batches of L/pp layers: L layers' worth in all.
-    activations = config.num_layers * activation_bytes_per_layer(config, plan.micro_batch_size)
+    t = plan.tensor_model_parallel_size
+    activations = config.num_layers * activation_bytes_per_layer(config, plan.micro_batch_size, t)
     s, b = config.seq_length, plan.micro_batch_size
-    logits = s * b * config.padded_vocab_size / config.tensor_model_parallel_size * weight_bytes
+    logits = s * b * config.padded_vocab_size / t * weight_bytes
     activations += logits
     buffers = _allreduce_bucket_bytes(config, plan, params)
     return {
@@ -229,7 +239,7 @@ def format_estimate(result: dict) -> str:
         f"FLOPs per token (6N+12Lhs)          {flops['palm_6n_plus_attention'] / 1e9:.3f} GFLOP",
         f"FLOPs per token (Megatron, f=3)     {flops['megatron_no_recompute'] / 1e9:.3f} GFLOP",
         f"FLOPs per token (Megatron, f=4)     {flops['megatron_with_recompute'] / 1e9:.3f} GFLOP",
-        f"memory per GPU (TP={cfg['tensor_model_parallel_size']} "
+        f"memory per GPU (TP={plan['tensor_model_parallel_size']} "
         f"PP={plan['pipeline_model_parallel_size']} "
         f"DP={plan['data_parallel_size']} micro-batch={plan['micro_batch_size']} "
         f"accumulation={result['gradient_accumulation_steps']} "

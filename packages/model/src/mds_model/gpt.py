@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
-from .config import GPTConfig
+from .config import GPTConfig, check_tensor_parallel
 from .layers import LayerNorm, VocabParallelEmbedding, _mark_parallel, _master_slice, norm_for
 from .parallel import (
     ParallelGroups,
@@ -172,15 +172,6 @@ def masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.T
     return (losses * mask).sum() / mask.sum()
 
 
-def check_groups(config: GPTConfig, groups: ParallelGroups) -> None:
-    """The config's tensor-parallel size must be the group's (the vocabulary padding uses it)."""
-    if groups.tp_size != config.tensor_model_parallel_size:
-        raise ValueError(
-            f"tensor_model_parallel_size is {config.tensor_model_parallel_size} in the config but "
-            f"the tensor-parallel group has {groups.tp_size} ranks"
-        )
-
-
 class GPT(nn.Module):
     """Decoder-only GPT: `forward(tokens, labels)` -> per-token losses (B, S) (the call DDP or a
     DeepSpeed engine wraps); `logits(tokens)` -> vocab-parallel logits (B, S, V/TP)."""
@@ -195,7 +186,7 @@ class GPT(nn.Module):
     ) -> None:
         super().__init__()
         groups = groups or ParallelGroups()
-        check_groups(config, groups)
+        check_tensor_parallel(config, groups.tp_size)
         self.config, self.groups = config, groups
         self.embedding = Embedding(config, groups=groups, init_seed=init_seed)
         self.layers = nn.ModuleList(
@@ -210,7 +201,7 @@ class GPT(nn.Module):
         )
         # With sequence parallelism the final norm runs after the all-gather, on gradients that
         # are partial per rank (the head has no copy_to_tensor_parallel): sum them over TP.
-        sp = config.sequence_parallel_active
+        sp = config.sequence_parallel
         self.final_layernorm = norm_for(
             config, sequence_parallel_group=groups.tp_group if sp else None
         )
@@ -237,7 +228,7 @@ class GPT(nn.Module):
         `gather_logits` makes them whole; the padded columns past `config.vocab_size` are real
         (trained-down) logits, as in Megatron: drop them before sampling.
         """
-        sp = self.config.sequence_parallel_active
+        sp = self.config.sequence_parallel
         x = to_sequence_first(
             self.embedding(tokens), groups=self.groups, sequence_parallel=sp
         )  # (S, B, H), or (S/TP, B, H) with sp
@@ -264,7 +255,7 @@ class GPT(nn.Module):
             normed,
             self.head_weight,
             self.groups,
-            sequence_parallel=self.config.sequence_parallel_active,
+            sequence_parallel=self.config.sequence_parallel,
         )
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:

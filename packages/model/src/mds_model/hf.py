@@ -106,7 +106,7 @@ def to_hf_gpt2_state_dict(
     """Our plain GPT's whole state dict -> a `GPT2LMHeadModel` state dict (new tensors, same dtype).
 
     state_dict: `GPT.state_dict()` at TP=1, or TP shards merged along each parameter's
-    `partition_dim`; config: the model's (any tensor_model_parallel_size: padding rows past
+    `partition_dim`; config: the model's (padded for any tensor-parallel size: padding rows past
     `vocab_size` are dropped whatever their number). The tied `lm_head.weight` is left out, as
     `save_pretrained` leaves it out: `from_pretrained` ties it to `transformer.wte.weight`.
     """

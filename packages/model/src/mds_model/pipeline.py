@@ -22,11 +22,10 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-from .config import GPTConfig
+from .config import GPTConfig, check_tensor_parallel
 from .gpt import (
     Embedding,
     OutputLayer,
-    check_groups,
     lm_logits,
     lm_losses,
     masked_mean,
@@ -49,7 +48,7 @@ class EmbeddingPipe(Embedding):
         return to_sequence_first(
             super().forward(tokens),
             groups=self.word_embeddings.groups,
-            sequence_parallel=self.config.sequence_parallel_active,
+            sequence_parallel=self.config.sequence_parallel,
         )
 
 
@@ -100,7 +99,7 @@ class LMHeadPipe(torch.nn.Module):
             hidden,
             self.lm_head.weight,
             self.groups,
-            sequence_parallel=self.config.sequence_parallel_active,
+            sequence_parallel=self.config.sequence_parallel,
         )
 
 
@@ -110,7 +109,7 @@ def _lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
         hidden,
         embedding.word_embeddings.weight,
         embedding.word_embeddings.groups,
-        sequence_parallel=embedding.config.sequence_parallel_active,
+        sequence_parallel=embedding.config.sequence_parallel,
     )
 
 
@@ -153,7 +152,7 @@ def gpt_layer_specs(
 ) -> list:
     """The N+5 entries of GPTModelPipe, in deepspeedai/Megatron-DeepSpeed's order."""
     embed_kwargs = {"groups": groups, "init_seed": init_seed}
-    sp = config.sequence_parallel_active
+    sp = config.sequence_parallel
     untied = config.untie_embeddings_and_output_weights
     embedding = (
         LayerSpec(EmbeddingPipe, config, **embed_kwargs)
@@ -244,7 +243,7 @@ def pipeline_deepspeed_config(config: GPTConfig) -> dict:
     activations are replicated over TP; sequence-parallel activations are per-rank slices, so
     that must be off, else stages receive a mix of slices.
     """
-    if not config.sequence_parallel_active:
+    if not config.sequence_parallel:
         return {}
     return {"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
 
@@ -258,7 +257,7 @@ def build_gpt_pipe(
     partition_method: str = "type:transformer",
 ) -> PipelineModule:
     """A PipelineModule over the groups' (pp, dp, tp) grid; layers spread evenly by default."""
-    check_groups(config, groups)
+    check_tensor_parallel(config, groups.tp_size)
     if config.num_layers < groups.pp_size:
         raise ValueError(
             f"num_layers ({config.num_layers}) must be at least the pipeline size "

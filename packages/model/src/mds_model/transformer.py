@@ -39,7 +39,7 @@ class ParallelMLP(nn.Module):
             init_std=config.init_method_std,
             bias=config.add_bias_linear,
             skip_bias_add=not self.gated,
-            sequence_parallel=config.sequence_parallel_active,
+            sequence_parallel=config.sequence_parallel,
             dtype=config.torch_dtype,
             gated=self.gated,
         )
@@ -49,7 +49,7 @@ class ParallelMLP(nn.Module):
             groups=groups,
             init_std=config.output_layer_init_std,
             bias=config.add_bias_linear,
-            sequence_parallel=config.sequence_parallel_active,
+            sequence_parallel=config.sequence_parallel,
             dtype=config.torch_dtype,
         )
 
@@ -105,9 +105,10 @@ class ParallelTransformerLayer(nn.Module):
     ) -> None:
         """layer_number counts from 1 as in Megatron; init_seed + layer_number seeds the weights."""
         super().__init__()
-        self.config, self.rng_tracker, self.layer_number = config, rng_tracker, layer_number
+        self.config, self.groups, self.rng_tracker = config, groups, rng_tracker
+        self.layer_number = layer_number
         # With sequence parallelism the LayerNorms and the dropouts see this rank's slice of S.
-        self.sequence_parallel = config.sequence_parallel_active
+        self.sequence_parallel = config.sequence_parallel
         layer_norm = functools.partial(
             norm_for,
             config,

@@ -150,6 +150,7 @@ def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[st
 
     return upstream_keys(
         meta.config(where="this run"),
+        tensor_model_parallel_size=meta.tensor_model_parallel_size,
         pipeline_model_parallel_size=meta.pipeline_model_parallel_size,
         progress=state.to_dict(),
         tokenizer=meta.tokenizer or TokenizerRecord(),
@@ -222,20 +223,27 @@ def find_checkpoint(
     return path, read_meta(path)
 
 
-def with_checkpoint_padding(gpt_config: GPTConfig, meta: CheckpointMeta) -> GPTConfig:
+def with_checkpoint_padding(
+    gpt_config: GPTConfig,
+    meta: CheckpointMeta,
+    *,
+    rows_given: bool,
+    tensor_model_parallel_size: int,
+) -> GPTConfig:
     """The run's model padded to the checkpoint's vocabulary rows where no --pad-vocab-size-to
-    was given: mds-merge-mp keeps a checkpoint's rows (Megatron trains its padding rows) when it
-    reshapes to another TP that divides them (a TP=2 GPT-2 has 50432 rows, TP=1 pads to 50304)."""
+    was given (`rows_given`): mds-merge-mp keeps a checkpoint's rows (Megatron trains its padding
+    rows) when it reshapes to another TP that divides them (a TP=2 GPT-2 has 50432 rows, TP=1
+    pads to 50304)."""
     model = meta.model
     rows = model.get("pad_vocab_size_to")
     if rows is None and model.get("vocab_size") == model.get("padded_vocab_size"):
         # Plain Megatron records no unpadded size: its rows stood in for it, and this run's
         # tokenizer says how many of them are real tokens.
         rows = model.get("padded_vocab_size")
-    tp = gpt_config.tensor_model_parallel_size
+    tp = tensor_model_parallel_size
     if (
         rows
-        and gpt_config.pad_vocab_size_to is None
+        and not rows_given
         and rows != gpt_config.padded_vocab_size
         and rows >= gpt_config.vocab_size
         and rows % tp == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mds_common.flags import flag, restate
 from mds_indexed_data.flags import DataFlags, LengthFlags, SeedFlags
-from mds_model import GPTConfig
+from mds_model import GPTConfig, for_tensor_parallel
 from mds_model.flags import (
     Fp8Flags,
     GPTFlags,
@@ -140,14 +140,14 @@ class ModelSection(GPTFlags):
         params_dtype: str,
         kernels_available: bool = True,
     ) -> GPTConfig:
-        """The model's config; Triton kernels only where they can run (a GPU) and not refused."""
+        """The model a run at this TP makes; Triton kernels only where they can run (a GPU) and
+        not refused."""
         checkpointing = self.recompute_granularity or (
             "full" if self.checkpoint_activations else "none"
         )
-        return GPTConfig(
+        model = GPTConfig(
             **self.gpt_fields(),
             vocab_size=vocab_size,
-            tensor_model_parallel_size=tensor_model_parallel_size,
             hidden_dropout=self.hidden_dropout,
             attention_dropout=self.attention_dropout,
             init_method_std=self.init_method_std,
@@ -158,6 +158,7 @@ class ModelSection(GPTFlags):
             activation_checkpointing=checkpointing,
             params_dtype=params_dtype,
         )
+        return for_tensor_parallel(model, tensor_model_parallel_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -555,7 +556,7 @@ class TrainConfig:
             tensor_model_parallel_size=topology.tensor_model_parallel_size,
             params_dtype=self.params_dtype,
         )
-        problem = unsupported(model)
+        problem = unsupported(model, tensor_model_parallel_size=topology.tensor_model_parallel_size)
         if problem is None and topology.pipeline_model_parallel_size > 1:
             problem = (
                 "the pipeline engine interleaves micro-batches: use "

@@ -271,7 +271,12 @@ def _run_joined(
     )
     found = _checkpoint_to_load(config, topology, launch.rank)
     if found is not None:
-        gpt_config = with_checkpoint_padding(gpt_config, found[1])
+        gpt_config = with_checkpoint_padding(
+            gpt_config,
+            found[1],
+            rows_given=config.model.pad_vocab_size_to is not None,
+            tensor_model_parallel_size=topology.tensor_model_parallel_size,
+        )
     description = run_description(config, topology, gpt_config, vocab)
     universal = found is not None and config.checkpoint.universal_checkpoint
     if universal:
