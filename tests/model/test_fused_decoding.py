@@ -4,13 +4,15 @@ GPT-NeoX's partial rotary, and grouped keys and values with learned or ALiBi pos
 ragged row's full-forward logits, on the pure-torch references (fp32, tight) and on the kernels
 (Triton's interpreter here: the rotary split into the cache, the RMSNorm and SwiGLU kernels); the
 one-row skinny path (add + RMSNorm + product, SwiGLU epilogue, the LM head) is run through the
-interpreter in bf16 and follows the full forward within bf16's rounding."""
+interpreter in bf16 and follows the full forward within bf16's rounding; `attend_one_token` (a
+step's rotary, cache write and attention in one kernel) against its reference."""
 
 import pytest
 import torch
 from mds_model import GPT, Decoder, GPTConfig, StaticKVCache
 from mds_model import kernels as mds_kernels
 from mds_model.decoding import projections
+from mds_model.kernels.rotary import attend_one_token
 
 VOCAB, SEQ = 120, 12
 
@@ -89,14 +91,19 @@ def rows(lengths: list[int], seed: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("use_kernel", [False, True], ids=["references", "kernels"])
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_static_cache_rows_match_their_full_forward(name, use_kernel):
+    # the kernels on the GPU where there is one (else Triton's interpreter)
+    device = "cuda" if use_kernel and torch.cuda.is_available() else "cpu"
     model = trained_looking(GPT(block(name, use_fused_kernels=use_kernel), init_seed=3)).eval()
+    model = model.to(device)
     sequences = rows([10, 12, 6], seed=1)
-    cache = StaticKVCache(model.config, batch_size=3, max_length=SEQ)
+    cache = StaticKVCache(model.config, batch_size=3, max_length=SEQ, device=device)
+    # fp32 sums in another order (grouped queries as rows of one head): a few ulps; a GPU's
+    # products and attention kernels sum in their own orders
+    tol = dict(rtol=1e-5, atol=5e-5) if device == "cpu" else dict(rtol=1e-4, atol=2e-4)
     with torch.no_grad():
-        got = decode_ragged(Decoder(model), sequences, [3, 8, 5], cache)
+        got = decode_ragged(Decoder(model), sequences, [3, 8, 5], cache, device=device)
         for seq, logits in zip(sequences, got, strict=True):
-            # fp32 sums in another order (grouped queries as rows of one head): a few ulps
-            torch.testing.assert_close(logits, model.logits(seq[None])[0], rtol=1e-5, atol=5e-5)
+            torch.testing.assert_close(logits, model.logits(seq[None].to(device))[0], **tol)
 
 
 def _one_row_on_the_interpreter(tp_size: int, x: torch.Tensor) -> bool:
@@ -132,3 +139,39 @@ def test_one_row_skinny_kernels_follow_the_full_forward_bf16(name, monkeypatch):
     assert calls == {"skinny_linear": steps * 6, "skinny_add_norm_linear": steps * 3}
     difference = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert difference < 2e-2, difference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("groups", "per_group", "head_dim", "rotary_dim"),
+    [(2, 4, 16, 16), (3, 1, 24, 8), (1, 5, 16, 0)],
+    ids=["gqa-rotary", "mha-partial-rotary", "mqa-learned"],
+)
+def test_attend_one_token_matches_its_reference(groups, per_group, head_dim, rotary_dim, dtype):
+    """The kernel (here interpreted) against the reference: the keys and values it writes into
+    the cache, and the context, at positions 0, past one block of slots (64) and in between."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(groups * 100 + per_group * 10 + rotary_dim)
+    batch, slots = 3, 150
+    qkv = torch.randn(1, batch, groups * (per_group + 2) * head_dim, generator=gen)
+    positions = torch.tensor([[0], [100], [37]])
+    tables = (None, None)
+    if rotary_dim:
+        angles = torch.randn(slots, rotary_dim, generator=gen)
+        tables = (angles.cos().to(device), angles.sin().to(device))
+    cache = torch.randn(2, batch, groups, slots, head_dim, generator=gen)
+    results = []
+    for use_kernel in (True, False):
+        keys, values = (c.clone().to(device, dtype) for c in cache)
+        context = attend_one_token(
+            qkv.to(device, dtype), *tables, positions.to(device), keys, values,
+            groups=groups, per_group=per_group, head_dim=head_dim, use_kernel=use_kernel,
+        )  # fmt: skip
+        results.append((context.float().cpu(), keys.float().cpu(), values.float().cpu()))
+    (got, got_keys, got_values), (want, keys, values) = results
+    assert got.shape == (1, batch, groups * per_group * head_dim)
+    # the reference rotates in the cache's dtype, the kernel in fp32 rounded once
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got_keys, keys, **tol)
+    assert torch.equal(got_values, values)
+    torch.testing.assert_close(got, want, **tol)

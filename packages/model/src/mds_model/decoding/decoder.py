@@ -6,8 +6,10 @@ training's forward.
 writes a preallocated `StaticKVCache` at per-row positions (ragged batches, CUDA graphs) and spends
 its kernels sparingly, since one step of a small model is bound by kernel count: keys and values
 go into the cache straight from the QKV projection's output (one scatter, or rotated on the way by
-`kernels.rotary_qkv_into_cache`), grouped keys and values are attended as they are (each group's
-queries as rows of one head), the attention mask is built once per step for every layer, each
+`kernels.rotary_qkv_into_cache`; for one token per row the rotation, the cache write and the
+attention are one kernel, `kernels.rotary.attend_one_token`), grouped keys and values are attended
+as they are (each group's queries as rows of one head), the attention mask is built once per step
+for every layer (where the one-token kernel does not mask by position itself), each
 layer's last residual add is left to the next norm (LayerNorm or RMSNorm, fused into the next
 product for one row with the MLP's GeLU or SwiGLU after it: `projections.py`).
 """
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..attention import ParallelSelfAttention, repeat_kv
 from ..gpt import GPT
+from ..kernels.rotary import attend_one_token
 from ..transformer import ParallelTransformerLayer
 from .caches import KVCache, LayerKVCache, StaticKVCache, StaticLayerCache
 from .projections import decode_add_norm_linear, decode_linear, decode_lm_head
@@ -83,7 +86,9 @@ class Decoder:
                 f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)} must both "
                 f"be (batch {cache.batch_size}, S_new)"
             )
-        bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
+        bias = None  # the one-token kernel masks by position itself
+        if not _one_token_kernel(model.layers[0].self_attention, tokens.shape[1]):
+            bias = cache.attention_bias(positions, num_slots=num_slots)  # (B, 1, S_new, slots)
         x = model.embedding(tokens, positions=positions).transpose(0, 1)  # (S_new, B, H)
         # Each layer's last residual add is left to the next norm (the next layer's input norm,
         # fused into its QKV product for one token per row, or the final norm).
@@ -130,7 +135,7 @@ def _static_layer(
     *,
     cache: StaticLayerCache,
     positions: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer on the static cache without its last add, which the caller leaves to the next
     norm: the layer's input is residual + out (out None: residual alone, the first layer), whose
@@ -174,14 +179,30 @@ def _attend_qkv(
     *,
     cache: StaticLayerCache,
     positions: torch.Tensor,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """Attention from the QKV projection's output (S_new, B, qkv_size/TP), per group [its
     queries, key, value]: keys and values go into the cache straight from it (one scatter
-    without rotary; rotated on the way by `kernels.rotary_qkv_into_cache` with it)."""
+    without rotary; rotated on the way by `kernels.rotary_qkv_into_cache` with it). One token
+    per row with the kernels is one kernel from qkv to the context (`attend_one_token`)."""
     seq, batch = qkv.shape[:2]
     groups, head_dim = attention.num_local_groups, attention.head_dim
     per_group = attention.num_local_heads // groups
+    if _one_token_kernel(attention, seq):
+        rotary = attention.rotary
+        context = attend_one_token(
+            qkv,
+            None if rotary is None else rotary.cos,
+            None if rotary is None else rotary.sin,
+            positions,
+            cache.keys,
+            cache.values,
+            groups=groups,
+            per_group=per_group,
+            head_dim=head_dim,
+            use_kernel=True,
+        )  # (1, B, H/TP)
+        return decode_linear(attention.dense, context, use_kernel=True)
     if attention.rotary is not None:
         q = kernels.rotary_qkv_into_cache(
             qkv,
@@ -200,6 +221,19 @@ def _attend_qkv(
     q = qkv[:, :, :, :per_group].reshape(seq, batch, groups * per_group, head_dim)
     keys, values = cache.write_kv(qkv[:, :, :, per_group:].permute(3, 1, 2, 0, 4), positions)
     return _attend_slots(attention, q.permute(1, 2, 0, 3), keys, values, bias)
+
+
+def _one_token_kernel(attention: ParallelSelfAttention, seq: int) -> bool:
+    """Whether a step's attention is `attend_one_token`'s one kernel: one token per row with
+    the kernels, causal softmax attention at the default scale (not ALiBi's slopes, not the
+    explicit-scores path that the softmax backend asks for)."""
+    config = attention.config
+    return (
+        seq == 1
+        and config.use_fused_kernels
+        and attention.alibi is None
+        and not config.explicit_attention_scores
+    )
 
 
 def _attend_slots(

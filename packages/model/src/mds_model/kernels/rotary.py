@@ -293,3 +293,195 @@ def rotary_qkv_into_cache(
             groups=groups, per_group=per_group, head_dim=head_dim, backward=False,
             positions=positions.contiguous())  # fmt: skip
     return q
+
+
+def attend_one_token_reference(
+    qkv, cos, sin, positions, keys, values, *, groups: int, per_group: int, head_dim: int
+) -> torch.Tensor:
+    """Pure-torch `attend_one_token`: `rotary_qkv_into_cache` (cos None: the split and the
+    scatter alone), then each query over its row's slots 0..position (softmax in fp32, the
+    default 1/sqrt(head_dim) scale) -> the context (1, B, groups * per_group * head_dim)."""
+    batch = qkv.shape[1]
+    if cos is not None:
+        q = rotary_qkv_into_cache_reference(
+            qkv, cos, sin, positions, keys, values,
+            groups=groups, per_group=per_group, head_dim=head_dim,
+        )  # fmt: skip
+    else:
+        split = qkv.view(1, batch, groups, per_group + 2, head_dim)
+        q = split[:, :, :, :per_group].reshape(1, batch, groups * per_group, head_dim)
+        q = q.permute(1, 2, 0, 3)
+        index = positions[:, None, :, None].expand(batch, groups, 1, head_dim)
+        keys.scatter_(2, index, split[:, :, :, per_group].permute(1, 2, 0, 3).to(keys.dtype))
+        values.scatter_(
+            2, index, split[:, :, :, per_group + 1].permute(1, 2, 0, 3).to(values.dtype)
+        )
+    q = q.to(keys.dtype).reshape(batch, groups, per_group, head_dim)  # a group's heads as rows
+    scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) / head_dim**0.5
+    slots = torch.arange(keys.shape[2], device=keys.device)
+    unseen = slots.view(1, 1, 1, -1) > positions.view(batch, 1, 1, 1)
+    probs = torch.softmax(scores.masked_fill(unseen, float("-inf")), dim=-1)
+    context = torch.matmul(probs, values.float()).to(qkv.dtype)  # (B, groups, per_group, hd)
+    return context.reshape(1, batch, groups * per_group * head_dim)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _attend_one_token_kernel(
+        qkv,
+        cos,
+        sin,
+        positions,  # (B,) int64
+        keys,  # (B, groups, slots, hd) contiguous, written at each row's position
+        values,
+        out,  # (B, groups * PER_GROUP * hd) contiguous
+        groups,
+        slots,
+        stride_b,
+        scale,
+        PER_GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        ROTARY_DIM: tl.constexpr,  # 0: no rotation
+        BLOCK_H: tl.constexpr,  # >= PER_GROUP and >= 16 (tl.dot's least rows)
+        BLOCK_D: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        PRECISION: tl.constexpr,  # tl.dot's: "ieee" for an fp32 cache, else "tf32"
+    ):
+        # One program per (row, group): the group's queries are the rows of one product over
+        # its keys (grouped-query attention without repeating them). The new key and value go
+        # into the cache and count from registers; the loop reads the slots before them.
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        p = tl.load(positions + b)
+        d = tl.arange(0, BLOCK_D)
+        h = tl.arange(0, BLOCK_H)
+        in_head = d < HEAD_DIM
+        q_ok = (h < PER_GROUP)[:, None] & in_head[None, :]
+        base = qkv + b * stride_b + g * (PER_GROUP + 2) * HEAD_DIM
+        q_at = base + h[:, None] * HEAD_DIM + d[None, :]
+        q = tl.load(q_at, mask=q_ok, other=0.0).to(tl.float32)
+        k = tl.load(base + PER_GROUP * HEAD_DIM + d, mask=in_head, other=0.0).to(tl.float32)
+        v = tl.load(base + (PER_GROUP + 1) * HEAD_DIM + d, mask=in_head, other=0.0)
+        dtype = keys.dtype.element_ty
+        if ROTARY_DIM > 0:  # rotate-half as _rotary_qkv_kernel: fp32, rounded once
+            half = ROTARY_DIM // 2
+            rotated = d < ROTARY_DIM
+            partner = tl.where(d < half, d + half, d - half)
+            sign = tl.where(d < half, -1.0, 1.0)
+            c = tl.load(cos + p * ROTARY_DIM + d, mask=rotated, other=1.0)
+            sn = tl.load(sin + p * ROTARY_DIM + d, mask=rotated, other=0.0)
+            q_partner = tl.load(
+                base + h[:, None] * HEAD_DIM + partner[None, :],
+                mask=q_ok & rotated[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            q = tl.where(rotated[None, :], q * c[None, :] + (sign * sn)[None, :] * q_partner, q)
+            k_partner = tl.load(base + PER_GROUP * HEAD_DIM + partner, mask=rotated, other=0.0).to(
+                tl.float32
+            )
+            k = tl.where(rotated, k * c + sign * k_partner * sn, k)
+        q_low = q.to(dtype)
+        k_low = k.to(dtype)
+        v_low = v.to(dtype)
+        cache_row = ((b * groups + g) * slots) * HEAD_DIM
+        tl.store(keys + cache_row + p * HEAD_DIM + d, k_low, mask=in_head)
+        tl.store(values + cache_row + p * HEAD_DIM + d, v_low, mask=in_head)
+        q = q_low.to(tl.float32)
+        # the new slot first: m its score, its weight 1 the softmax's sum, acc its value
+        m = tl.sum(q * k_low.to(tl.float32)[None, :], axis=1) * scale  # (BLOCK_H,)
+        total = tl.full((BLOCK_H,), 1.0, tl.float32)
+        acc = tl.zeros((BLOCK_H, BLOCK_D), tl.float32) + v_low.to(tl.float32)[None, :]
+        s = tl.arange(0, BLOCK_S)
+        for start in range(0, p, BLOCK_S):
+            seen = start + s < p
+            at = cache_row + (start + s)[:, None] * HEAD_DIM + d[None, :]
+            kv_ok = seen[:, None] & in_head[None, :]
+            kb = tl.load(keys + at, mask=kv_ok, other=0.0).to(tl.float32)
+            # fp32 operands: half-precision keys, values and queries are exact in TF32, and the
+            # probabilities keep TF32's 10 bits rather than being rounded to bf16
+            scores = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
+            scores = tl.where(seen[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            alpha = tl.exp(m - m_new)
+            probs = tl.exp(scores - m_new[:, None])
+            total = total * alpha + tl.sum(probs, axis=1)
+            vb = tl.load(values + at, mask=kv_ok, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(probs, vb, input_precision=PRECISION)
+            m = m_new
+        context = acc / total[:, None]
+        heads = groups * PER_GROUP
+        dst = out + b * heads * HEAD_DIM + (g * PER_GROUP + h[:, None]) * HEAD_DIM + d[None, :]
+        tl.store(dst, context.to(out.dtype.element_ty), mask=q_ok)
+
+
+def attend_one_token(
+    qkv: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    positions: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    groups: int,
+    per_group: int,
+    head_dim: int,
+    use_kernel: bool,
+) -> torch.Tensor:
+    """A decoding step's attention for one token per row, in one kernel: qkv (1, B, groups *
+    (per_group + 2) * head_dim) at per-row positions (B, 1) -> the context (1, B, groups *
+    per_group * head_dim), the output projection's input. As `rotary_qkv_into_cache` (cos and
+    sin None: no rotation), the keys and values are written into the cache's halves keys and
+    values (B, groups, slots, hd) at each row's position; then each query attends to its row's
+    slots 0..position (causal, the default 1/sqrt(head_dim) scale, no dropout), a group's
+    queries as the rows of one product over the group's keys. Forward only (inference)."""
+    seq, batch = qkv.shape[:2]
+    width = groups * (per_group + 2) * head_dim
+    cache_shape = (batch, groups, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
+    if seq != 1 or qkv.dim() != 3 or qkv.shape[-1] != width or positions.shape != (batch, 1):
+        raise ValueError(
+            f"attend_one_token: qkv must be (1, B, {width}) for {groups} groups of {per_group} "
+            f"queries + key + value of {head_dim}, and positions (B, 1); got "
+            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
+        )
+    if keys.shape != cache_shape or values.shape != cache_shape:
+        raise ValueError(
+            f"attend_one_token: keys and values must be (B {batch}, groups {groups}, slots, "
+            f"{head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}"
+        )
+    if not use_kernel:
+        return attend_one_token_reference(
+            qkv, cos, sin, positions, keys, values,
+            groups=groups, per_group=per_group, head_dim=head_dim,
+        )  # fmt: skip
+    tables = () if cos is None else (cos, sin)
+    check_kernel_device(qkv, positions, keys, values, *tables, name="attend_one_token")
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("attend_one_token: the kernel writes contiguous keys and values")
+    if qkv.stride(2) != 1:
+        qkv = qkv.contiguous()
+    if cos is not None:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    out = torch.empty((1, batch, groups * per_group * head_dim), dtype=qkv.dtype, device=qkv.device)
+    _attend_one_token_kernel[(batch, groups)](
+        qkv,
+        qkv if cos is None else cos,  # unread without rotation
+        qkv if sin is None else sin,
+        positions.reshape(batch).contiguous(),
+        keys,
+        values,
+        out,
+        groups,
+        keys.shape[2],
+        qkv.stride(1),
+        head_dim**-0.5,
+        PER_GROUP=per_group,
+        HEAD_DIM=head_dim,
+        ROTARY_DIM=0 if cos is None else cos.shape[-1],
+        BLOCK_H=max(16, triton.next_power_of_2(per_group)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_S=64,
+        PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    return out
