@@ -4,7 +4,8 @@ and dtypes; and
 skinny_add_norm_linear (residual add + LayerNorm + the product in one kernel) against the add +
 LayerNorm and skinny_linear kernels it replaces; the SwiGLU epilogue over a gated weight's
 [gate; up] rows and the RMSNorm mode (Llama's block) against the product, `swiglu` and
-`add_rms_norm` they replace."""
+`add_rms_norm` they replace; greedy_argmax (the head's greedy pick) against torch.argmax, ties
+and the padded columns past the vocabulary included."""
 
 import zlib
 
@@ -18,6 +19,7 @@ from mds_model.kernels import (
     skinny_linear,
     swiglu,
 )
+from mds_model.kernels.skinny_linear import ARGMAX_BLOCK, greedy_argmax
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (bias, GeLU, its approximate): no epilogue, bias only, bias + tanh GeLU, bias + exact GeLU.
@@ -31,7 +33,8 @@ EPILOGUES = [
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("rows", "num_out", "num_in"), [(1, 1, 1), (1, 33, 70), (3, 130, 257), (2, 64, 1100)]
+    ("rows", "num_out", "num_in"),
+    [(1, 1, 1), (1, 33, 70), (3, 130, 257), (2, 64, 1100), (1, 40, 2048), (2, 24, 8192)],
 )
 @pytest.mark.parametrize(("with_bias", "gelu", "approximate"), EPILOGUES)
 def test_skinny_linear_matches_reference(
@@ -182,3 +185,29 @@ def test_the_epilogue_and_the_norm_are_checked():
     with pytest.raises(ValueError, match="with a norm bias for layernorm only"):
         skinny_add_norm_linear(x, x, x[0], x[0], weight, eps=1e-5, normalization="rmsnorm",
                                use_kernel=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("rows", "width", "num_cols"),
+    [(1, 7, 7), (3, 130, 100), (2, ARGMAX_BLOCK, ARGMAX_BLOCK), (2, 5000, 4990)],
+)
+def test_greedy_argmax_matches_torch_argmax(rows, width, num_cols, dtype, device):
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((rows, width, num_cols)).encode()))
+    logits = torch.randn(rows, width, generator=gen).to(dtype)
+    if width > num_cols:
+        logits[0, -1] = 1e4  # a padded column past num_cols is never picked
+    if width > 64:  # ties in different chunks and in one chunk: the first index wins
+        logits[-1, [num_cols - 1, 3, num_cols // 2]] = 50.0
+        logits[0, [10, 11]] = 60.0
+    logits = logits.to(device)
+    got = greedy_argmax(logits, num_cols=num_cols, use_kernel=True)
+    want = logits[:, :num_cols].argmax(dim=-1)
+    assert got.dtype == torch.int64 and torch.equal(got.cpu(), want.cpu())
+    assert torch.equal(greedy_argmax(logits, num_cols=num_cols, use_kernel=False), want)
+    if width > 64:
+        assert got[-1].item() == 3 and got[0].item() == 10
+    # a view of a wider buffer (the sampler's logits of Megatron's padded vocabulary)
+    wide = torch.zeros(rows, width + 9, dtype=dtype, device=device)
+    wide[:, :width] = logits
+    assert torch.equal(greedy_argmax(wide[:, :width], num_cols=num_cols, use_kernel=True), got)

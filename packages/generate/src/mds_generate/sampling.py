@@ -12,6 +12,8 @@ generated), counting the completion only.
 from __future__ import annotations
 
 import torch
+from mds_model.kernels import triton_available
+from mds_model.kernels.skinny_linear import greedy_argmax
 
 from .config import SamplingConfig
 
@@ -92,9 +94,10 @@ class Sampler:
         """logits (B, >= V) -> next tokens (B,) int64; columns past the vocabulary (Megatron's
         padding) are dropped."""
         config = self.config
+        if self._argmax_only:  # in the logits' dtype: the same argmax, no copy
+            use_kernel = logits.is_cuda and triton_available()
+            return greedy_argmax(logits, num_cols=self.vocab_size, use_kernel=use_kernel)
         logits = logits[:, : self.vocab_size]
-        if self._argmax_only:
-            return logits.argmax(dim=-1)  # in the logits' dtype: the same argmax, no copy
         logits = logits.float()
         if self._seen is not None:
             logits = apply_repetition_penalty(logits, self._seen, config.repetition_penalty)
