@@ -104,9 +104,13 @@ class Generator:
         # Plain greedy on CPU: the step's head returns the argmax itself (no (B, V) logits).
         fused = sampler.plain_greedy and steps.fuses_greedy
         logits = steps.start(prompts, max_length=max_length, pad=eod, greedy=fused)
-        positions = torch.tensor([len(p) for p in prompts], device=self.device)
+        # Each step's positions at once (a row past its budget feeds the last slot, never read)
+        # and the budgets, checked only with `done` (a step's few kernels add up at batch 1).
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        offsets = torch.arange(1, num_steps, device=self.device)
+        positions = (lengths + offsets[:, None] - 1).clamp(max=max_length - 1)  # (steps - 1, B)
         limits = torch.tensor(budgets, device=self.device)
-        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)  # at eod
         generated = torch.empty(len(prompts), num_steps, dtype=torch.long, device=self.device)
         for step in range(num_steps):
             tokens = logits if fused else sampler(logits)
@@ -114,16 +118,15 @@ class Generator:
                 tokens = torch.where(done, eod, tokens)
                 done |= tokens == eod
             generated[:, step] = tokens
-            done |= limits <= step + 1
             if on_step is not None:
                 on_step(tokens.tolist())
             if step + 1 == num_steps:
                 break
             if on_step is not None or (step + 1) % CHECK_EVERY == 0:
-                if self._all_finished(generated[:, : step + 1], done, generation):
+                finished = done | (limits <= step + 1)
+                if self._all_finished(generated[:, : step + 1], finished, generation):
                     break
-            logits = steps.next(tokens, positions.clamp(max=max_length - 1), greedy=fused)
-            positions += 1
+            logits = steps.next(tokens, positions[step], greedy=fused)
         rows = generated[:, : step + 1].tolist()
         return [
             self._completion(prompt, row[:budget], budget, generation)
