@@ -398,8 +398,7 @@ if triton is not None:
             at = cache_row + (start + s)[:, None] * HEAD_DIM + d[None, :]
             kv_ok = seen[:, None] & in_head[None, :]
             kb = tl.load(keys + at, mask=kv_ok, other=0.0).to(tl.float32)
-            # fp32 operands: half-precision keys, values and queries are exact in TF32, and the
-            # probabilities keep TF32's 10 bits rather than being rounded to bf16
+            # fp32 operands: half-precision keys and queries are exact in TF32
             scores = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
             scores = tl.where(seen[None, :], scores * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -407,7 +406,10 @@ if triton is not None:
             probs = tl.exp(scores - m_new[:, None])
             total = total * alpha + tl.sum(probs, axis=1)
             vb = tl.load(values + at, mask=kv_ok, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(probs, vb, input_precision=PRECISION)
+            # the probabilities in the cache's precision, as flash attention's and SDPA's
+            # half-precision kernels round them before the product with the values
+            probs_low = probs.to(dtype).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(probs_low, vb, input_precision=PRECISION)
             m = m_new
         context = acc / total[:, None]
         heads = groups * PER_GROUP
