@@ -18,6 +18,8 @@ from mds_model import GPT, GPTConfig
 from mds_model.hf_families import hf_adapter, hf_problem
 from safetensors.torch import save_file
 
+from ..hf_models import HF_ARCHITECTURES, tiny_hf_models
+
 VOCAB, SEQ = 120, 16
 TOL = 1e-5
 
@@ -31,67 +33,9 @@ def _far_from_init(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=8, attn_implementation="eager")
-HF_MODELS = {
-    "llama-gqa-untied": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            **_COMMON,
-            num_hidden_layers=2,
-            num_key_value_heads=2,
-            intermediate_size=96,
-            max_position_embeddings=32,
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-        )
-    ),
-    "llama-tied-biases": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            **_COMMON,
-            num_hidden_layers=2,
-            num_key_value_heads=4,
-            intermediate_size=96,
-            max_position_embeddings=32,
-            attention_bias=True,
-            mlp_bias=True,
-            tie_word_embeddings=True,
-        )
-    ),
-    "gpt-neox-partial-rotary": lambda: transformers.GPTNeoXForCausalLM(
-        transformers.GPTNeoXConfig(
-            **_COMMON,
-            num_hidden_layers=2,
-            intermediate_size=160,
-            max_position_embeddings=32,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 20000.0,
-                "partial_rotary_factor": 0.5,
-            },
-            use_parallel_residual=False,
-            tie_word_embeddings=False,
-            hidden_act="gelu",
-        )
-    ),
-    # 6 heads: ALiBi's slopes for a head count other than a power of two (BLOOM's and Press's)
-    "bloom": lambda: transformers.BloomForCausalLM(
-        transformers.BloomConfig(
-            vocab_size=VOCAB,
-            hidden_size=72,
-            n_layer=2,
-            n_head=6,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            attn_implementation="eager",
-        )
-    ),
-}
-ARCHITECTURE = {
-    "llama-gqa-untied": "LlamaForCausalLM",
-    "llama-tied-biases": "LlamaForCausalLM",
-    "gpt-neox-partial-rotary": "GPTNeoXForCausalLM",
-    "bloom": "BloomForCausalLM",
-}
+HF_MODELS = tiny_hf_models(
+    max_position_embeddings=32, vocab_size=VOCAB, attn_implementation="eager"
+)
 
 
 def _tokens(seed: int) -> torch.Tensor:
@@ -132,7 +76,7 @@ def test_transformers_model_imports_at_tp2_pp2_and_exports_back(merge_mp, tmp_pa
 
     result = merge_mp("export-hf", "--load", tmp_path / "mds", "--save", tmp_path / "back")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"wrote {tmp_path / 'back'}: {ARCHITECTURE[family]}, ")
+    assert result.stdout.startswith(f"wrote {tmp_path / 'back'}: {HF_ARCHITECTURES[family]}, ")
     back = _load_hf(tmp_path / "back")
     assert type(back) is type(reference)
     with torch.no_grad():
@@ -140,7 +84,7 @@ def test_transformers_model_imports_at_tp2_pp2_and_exports_back(merge_mp, tmp_pa
 
 
 def test_llama_imports_at_tp1_pp1(merge_mp, tmp_path):
-    reference = _far_from_init(HF_MODELS["llama-gqa-untied"](), seed=3)
+    reference = _far_from_init(HF_MODELS["llama"](), seed=3)
     reference.save_pretrained(tmp_path / "hf")
     result = merge_mp("import-hf", "--load", tmp_path / "hf", "--save", tmp_path / "mds")
     assert result.returncode == 0, result.stderr
@@ -252,7 +196,13 @@ def test_a_layout_no_family_holds_is_refused_by_the_closest(fields, message):
 
 def test_parallel_residual_gpt_neox_is_refused_in_one_line(merge_mp, tmp_path):
     model = transformers.GPTNeoXForCausalLM(
-        transformers.GPTNeoXConfig(**_COMMON, num_hidden_layers=1, intermediate_size=128)
+        transformers.GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_attention_heads=8,
+            num_hidden_layers=1,
+            intermediate_size=128,
+        )
     )
     model.save_pretrained(tmp_path / "hf")
     result = merge_mp("import-hf", "--load", tmp_path / "hf", "--save", tmp_path / "out")
@@ -269,7 +219,7 @@ def test_parallel_residual_gpt_neox_is_refused_in_one_line(merge_mp, tmp_path):
 # as transformers 5's module calls it (save_pretrained writes `embed_out`, as 4 named it).
 _OLD_NAMES = {
     "bloom": lambda name: name.removeprefix("transformer."),
-    "gpt-neox-partial-rotary": lambda name: {"embed_out.weight": "lm_head.weight"}.get(name, name),
+    "gpt-neox": lambda name: {"embed_out.weight": "lm_head.weight"}.get(name, name),
 }
 
 
@@ -305,7 +255,7 @@ def test_other_tensor_names_import(merge_mp, tmp_path, family):
     ],
 )  # fmt: skip
 def test_a_llama_folder_mds_cannot_read_is_refused_in_one_line(merge_mp, tmp_path, change, message):
-    HF_MODELS["llama-gqa-untied"]().save_pretrained(tmp_path / "hf")
+    HF_MODELS["llama"]().save_pretrained(tmp_path / "hf")
     config = json.loads((tmp_path / "hf/config.json").read_text())
     (tmp_path / "hf/config.json").write_text(json.dumps({**config, **change}))
     result = merge_mp("import-hf", "--load", tmp_path / "hf", "--save", tmp_path / "out")

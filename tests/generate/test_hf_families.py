@@ -26,6 +26,8 @@ from mds_generate import (
 )
 from mds_generate.detokenize import wikitext_detokenize
 
+from ..hf_models import tiny_hf_models
+
 VOCAB, EOD = 5000, 4999  # the tiny GPT-2 vocabulary's (conftest)
 NEW = 16
 PROMPTS = ["The history of the city", "A", "In 1998 the company announced that it would"]
@@ -37,66 +39,7 @@ WIKITEXT = (
 )
 
 _COMMON = dict(vocab_size=VOCAB, eos_token_id=EOD, bos_token_id=EOD, attn_implementation="eager")
-HF_MODELS = {
-    "llama": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            **_COMMON,
-            hidden_size=64,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            num_hidden_layers=2,
-            intermediate_size=96,
-            max_position_embeddings=128,
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-        )
-    ),
-    # multi-head attention, a tied head, biases in attention and the MLP
-    "llama-tied-biases": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            **_COMMON,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            num_hidden_layers=2,
-            intermediate_size=96,
-            max_position_embeddings=128,
-            attention_bias=True,
-            mlp_bias=True,
-            tie_word_embeddings=True,
-        )
-    ),
-    "gpt-neox": lambda: transformers.GPTNeoXForCausalLM(
-        transformers.GPTNeoXConfig(
-            **_COMMON,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            intermediate_size=160,
-            max_position_embeddings=128,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 20000.0,
-                "partial_rotary_factor": 0.5,
-            },
-            use_parallel_residual=False,
-            tie_word_embeddings=False,
-            hidden_act="gelu",
-        )
-    ),
-    # 6 heads: ALiBi's slopes for a head count other than a power of two
-    "bloom": lambda: transformers.BloomForCausalLM(
-        transformers.BloomConfig(
-            **_COMMON,
-            hidden_size=72,
-            n_layer=2,
-            n_head=6,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-        )
-    ),
-}
+HF_MODELS = tiny_hf_models(max_position_embeddings=128, **_COMMON)
 FAMILY = {"llama": "Llama", "llama-tied-biases": "Llama", "gpt-neox": "GPT-NeoX", "bloom": "BLOOM"}
 
 
