@@ -265,19 +265,10 @@ def rotary_qkv_into_cache(
     that would wait on the device), in their dtype. cos and sin: the (>= slots, rotary_dim) fp32
     tables. Forward only (inference)."""
     seq, batch = qkv.shape[:2]
-    width = groups * (per_group + 2) * head_dim
-    cache_shape = (batch, groups, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
-    if qkv.dim() != 3 or qkv.shape[-1] != width or positions.shape != (batch, seq):
-        raise ValueError(
-            f"rotary_qkv_into_cache: qkv must be (S, B, {width}) for {groups} groups of "
-            f"{per_group} queries + key + value of {head_dim}, and positions (B, S); got "
-            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
-        )
-    if keys.shape != cache_shape or values.shape != cache_shape:
-        raise ValueError(
-            f"rotary_qkv_into_cache: keys and values must be (B {batch}, groups {groups}, slots, "
-            f"{head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}"
-        )
+    _check_step_shapes(
+        "rotary_qkv_into_cache", qkv, positions, keys, values,
+        groups=groups, per_group=per_group, head_dim=head_dim, one_token=False,
+    )  # fmt: skip
     if not use_kernel:
         return rotary_qkv_into_cache_reference(
             qkv, cos, sin, positions, keys, values,
@@ -293,6 +284,34 @@ def rotary_qkv_into_cache(
             groups=groups, per_group=per_group, head_dim=head_dim, backward=False,
             positions=positions.contiguous())  # fmt: skip
     return q
+
+
+def _check_step_shapes(
+    name, qkv, positions, keys, values, *, groups, per_group, head_dim, one_token: bool
+) -> None:
+    """A decoding step's inputs, as `rotary_qkv_into_cache` and `attend_one_token` take them:
+    qkv (S, B, groups * (per_group + 2) * head_dim) (S = 1 for one token), positions (B, S),
+    the cache's halves (B, groups, slots, hd); ValueError naming the function otherwise."""
+    seq, batch = qkv.shape[:2]
+    rows = "1" if one_token else "S"
+    width = groups * (per_group + 2) * head_dim
+    cache_shape = (batch, groups, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
+    if (
+        (one_token and seq != 1)
+        or qkv.dim() != 3
+        or qkv.shape[-1] != width
+        or positions.shape != (batch, seq)
+    ):
+        raise ValueError(
+            f"{name}: qkv must be ({rows}, B, {width}) for {groups} groups of {per_group} "
+            f"queries + key + value of {head_dim}, and positions (B, {rows}); got "
+            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
+        )
+    if keys.shape != cache_shape or values.shape != cache_shape:
+        raise ValueError(
+            f"{name}: keys and values must be (B {batch}, groups {groups}, slots, "
+            f"{head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}"
+        )
 
 
 def attend_one_token_reference(
@@ -437,20 +456,11 @@ def attend_one_token(
     values (B, groups, slots, hd) at each row's position; then each query attends to its row's
     slots 0..position (causal, the default 1/sqrt(head_dim) scale, no dropout), a group's
     queries as the rows of one product over the group's keys. Forward only (inference)."""
-    seq, batch = qkv.shape[:2]
-    width = groups * (per_group + 2) * head_dim
-    cache_shape = (batch, groups, keys.shape[2] if keys.dim() == 4 else -1, head_dim)
-    if seq != 1 or qkv.dim() != 3 or qkv.shape[-1] != width or positions.shape != (batch, 1):
-        raise ValueError(
-            f"attend_one_token: qkv must be (1, B, {width}) for {groups} groups of {per_group} "
-            f"queries + key + value of {head_dim}, and positions (B, 1); got "
-            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
-        )
-    if keys.shape != cache_shape or values.shape != cache_shape:
-        raise ValueError(
-            f"attend_one_token: keys and values must be (B {batch}, groups {groups}, slots, "
-            f"{head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}"
-        )
+    batch = qkv.shape[1]
+    _check_step_shapes(
+        "attend_one_token", qkv, positions, keys, values,
+        groups=groups, per_group=per_group, head_dim=head_dim, one_token=True,
+    )  # fmt: skip
     if not use_kernel:
         return attend_one_token_reference(
             qkv, cos, sin, positions, keys, values,
