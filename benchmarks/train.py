@@ -27,7 +27,10 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
                    accumulated in fp32 and averaged over DP in fp32 buckets during backward; the
                    layers as CUDA graphs wherever mds-train allows them (one GPU: yes)
   bf16-reduce      default with --grad-reduce-in-bf16 (DP averaging in bf16)
-  bf16-optimizer   --zero-stage 1: DeepSpeed's BF16_Optimizer (fp32 gradient accumulation)
+  zero1            --zero-stage 1: mds-train's ShardedMasterAdamW (fp32 masters and moments
+                   sharded over DP in DeepSpeed's layout and files; CUDA graphs at one rank)
+  bf16-optimizer   --zero-stage 1 with DeepSpeed's own BF16_Optimizer (the DeepSpeed file names
+                   the optimizer: torch's fused AdamW, as mds-train's client optimizer was)
   no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
   zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
   zero3            ZeRO-3 (parameters sharded too)
@@ -131,11 +134,22 @@ SIZE_DEFAULTS = {
     "llama3-3b": dict(iterations=30, log_interval=5, warmup=10, micro_batch=2),
 }
 TINY_SIZE_DEFAULTS = dict(iterations=6, log_interval=1, warmup=2, micro_batch=2)
+# An optimizer named in the DeepSpeed file keeps DeepSpeed's own ZeRO-1 (BF16_Optimizer) in charge:
+# torch's fused AdamW (`torch_adam`), the flags' betas and eps.
+DEEPSPEED_ADAMW = {
+    "type": "AdamW",
+    "params": {"torch_adam": True, "fused": True, "betas": [0.9, 0.95], "eps": 1e-8},
+}
 VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the derived one, flags)
     "default": (0, {}, []),
     "bf16-reduce": (0, {}, ["--grad-reduce-in-bf16"]),
-    "bf16-optimizer": (1, {}, []),
-    "no-overflow-check": (1, {"bf16": {"check_grad_overflow": False}}, []),
+    "zero1": (1, {}, []),
+    "bf16-optimizer": (1, {"optimizer": DEEPSPEED_ADAMW}, []),
+    "no-overflow-check": (
+        1,
+        {"optimizer": DEEPSPEED_ADAMW, "bf16": {"check_grad_overflow": False}},
+        [],
+    ),
     "zero2": (2, {}, []),
     "zero3": (3, {}, []),
     "fp16": (0, {}, ["--fp16"]),

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         fp8_file,
         rng_file,
         tag_for,
+        zero_optimizer_file,
     )
     from .locate import Located, locate_checkpoint
     from .loss_scale import STATE_FIELDS as LOSS_SCALER_STATE_FIELDS
@@ -97,6 +98,7 @@ _LAZY = {
         "fp8_file",
         "rng_file",
         "tag_for",
+        "zero_optimizer_file",
     ),
     "locate": ("Located", "locate_checkpoint"),
     "meta": (
@@ -177,6 +179,7 @@ __all__ = [
     "tag_for",
     "universal_meta",
     "upstream_keys",
+    "zero_optimizer_file",
 ]
 
 

@@ -34,6 +34,14 @@ ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.p
 # DeepSpeed's ZeRO partitions of DP rank D: ZeRO-1/2 and BF16 (`bf16_`) optimizer state, and at
 # ZeRO-3 the fp32 weights too.
 ZERO_OPTIMIZER_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
+
+
+def zero_optimizer_file(dp_rank: int, mp_rank: int, *, bf16: bool) -> str:
+    """DeepSpeed's name for one partition of ZeRO-1/2 optimizer state (`_get_rank_zero_ckpt_name`;
+    `bf16_` when its engine runs bf16), which ZERO_OPTIMIZER_FILE matches."""
+    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+
+
 MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
 # mds-train's progress record in DeepSpeed's client state (mp_rank files), and its version.
 CLIENT_KEY = "mds_train"

@@ -26,7 +26,7 @@ import numpy as np
 from . import ptfile, universal
 from .arrays import to_float32
 from .engine_names import optimizer_order
-from .layout import ZERO_OPTIMIZER_FILE
+from .layout import ZERO_OPTIMIZER_FILE, zero_optimizer_file
 from .loss_scale import agreed_record, loss_scaler_record
 from .partition import merge_shards
 from .ptfile import Missing
@@ -133,9 +133,9 @@ class OptimizerState:
         if num_dp is None:  # older files: the recorded DP size, else the largest rank's
             ranks = [int(ZERO_OPTIMIZER_FILE.fullmatch(path.name).group(1)) for path in files]
             num_dp = source.meta.parallel.data_parallel_size or max(ranks) + 1
-        prefix = "bf16_" if files[0].name.startswith("bf16_") else ""
+        bf16 = files[0].name.startswith("bf16_")
         wanted = {
-            (mp, dp): f"{prefix}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt"
+            (mp, dp): zero_optimizer_file(dp, mp, bf16=bf16)
             for mp in range(num_mp)
             for dp in range(num_dp)
         }

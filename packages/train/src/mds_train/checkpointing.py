@@ -53,8 +53,9 @@ from mds_model.config import GPT2
 from mds_tokenize import check_checkpoint_tokenizer
 
 from .deepspeed_engine import refresh_master_weights, set_progress
-from .rank_files import unpickling_foreign_classes
+from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
+from .sharded_master_weights import ShardedMasterAdamW
 from .state import (
     TrainingState,
     capture_rng_states,
@@ -98,6 +99,9 @@ class CheckpointContext:
     groups: Any = None  # mds_model.ParallelGroups: a reshaped checkpoint's TP slices
     optimizer: Any = None  # the base optimizer (whose param groups carry the learning rate)
     fp8: Any = None  # mds_model.fp8.Fp8Training of an FP8 run: its scaling state is saved per rank
+    # The DeepSpeed config the files record where mds-train's ZeRO optimizer stands in for
+    # DeepSpeed's (model_setup.recorded_deepspeed_config).
+    recorded_ds_config: dict[str, Any] | None = None
 
 
 def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: Path) -> Path:
@@ -118,10 +122,19 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
         **upstream_client_state(context.meta, state),
         "rng_state": upstream_rng_state(context.rng_tracker),
     }
+    sharded = sharded_optimizer(context)
+    if sharded:  # the mp_rank file as DeepSpeed's own ZeRO engine writes it
+        client_state.update(
+            optimizer=None,
+            param_shapes=context.optimizer.param_shapes(),
+            ds_config=context.recorded_ds_config,
+        )
     with _reporting_save_failures(save_dir, tag):
         context.engine.save_checkpoint(
             str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
         )
+        if sharded:
+            save_optimizer_partition(context, partial)
         torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
         if context.fp8 is not None:
             torch.save(context.fp8.state_dict(), partial / fp8_file(context.rank))
@@ -137,6 +150,48 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
     context.barrier()
     logger.info("saved checkpoint %s at iteration %d", final, state.iteration)
     return final
+
+
+def save_optimizer_partition(context: CheckpointContext, folder: Path) -> None:
+    """This rank's ShardedMasterAdamW partition in DeepSpeed's own ZeRO file (the engine's
+    `_save_zero_checkpoint`: the optimizer's state dict, the config and DeepSpeed's version)."""
+    from deepspeed.git_version_info import version
+    from mds_checkpoint import zero_optimizer_file
+
+    groups = context.groups
+    name = zero_optimizer_file(groups.dp_rank, groups.tp_rank, bf16=True)
+    state = {
+        "optimizer_state_dict": context.optimizer.state_dict(),
+        "ds_config": context.recorded_ds_config,
+        "ds_version": version,
+    }
+    torch.save(state, folder / name)
+
+
+def load_optimizer_partition(context: CheckpointContext, path: Path) -> None:
+    """This rank's partition of a ZeRO-1/2 checkpoint (DeepSpeed's BF16 or ZeRO optimizer's,
+    bf16 or fp32, or ShardedMasterAdamW's) into ShardedMasterAdamW."""
+    from mds_checkpoint import zero_optimizer_file
+
+    groups = context.groups
+    names = [zero_optimizer_file(groups.dp_rank, groups.tp_rank, bf16=b) for b in (True, False)]
+    found = [path / name for name in names if (path / name).is_file()]
+    if not found:
+        raise ValueError(
+            f"{path}: no {names[0]} (nor {names[1]}): it holds no ZeRO-1/2 optimizer state for "
+            f"data-parallel rank {groups.dp_rank}; add --no-load-optim to load the weights only, "
+            "or reshape it with mds-merge-mp --with-optimizer"
+        )
+    saved = load_rank_file(found[0])["optimizer_state_dict"]
+    if "fp32_flat_groups" in saved:
+        raise ValueError(f"{found[0]}: ZeRO-3 optimizer state; this run is at ZeRO-1")
+    try:
+        context.optimizer.load_state_dict(saved)
+    except ValueError as error:
+        raise ValueError(
+            f"{found[0]}: {error}; reshape it with mds-merge-mp --with-optimizer, or add "
+            "--no-load-optim"
+        ) from None
 
 
 def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[str, Any]:
@@ -482,12 +537,14 @@ def load_checkpoint(
         raise ValueError(f"{path}: the DeepSpeed files hold no mds-train progress")
     else:
         state = TrainingState.from_dict(client_state[CLIENT_KEY]["state"])
-    if universal:  # as DeepSpeed's own optimizer load would have set them
+    if universal or (load_optimizer and sharded_optimizer(context)):
+        # as DeepSpeed's own optimizer load would have set them
         set_progress(
             context.engine,
             iteration=state.iteration,
             consumed_samples=state.consumed_train_samples,
         )
+    if universal:
         record = meta.optimizer.get("loss_scaler")
         if restore_loss_scaler(context.engine.optimizer, record):
             logger.info(
@@ -533,6 +590,10 @@ def restore_fp8_scaling(context: CheckpointContext, path: Path, meta: Checkpoint
         logger.warning("%s: %s; FP8 scales start afresh from the next step's amaxes", path, why)
 
 
+def sharded_optimizer(context: CheckpointContext) -> bool:
+    return isinstance(context.optimizer, ShardedMasterAdamW)
+
+
 def _load_through_deepspeed(
     context: CheckpointContext,
     path: Path,
@@ -542,17 +603,21 @@ def _load_through_deepspeed(
     universal: bool,
 ) -> dict[str, Any] | None:
     """DeepSpeed loads its files (only the weights when `universal`: reshaped.py then fills the
-    optimizer); returns the client state."""
+    optimizer, nor when ShardedMasterAdamW reads its partition file itself); returns the client
+    state."""
+    partition = load_optimizer and not universal and sharded_optimizer(context)
     with unpickling_foreign_classes(context.engine):
         _, client_state = context.engine.load_checkpoint(
             str(path.parent),
             tag=path.name,
-            load_optimizer_states=load_optimizer and not universal,
+            load_optimizer_states=load_optimizer and not (universal or partition),
             load_lr_scheduler_states=False,
-            load_module_only=not load_optimizer or universal,
+            load_module_only=not load_optimizer or universal or partition,
         )
     if not load_optimizer:  # fp32 master copies follow the loaded weights
         refresh_master_weights(context.engine)
+    if partition:
+        load_optimizer_partition(context, path)
     if universal:
         step = restore_optimizer_state(
             context.engine,

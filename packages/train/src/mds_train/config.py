@@ -547,8 +547,10 @@ class TrainConfig:
     def cuda_graph_problem(self, topology: Topology) -> str | None:
         """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
         cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
-        ZeRO-0 on one data-parallel rank (mds-train's own master weights), with and without
-        dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture."""
+        ZeRO-0 and ZeRO-1 on one data-parallel rank (mds-train's own master weights), with and
+        without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1
+        run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own `optimizer`)
+        runs eagerly (run.py)."""
         from mds_model.cuda_graphs import unsupported
 
         model = self.model.gpt_config(
@@ -564,8 +566,8 @@ class TrainConfig:
             )
         if problem is None and not self.precision.bf16:
             problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
-        if problem is None and self.parallel.zero_stage != 0:
-            problem = "DeepSpeed's ZeRO optimizers break the capture: use --zero-stage 0"
+        if problem is None and self.parallel.zero_stage > 1:
+            problem = "DeepSpeed's ZeRO-2/3 optimizers break the capture: use --zero-stage 0 or 1"
         if problem is None and topology.data_parallel_size > 1:
             problem = (
                 "data-parallel gradient reduction is not checked under graphs yet: use one "

@@ -26,6 +26,38 @@ def uses_master_weights(config: TrainConfig, topology: Topology) -> bool:
     )
 
 
+def uses_sharded_master_weights(
+    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
+) -> bool:
+    """bf16 at ZeRO-1 without pipelining, offload or an optimizer named in the user's DeepSpeed
+    file: sharded_master_weights.ShardedMasterAdamW keeps this rank's partition of the fp32
+    masters in DeepSpeed's layout and DeepSpeed runs in its fp32 mode at stage 0 (its BF16
+    optimizer reached 0.94x of the reference's tokens/s on one H200, 0.55x on a slowed host)."""
+    return (
+        config.precision.bf16
+        and config.parallel.zero_stage == 1
+        and topology.pipeline_model_parallel_size == 1
+        and "optimizer" not in user_ds
+        and not offloads_optimizer(user_ds)
+    )
+
+
+def deepspeed_optimizer_problem(
+    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
+) -> str | None:
+    """Why a ZeRO-1 run's layers cannot be CUDA graphs although its flags allow them: its
+    DeepSpeed file keeps DeepSpeed's own optimizer, whose BF16 and ZeRO wrappers invalidated
+    the capture; None otherwise."""
+    if config.parallel.zero_stage != 1 or uses_sharded_master_weights(config, topology, user_ds):
+        return None
+    if not config.precision.bf16 or topology.pipeline_model_parallel_size > 1:
+        return None  # cuda_graph_problem names these
+    return (
+        "the DeepSpeed file keeps DeepSpeed's own optimizer (offload_optimizer or an optimizer "
+        "section), which breaks the capture"
+    )
+
+
 def effective_zero_stage(config: TrainConfig, topology: Topology) -> int:
     """The ZeRO stage the engine runs; at DP = 1 stages 0 and 1 are the same, above it stage 1
     also shards the optimizer state. Stage 0 runs at stage 1:
@@ -44,23 +76,35 @@ def effective_zero_stage(config: TrainConfig, topology: Topology) -> int:
     return 0
 
 
-def deepspeed_loads_universal(config: TrainConfig, topology: Topology) -> bool:
+def deepspeed_loads_universal(
+    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
+) -> bool:
     """`--universal-checkpoint` into one of DeepSpeed's ZeRO-1/2 or BF16 optimizers: DeepSpeed's
     own universal loader fills it (`load_hp_checkpoint_state_from_checkpoint_dir`, through the
-    optimizers' `param._hp_mapping`). It restores nothing else: torch's AdamW at ZeRO-0 and
-    MasterWeightAdamW are not its optimizers, and ZeRO-3 runs fill their partitions in
-    reshaped.py (universal_load.py)."""
-    return config.checkpoint.universal_checkpoint and effective_zero_stage(config, topology) in (
-        1,
-        2,
+    optimizers' `param._hp_mapping`). It restores nothing else: torch's AdamW at ZeRO-0,
+    MasterWeightAdamW and ShardedMasterAdamW are not its optimizers, and ZeRO-3 runs fill their
+    partitions in reshaped.py (universal_load.py)."""
+    return (
+        config.checkpoint.universal_checkpoint
+        and effective_zero_stage(config, topology) in (1, 2)
+        and not uses_sharded_master_weights(config, topology, user_ds)
     )
 
 
 def derive_deepspeed_config(
-    config: TrainConfig, topology: Topology, *, pipeline_entries: dict, client_optimizer: bool
+    config: TrainConfig,
+    topology: Topology,
+    *,
+    pipeline_entries: dict,
+    client_optimizer: bool,
+    sharded_master_weights: bool = False,
 ) -> dict[str, Any]:
-    """What the flags say, in DeepSpeed's vocabulary. The learning-rate schedule stays ours."""
+    """What the flags say, in DeepSpeed's vocabulary. The learning-rate schedule stays ours.
+    With `sharded_master_weights` (uses_sharded_master_weights) the engine's: fp32 mode at stage
+    0; without, what DeepSpeed itself would run, as its files record it."""
     precision = config.precision
+    stage = 0 if sharded_master_weights else effective_zero_stage(config, topology)
+    own_masters = sharded_master_weights or uses_master_weights(config, topology)
     num_micro = config.batch_schedule(topology).num_micro_batches_at(0)
     derived: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": config.batch.micro_batch_size,
@@ -72,7 +116,7 @@ def derive_deepspeed_config(
         # DeepSpeed's throughput timer synchronizes the device at every forward and every step
         # by default, so the GPU drains twice per iteration; our interval line times the steps.
         "timers": {"throughput": {"enabled": False}},
-        "zero_optimization": {"stage": effective_zero_stage(config, topology)},
+        "zero_optimization": {"stage": stage},
     }
     if client_optimizer:
         derived["zero_allow_untested_optimizer"] = True  # torch's AdamW is ZeRO-safe
@@ -85,13 +129,13 @@ def derive_deepspeed_config(
             "hysteresis": precision.hysteresis,
             "min_loss_scale": precision.min_loss_scale,
         }
-    elif precision.bf16 and not uses_master_weights(config, topology):
-        # With master weights DeepSpeed runs in its fp32 mode instead; MasterWeightAdamW then
-        # accumulates and averages the gradients in fp32 itself.
+    elif precision.bf16 and not own_masters:
+        # With master weights DeepSpeed runs in its fp32 mode instead; MasterWeightAdamW or
+        # ShardedMasterAdamW then accumulates and averages the gradients in fp32 itself.
         derived["bf16"] = {"enabled": True}
-        if effective_zero_stage(config, topology) == 1:
+        if stage == 1:
             derived["data_types"] = {"grad_accum_dtype": "fp32"}  # selects the BF16 optimizer
-    if deepspeed_loads_universal(config, topology):
+    if config.checkpoint.universal_checkpoint and stage in (1, 2):
         # as upstream's --universal-checkpoint (megatron/training.py, _create_ds_config_dict)
         derived["checkpoint"] = {"load_universal": True}
     for key, value in pipeline_entries.items():

@@ -37,9 +37,10 @@ class _StepState:
 
 
 class GradientReduction:
-    """Owns the fp32 gradients of `masters` (views of flat bucket buffers, set as `master.grad`)
-    and the hooks that fill them from `params`' gradients. `params` come in the model's order:
-    buckets are cut from its end, where backward starts.
+    """Owns the fp32 gradients of `params` (views of flat bucket buffers: `gradients`, also set
+    as `master.grad` where `masters` are given) and the hooks that fill them from `params`'
+    gradients. `params` come in the model's order: buckets are cut from its end, where backward
+    starts.
 
     `is_last_micro_batch()` is asked during backward (the engine's accumulation boundary);
     `finish()` completes the step's averaging and must be called before the gradients are read.
@@ -50,7 +51,7 @@ class GradientReduction:
     def __init__(
         self,
         params: list[torch.nn.Parameter],
-        masters: list[torch.Tensor],
+        masters: list[torch.Tensor] | None,
         *,
         is_last_micro_batch: Callable[[], bool],
         data_parallel_group=None,
@@ -62,7 +63,12 @@ class GradientReduction:
         self._is_last_micro_batch = is_last_micro_batch
         self._group = data_parallel_group
         self._dp_size = data_parallel_size
-        self._buckets, self._bucket_of = self._build_buckets(masters, bucket_elements)
+        self._buckets, self._bucket_of, self.gradients = self._build_buckets(
+            params, bucket_elements
+        )
+        if masters is not None:
+            for master, gradient in zip(masters, self.gradients, strict=True):
+                master.grad = gradient
         # NCCL averages inside the all-reduce; gloo has no AVG, so its buckets are divided first.
         self._average_on_wire = (
             data_parallel_size > 1 and dist.get_backend(data_parallel_group) == "nccl"
@@ -70,28 +76,29 @@ class GradientReduction:
         if reduce_dtype != torch.float32 and data_parallel_size > 1:
             for bucket in self._buckets:
                 bucket.wire = torch.empty_like(bucket.flat, dtype=reduce_dtype)
-        self._master_grads = [master.grad for master in masters]  # views into the buckets
         self._state = _StepState(written=[False] * len(params))
         for index, param in enumerate(params):
             param.register_post_accumulate_grad_hook(self._hook(index))
 
-    def _build_buckets(self, masters: list[torch.Tensor], bucket_elements: int):
+    @staticmethod
+    def _build_buckets(params: list[torch.nn.Parameter], bucket_elements: int):
         """Buckets in reverse parameter order: roughly the order backward produces gradients."""
-        buckets, bucket_of, current, size = [], [0] * len(masters), [], 0
-        for index in reversed(range(len(masters))):
+        buckets, bucket_of, current, size = [], [0] * len(params), [], 0
+        gradients: list[torch.Tensor] = [torch.empty(0)] * len(params)
+        for index in reversed(range(len(params))):
             current.append(index)
-            size += masters[index].numel()
+            size += params[index].numel()
             if size >= bucket_elements or index == 0:
-                flat = torch.zeros(size, dtype=torch.float32, device=masters[index].device)
+                flat = torch.zeros(size, dtype=torch.float32, device=params[index].device)
                 offset = 0
                 for i in current:
-                    numel = masters[i].numel()
-                    masters[i].grad = flat[offset : offset + numel].view_as(masters[i])
+                    numel = params[i].numel()
+                    gradients[i] = flat[offset : offset + numel].view(params[i].shape)
                     bucket_of[i] = len(buckets)
                     offset += numel
                 buckets.append(_Bucket(flat=flat, indices=current))
                 current, size = [], 0
-        return buckets, bucket_of
+        return buckets, bucket_of, gradients
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def accumulate(param: torch.Tensor) -> None:
@@ -101,7 +108,7 @@ class GradientReduction:
 
     @torch.no_grad()
     def _accumulate(self, index: int, param: torch.Tensor) -> None:
-        master_grad = self._master_grads[index]
+        master_grad = self.gradients[index]
         if self._state.written[index]:
             master_grad.add_(param.grad)
         else:
@@ -137,7 +144,7 @@ class GradientReduction:
         zero; one that got none in the last micro-batch holds the earlier ones' sum."""
         for index, written in enumerate(self._state.written):
             if not written:  # its bucket cannot have been launched
-                self._master_grads[index].zero_()
+                self.gradients[index].zero_()
         for bucket in self._buckets[self._state.next_bucket :]:
             bucket.num_ready = len(bucket.indices)
         self._launch_ready()

@@ -37,9 +37,11 @@ from .ds_config import (
     merge_deepspeed_config,
     offloads_optimizer,
     uses_master_weights,
+    uses_sharded_master_weights,
 )
 from .gradients import install_fp32_clipping
 from .master_weights import MasterWeightAdamW
+from .sharded_master_weights import ShardedMasterAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +142,7 @@ class TrainingSetup:
     groups: ParallelGroups
     rng_tracker: RNGStatesTracker
     gpt_config: GPTConfig
-    ds_config: dict[str, Any]
+    ds_config: dict[str, Any]  # what the engine runs
     is_pipeline: bool
     fp8: Any = None  # mds_model.fp8.Fp8Training under --fp8-e4m3/--fp8-hybrid: update per step
 
@@ -191,6 +193,25 @@ def _client_optimizer(
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=opt.adam_eps, fused=fused)
 
 
+def _sharded_optimizer(
+    config: TrainConfig, params: list[dict], module: torch.nn.Module, groups: ParallelGroups
+) -> ShardedMasterAdamW:
+    """ZeRO-1 over this run's data-parallel group: its Triton step wherever it can run, unless
+    kernels are turned off."""
+    opt = config.optimizer
+    return ShardedMasterAdamW(
+        params,
+        betas=(opt.adam_beta1, opt.adam_beta2),
+        eps=opt.adam_eps,
+        names={param: name for name, param in module.named_parameters()},
+        data_parallel_group=groups.dp_group,
+        data_parallel_rank=groups.dp_rank,
+        data_parallel_size=groups.dp_size,
+        clip_grad=opt.clip_grad,
+        use_kernel=False if config.model.no_fused_kernels else None,
+    )
+
+
 def build_training_setup(
     config: TrainConfig, topology: Topology, gpt_config: GPTConfig, user_ds: dict[str, Any]
 ) -> TrainingSetup:
@@ -212,7 +233,9 @@ def build_training_setup(
     params = parameter_groups(
         module, config.optimizer.weight_decay, config=gpt_config, is_pipeline=is_pipeline
     )
-    optimizer = build_client_optimizer(config, topology, params, ds_config, user_ds)
+    optimizer = build_client_optimizer(
+        config, topology, params, ds_config, user_ds, module=module, groups=groups
+    )
     apply_zero3_external_parameters(module, ds_config, is_pipeline=is_pipeline)
     engine = initialize_engine(
         module, optimizer, params, ds_config, groups, is_pipeline=is_pipeline
@@ -307,6 +330,20 @@ def build_deepspeed_config(
         topology,
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
         client_optimizer="optimizer" not in user_ds,
+        sharded_master_weights=uses_sharded_master_weights(config, topology, user_ds),
+    )
+    return merge_deepspeed_config(derived, user_ds)
+
+
+def recorded_deepspeed_config(
+    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
+) -> dict[str, Any]:
+    """The DeepSpeed config the checkpoint files record: what DeepSpeed would run for these flags
+    and file if it kept the optimizer (bf16 at the ZeRO stage asked), for the readers that look
+    (DeepSpeed's, upstream's); the engine itself may run in its fp32 mode beside mds-train's
+    master weights."""
+    derived = derive_deepspeed_config(
+        config, topology, pipeline_entries={}, client_optimizer="optimizer" not in user_ds
     )
     return merge_deepspeed_config(derived, user_ds)
 
@@ -317,10 +354,15 @@ def build_client_optimizer(
     params: list[dict],
     ds_config: dict[str, Any],
     user_ds: dict[str, Any],
+    *,
+    module: torch.nn.Module,
+    groups: ParallelGroups,
 ) -> torch.optim.Optimizer | None:
     """Ours, unless the user's DeepSpeed file names one (None: DeepSpeed builds that one)."""
     if "optimizer" in user_ds:
         return None
+    if uses_sharded_master_weights(config, topology, user_ds):
+        return _sharded_optimizer(config, params, module, groups)
     return _client_optimizer(
         config,
         params,
@@ -397,7 +439,7 @@ def apply_gradient_reduction_in_backward(
     per 345M step and, under CUDA graphs, ran on the graphs' side stream beside the GEMMs
     (6.6 ms of kernels per step there; the step went from 89.3 to 87.6 ms eager:
     packages/train/README.md, "Profiling" and "Speed")."""
-    if not isinstance(optimizer, MasterWeightAdamW):
+    if not isinstance(optimizer, (MasterWeightAdamW, ShardedMasterAdamW)):
         return
     one_micro_batch = (
         config.batch.rampup_batch_size is None

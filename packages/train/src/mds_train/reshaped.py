@@ -4,9 +4,10 @@ Its weights are DeepSpeed files of this topology (the engine loads them); its op
 topology-free (mds_checkpoint's universal layout: whole fp32 masters and Adam moments per
 parameter). Each rank takes its tensor-parallel slice of every parameter and puts it where this
 run's optimizer keeps it: torch's AdamW (fp32, ZeRO-0: the parameter is the master), mds-train's
-`MasterWeightAdamW` (bf16, ZeRO-0), or DeepSpeed's ZeRO-1/2 and BF16 optimizers through their
-fragment mappings (`param._hp_mapping`, the ones DeepSpeed's own universal loader fills; every
-DeepSpeed internal used here is wrapped in deepspeed_engine.py).
+`MasterWeightAdamW` (bf16, ZeRO-0) and `ShardedMasterAdamW` (bf16, ZeRO-1), or DeepSpeed's
+ZeRO-1/2 and BF16 optimizers through their fragment mappings (`param._hp_mapping`, the ones
+DeepSpeed's own universal loader fills; every DeepSpeed internal used here is wrapped in
+deepspeed_engine.py).
 At ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`) DeepSpeed cannot load these files at all, so the
 weights go in here too: each rank's DP partition of its TP slice, as DeepSpeed's stage-3 universal
 loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) cuts it. An fp16 source's dynamic
@@ -39,6 +40,7 @@ from .deepspeed_engine import (
 )
 from .master_weights import MasterWeightAdamW
 from .rank_files import load_rank_file
+from .sharded_master_weights import ShardedMasterAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +86,13 @@ def restore_optimizer_state(
             touched_deepspeed = True
         elif isinstance(optimizer, MasterWeightAdamW):
             _set_master(optimizer, param, values, state.step)
+        elif isinstance(optimizer, ShardedMasterAdamW):
+            optimizer.set_parameter_state(param, values, state.step)
         else:
             _set_torch_state(optimizer, param, values, state.step)
     if touched_deepspeed:
         relink_optimizer_state(engine.optimizer)
-    if isinstance(optimizer, MasterWeightAdamW):
+    if isinstance(optimizer, (MasterWeightAdamW, ShardedMasterAdamW)):
         optimizer.refresh_model_params()
     return state.step
 

@@ -38,12 +38,12 @@ from .distributed import (
     init_distributed,
     launch_environment,
 )
-from .ds_config import deepspeed_loads_universal, effective_zero_stage
+from .ds_config import deepspeed_loads_universal, deepspeed_optimizer_problem, effective_zero_stage
 from .ds_file import load_user_config, resolve_user_config
 from .fallbacks import choose_backend, without_fp16
 from .loop import Trainer
 from .metrics import MetricsWriter, default_peak_tflops
-from .model_setup import build_training_setup, capture_layer_graphs
+from .model_setup import build_training_setup, capture_layer_graphs, recorded_deepspeed_config
 from .profiling import StepProfiler
 from .scheduler_record import resolve_schedule, scheduler_progress
 from .state import TrainingState
@@ -314,13 +314,14 @@ def _run_joined(
         groups=setup.groups,
         optimizer=setup.optimizer,
         fp8=setup.fp8,
+        recorded_ds_config=recorded_deepspeed_config(config, topology, user_ds),
     )
     state = TrainingState()
     if universal:
         state = load_universal(
             checkpoint,
             found,
-            deepspeed_loads=deepspeed_loads_universal(config, topology),
+            deepspeed_loads=deepspeed_loads_universal(config, topology, user_ds),
             num_layers=gpt_config.num_layers,
         )
         scheduler_progress(state, recorded)
@@ -335,12 +336,16 @@ def _run_joined(
         if not config.checkpoint.finetune:
             scheduler_progress(state, recorded)
         remove_converted(found[0], rank=launch.rank, barrier=dist.barrier)
-    if config.uses_cuda_graphs(topology, gpu=torch.cuda.is_available()):
+    graph_problem = config.cuda_graph_problem(topology) or deepspeed_optimizer_problem(
+        config, topology, user_ds
+    )
+    if config.model.enable_cuda_graph and graph_problem is not None:
+        raise ValueError(f"--enable-cuda-graph: {graph_problem}")
+    if config.uses_cuda_graphs(topology, gpu=torch.cuda.is_available()) and graph_problem is None:
         # On the weights as loaded, before the first step.
         capture_layer_graphs(setup, micro_batch_size=config.batch.micro_batch_size)
     elif torch.cuda.is_available() and not config.model.no_cuda_graph and launch.rank == 0:
-        problem = config.cuda_graph_problem(topology)
-        logger.info("layers run eagerly, not as CUDA graphs: %s", problem)
+        logger.info("layers run eagerly, not as CUDA graphs: %s", graph_problem)
     train_iters = config.train_iters(topology)
     datasets = build_datasets(
         config, topology, train_iters=train_iters, rank=launch.rank, barrier=dist.barrier

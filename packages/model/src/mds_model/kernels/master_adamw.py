@@ -209,7 +209,9 @@ class MasterAdamWGroup:
             raise ValueError("MasterAdamWGroup: tensors must be contiguous and sized as masters")
         self.device = masters[0].device
         # Any weight and any master: the kernel takes its element types from their pointers.
-        self._param_like, self._master_like, self._steps = params[0], masters[0], steps
+        self._param_like, self._master_like = params[0], masters[0]
+        # Fragments of one flat ZeRO partition share its step: each counter is advanced once.
+        self._steps = list({id(step): step for step in steps}.values())
         self._param_addresses = tuple(p.data_ptr() for p in params)
         self._sizes = sizes
         self._numels = torch.tensor(sizes, dtype=torch.int64, device=self.device)

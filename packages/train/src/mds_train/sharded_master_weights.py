@@ -1,0 +1,441 @@
+"""ZeRO-1 for bf16 runs: fp32 masters and Adam moments sharded over the data-parallel ranks in
+DeepSpeed's own flat layout, one fused step per shard, and DeepSpeed's own partition files.
+
+DeepSpeed's BF16 optimizer (its ZeRO-1 for bf16) reached 0.94x of the compiled reference on one
+H200 with the host quiet and 0.55x with it slowed, and keeps CUDA graphs out (packages/train
+README, "The engines"). This optimizer does the same work the way master_weights.py does it for
+ZeRO-0: each bf16 gradient is added into an fp32 gradient as backward makes it and averaged over
+DP in buckets that overlap backward (grad_sync.py), one Triton launch per parameter group steps
+this rank's partition and writes its bf16 weights, and one all-gather per group brings the other
+ranks' partitions.
+
+The layout is DeepSpeed's (`BF16_Optimizer._setup_for_real_optimizer`): each parameter group's
+weights lie end to end in one flat bf16 buffer (the parameters become views into it), zero-padded
+to a multiple of 2 x DP; rank r owns the r-th of DP equal partitions, whose fp32 copy is the inner
+torch AdamW's one parameter for the group. `state_dict()` is what DeepSpeed's BF16 optimizer
+saves in `bf16_zero_pp_rank_{dp}_mp_rank_{tp}_optim_states.pt`, and `load_state_dict` takes that
+or DeepSpeed's ZeRO-1/2 optimizer's dict at the same DP, so DeepSpeed's (and upstream's) runs
+resume these files and these runs resume theirs (checkpointing.py writes and finds them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mds_model.kernels import triton_available
+from mds_model.kernels.master_adamw import MasterAdamWGroup
+
+from .grad_sync import GradientReduction
+
+# DeepSpeed's `nccl_start_alignment_factor`: a group's flat length is a multiple of 2 x DP, so
+# every partition starts on a 4-byte boundary.
+START_ALIGNMENT = 2
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """The piece of one parameter inside this rank's partition."""
+
+    index: int  # the parameter's position in its group
+    start: int  # where the piece begins in the flattened parameter
+    numel: int
+    partition_start: int  # where it begins in the partition
+
+
+@dataclass
+class FlatGroup:
+    """One parameter group laid out as DeepSpeed lays it out."""
+
+    params: list[torch.nn.Parameter]
+    flat: torch.Tensor  # the group's weights end to end, zero-padded; the params are views
+    partition_size: int
+    rank: int
+    master: torch.Tensor  # fp32 copy of this rank's partition: the inner optimizer's parameter
+    fragments: list[Fragment]
+    unpadded_numel: int  # the parameters' elements, before the padding
+
+    @property
+    def partition(self) -> torch.Tensor:
+        return self.flat.narrow(0, self.rank * self.partition_size, self.partition_size)
+
+    @property
+    def padding(self) -> int:
+        """This rank's padding elements, as DeepSpeed records them: all on the partitions past
+        the parameters' end."""
+        start = self.rank * self.partition_size
+        return max(0, min(self.partition_size, start + self.partition_size - self.unpadded_numel))
+
+
+def flatten_group(params: list[torch.nn.Parameter], *, rank: int, size: int) -> FlatGroup:
+    """Moves `params` into one flat buffer (DeepSpeed's `_flatten_dense_tensors_aligned` and
+    `_update_storage_to_flattened_tensor`) and cuts this rank's partition."""
+    unpadded = sum(p.numel() for p in params)
+    alignment = START_ALIGNMENT * size
+    padded = -(-unpadded // alignment) * alignment
+    flat = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    offsets = []
+    for param in params:
+        view = flat.narrow(0, offset, param.numel())
+        view.copy_(param.data.view(-1))
+        param.data = view.view(param.shape)
+        offsets.append(offset)
+        offset += param.numel()
+    partition_size = padded // size
+    begin, end = rank * partition_size, (rank + 1) * partition_size
+    fragments = []
+    for index, (param, start) in enumerate(zip(params, offsets, strict=True)):
+        low, high = max(start, begin), min(start + param.numel(), end)
+        if low < high:
+            fragments.append(Fragment(index, low - start, high - low, low - begin))
+    master = flat.narrow(0, begin, partition_size).detach().float().clone()
+    return FlatGroup(params, flat, partition_size, rank, master, fragments, unpadded)
+
+
+class ShardedMasterAdamW(torch.optim.Optimizer):
+    """AdamW over fp32 masters of this data-parallel rank's partition of every (bf16) parameter
+    group; `param_groups` are the model's, whose `lr` the trainer's schedule sets.
+
+    `names` maps each parameter to its name in the engine's module (DeepSpeed's
+    `param_slice_mappings` key them so); `clip_grad` is recorded in the state dict as DeepSpeed
+    records its own.
+    """
+
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        *,
+        betas: tuple[float, float],
+        eps: float,
+        names: dict[torch.nn.Parameter, str],
+        data_parallel_group=None,
+        data_parallel_rank: int = 0,
+        data_parallel_size: int = 1,
+        clip_grad: float = 0.0,
+        use_kernel: bool | None = None,
+    ) -> None:
+        super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
+        self._dp_group, self._dp_size = data_parallel_group, data_parallel_size
+        self._names, self.clip_grad = names, clip_grad
+        self.flat_groups = [
+            flatten_group(group["params"], rank=data_parallel_rank, size=data_parallel_size)
+            for group in self.param_groups
+        ]
+        on_gpu = self.flat_groups[0].master.is_cuda
+        self.use_kernel = on_gpu and triton_available() if use_kernel is None else use_kernel
+        self._betas, self._eps = betas, eps
+        self.inner = torch.optim.AdamW(
+            [
+                {"params": [flat.master], "weight_decay": group["weight_decay"], "lr": group["lr"]}
+                for flat, group in zip(self.flat_groups, self.param_groups, strict=True)
+            ],
+            betas=betas,
+            eps=eps,
+            fused=on_gpu,
+            foreach=None if on_gpu else True,
+        )
+        self._reduction: GradientReduction | None = None
+        self._gradients: dict[int, torch.Tensor] | None = None  # this step's, by id(param)
+        self._gradient_divisor: torch.Tensor | None = None
+        self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
+        # torch's AdamW (no kernel) reads the partition's gradients as one fp32 tensor
+        self._partition_grads: list[torch.Tensor] | None = None
+
+    # --- gradients ------------------------------------------------------------------------
+
+    def reduce_in_backward(
+        self,
+        model_parameters: list[torch.nn.Parameter],
+        *,
+        is_last_micro_batch,
+        data_parallel_group,
+        data_parallel_size: int,
+        reduce_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """From now on every gradient is added into an fp32 gradient as backward makes it and
+        averaged over the data-parallel group in buckets (grad_sync.py); each rank then steps
+        its own partition of the averaged gradients."""
+        params = {id(p) for group in self.param_groups for p in group["params"]}
+        ordered = [p for p in model_parameters if id(p) in params]
+        reduction = GradientReduction(
+            ordered,
+            None,
+            is_last_micro_batch=is_last_micro_batch,
+            data_parallel_group=data_parallel_group,
+            data_parallel_size=data_parallel_size,
+            reduce_dtype=reduce_dtype,
+        )
+        self._reduction = reduction
+        self._reduced = dict(zip(map(id, ordered), reduction.gradients, strict=True))
+
+    @torch.no_grad()
+    def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """Each parameter's whole gradient for this step (the reduction's fp32 average, else the
+        model's own bf16 gradient), for clipping's norm: every rank holds all of them."""
+        if self._gradients is None:
+            if self._reduction is not None:
+                self._reduction.finish()
+                gradients = self._reduced
+            else:
+                gradients = {
+                    id(p): p.grad
+                    for group in self.param_groups
+                    for p in group["params"]
+                    if p.grad is not None
+                }
+            self._gradients = gradients
+        return [
+            (param, self._gradients[id(param)])
+            for group in self.param_groups
+            for param in group["params"]
+            if id(param) in self._gradients
+        ]
+
+    @torch.no_grad()
+    def scale_gradients(self, coefficient: torch.Tensor) -> None:
+        """Clipping's coefficient, applied as the step reads the gradients (MasterWeightAdamW's
+        `scale_gradients`)."""
+        if self.master_gradients():
+            device = self.flat_groups[0].master.device
+            self._gradient_divisor = coefficient.to(device, torch.float32).reciprocal()
+
+    # --- the step -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ARG002 - torch's signature
+        self.master_gradients()
+        if self.use_kernel:
+            self._kernel_step()
+        else:
+            self._torch_step()
+        self._gradients, self._gradient_divisor = None, None
+        self._gather_weights()
+        return None
+
+    def _kernel_step(self) -> None:
+        """One Triton launch per group over the fragments of this partition whose parameters
+        have gradients; the fragments of a group share its step count."""
+        gradients = self._gradients
+        for g, (flat, group) in enumerate(zip(self.flat_groups, self.param_groups, strict=True)):
+            fragments = [f for f in flat.fragments if id(flat.params[f.index]) in gradients]
+            if not fragments:
+                continue
+            key = (g, tuple(f.index for f in fragments))
+            kernel_group = self._kernel_groups.get(key)
+            if kernel_group is None:
+                state = self._adamw_state(g)
+                kernel_group = MasterAdamWGroup(
+                    [_piece(flat.params[f.index].data, f) for f in fragments],
+                    [flat.master.narrow(0, f.partition_start, f.numel) for f in fragments],
+                    [state["exp_avg"].narrow(0, f.partition_start, f.numel) for f in fragments],
+                    [state["exp_avg_sq"].narrow(0, f.partition_start, f.numel) for f in fragments],
+                    [state["step"]] * len(fragments),
+                )
+                self._kernel_groups[key] = kernel_group
+            kernel_group.step(
+                [_piece(gradients[id(flat.params[f.index])], f) for f in fragments],
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                betas=self._betas,
+                eps=self._eps,
+                grad_scale=self._gradient_divisor,
+            )
+
+    def _torch_step(self) -> None:
+        """torch's AdamW over each group's fp32 partition, its gradient gathered from the
+        fragments (zero where a parameter got none), then the partition's bf16 weights."""
+        if self._partition_grads is None:
+            self._partition_grads = [torch.zeros_like(flat.master) for flat in self.flat_groups]
+        sources, targets = [], []
+        for flat, buffer in zip(self.flat_groups, self._partition_grads, strict=True):
+            buffer.zero_()
+            for f in flat.fragments:
+                gradient = self._gradients.get(id(flat.params[f.index]))
+                if gradient is not None:
+                    sources.append(_piece(gradient, f))
+                    targets.append(buffer.narrow(0, f.partition_start, f.numel))
+            flat.master.grad = buffer
+        if targets:
+            torch._foreach_copy_(targets, sources)
+        for group, inner_group in zip(self.param_groups, self.inner.param_groups, strict=True):
+            inner_group["lr"] = group["lr"]
+        if self._gradient_divisor is not None:
+            if self.inner.defaults["fused"]:
+                self.inner.grad_scale = self._gradient_divisor  # read by torch's fused step
+            else:
+                for buffer in self._partition_grads:
+                    buffer.div_(self._gradient_divisor)
+        try:
+            self.inner.step()
+        finally:
+            self.inner.__dict__.pop("grad_scale", None)
+        for flat in self.flat_groups:
+            flat.partition.copy_(flat.master)
+
+    def _adamw_state(self, g: int) -> dict[str, torch.Tensor]:
+        """The inner AdamW's state of group `g`'s partition, made as torch's fused step makes it
+        on first use; a step count saved on the CPU moves to the partition's device."""
+        master = self.flat_groups[g].master
+        state = self.inner.state[master]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=master.device)
+            state["exp_avg"] = torch.zeros_like(master)
+            state["exp_avg_sq"] = torch.zeros_like(master)
+        elif state["step"].device != master.device or state["step"].dtype != torch.float32:
+            state["step"] = state["step"].to(master.device, torch.float32)
+        return state
+
+    @torch.no_grad()
+    def _gather_weights(self) -> None:
+        """Every rank's updated partition into every rank's flat weights."""
+        if self._dp_size == 1:
+            return
+        for flat in self.flat_groups:
+            mine = flat.partition.clone()
+            if dist.get_backend(self._dp_group) == "nccl":
+                dist.all_gather_into_tensor(flat.flat, mine, group=self._dp_group)
+            else:  # gloo gathers into a list
+                dist.all_gather(list(flat.flat.chunk(self._dp_size)), mine, group=self._dp_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        self._gradients, self._gradient_divisor = None, None
+
+    # --- weights and state ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def refresh_model_params(self) -> None:
+        """The model's weights from the masters (every rank's partition)."""
+        for flat in self.flat_groups:
+            flat.partition.copy_(flat.master)
+        self._gather_weights()
+
+    @torch.no_grad()
+    def refresh_fp32_params(self) -> None:
+        """Masters from the model's weights (after loading weights without optimizer state)."""
+        for flat in self.flat_groups:
+            flat.master.copy_(flat.partition)
+
+    @torch.no_grad()
+    def set_parameter_state(
+        self, param: torch.nn.Parameter, values: dict[str, torch.Tensor], step: int
+    ) -> None:
+        """This rank's piece of one parameter's fp32 master and Adam moments from whole tensors
+        (a reshaped checkpoint's: `fp32`, `exp_avg`, `exp_avg_sq`) and the group's step. The
+        model's weights follow at refresh_model_params."""
+        for g, flat in enumerate(self.flat_groups):
+            for f in flat.fragments:
+                if flat.params[f.index] is not param:
+                    continue
+                state = self._adamw_state(g)
+                state["step"].fill_(float(step))
+                for target, key in ((flat.master, "fp32"), (state["exp_avg"], "exp_avg")) + (
+                    (state["exp_avg_sq"], "exp_avg_sq"),
+                ):
+                    piece = values[key].flatten().narrow(0, f.start, f.numel)
+                    target.narrow(0, f.partition_start, f.numel).copy_(piece)
+        self._kernel_groups.clear()
+
+    def param_shapes(self) -> list[OrderedDict[str, torch.Size]]:
+        """DeepSpeed's `param_shapes` (the model file's key): each group's parameters by name, in
+        their order in the flat buffer."""
+        return [
+            OrderedDict((self._names[p], p.shape) for p in flat.params) for flat in self.flat_groups
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        """DeepSpeed's BF16 optimizer's state dict (ZeRO-1 for bf16), key for key."""
+        from deepspeed.checkpoint import constants
+        from deepspeed.git_version_info import version
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        for g in range(len(self.flat_groups)):
+            self._adamw_state(g)  # a checkpoint before the first step holds zero moments
+        base = self.inner.state_dict()
+        for group in base["param_groups"]:  # where apex's FusedAdam reads the step
+            group["step"] = int(base["state"][group["params"][0]]["step"].item())
+        return {
+            constants.CLIP_GRAD: self.clip_grad,
+            constants.BASE_OPTIMIZER_STATE: base,
+            constants.SINGLE_PARTITION_OF_FP32_GROUPS: [flat.master for flat in self.flat_groups],
+            constants.GROUP_PADDINGS: [flat.padding for flat in self.flat_groups],
+            constants.PARTITION_COUNT: [self._dp_size] * len(self.flat_groups),
+            constants.DS_VERSION: version,
+            constants.PARAM_SLICE_MAPPINGS: [
+                OrderedDict(
+                    (
+                        self._names[flat.params[f.index]],
+                        fragment_address(numel=f.numel, start=f.partition_start),
+                    )
+                    for f in flat.fragments
+                )
+                for flat in self.flat_groups
+            ],
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A DeepSpeed ZeRO-1/2 or BF16 optimizer's state dict for this rank, saved at this DP
+        over the same parameter groups (ValueError, one line, otherwise); then the model's
+        weights from its masters."""
+        from deepspeed.checkpoint import constants
+
+        counts = state_dict[constants.PARTITION_COUNT]
+        counts = counts if isinstance(counts, list) else [counts] * len(self.flat_groups)
+        if any(count != self._dp_size for count in counts):
+            raise ValueError(
+                f"its optimizer partitions were saved by {counts[0]} data-parallel ranks, this "
+                f"run has {self._dp_size}"
+            )
+        saved = state_dict[constants.SINGLE_PARTITION_OF_FP32_GROUPS]
+        if len(saved) != len(self.flat_groups):
+            raise ValueError(
+                f"its optimizer has {len(saved)} parameter groups, this run's has "
+                f"{len(self.flat_groups)}"
+            )
+        base = state_dict[constants.BASE_OPTIMIZER_STATE]
+        if not isinstance(base, dict):  # DeepSpeed's elastic layout: a list of group states
+            raise ValueError(
+                "its optimizer state was saved with DeepSpeed's elastic_checkpoint; reshape it "
+                "with mds-merge-mp --with-optimizer"
+            )
+        for flat, partition in zip(self.flat_groups, saved, strict=True):
+            # ZeRO-1/2 save partitions without their padding, the BF16 optimizer with it
+            if partition.numel() not in (flat.partition_size, flat.partition_size - flat.padding):
+                raise ValueError(
+                    f"its optimizer partition holds {partition.numel()} values, this run's "
+                    f"{flat.partition_size}: the parameter groups differ"
+                )
+            flat.master.zero_()
+            flat.master.narrow(0, 0, partition.numel()).copy_(partition)
+        own = [{key: group[key] for key in _OWN_OPTIONS} for group in self.inner.param_groups]
+        self.inner.load_state_dict(_with_steps(base))
+        for group, options in zip(self.inner.param_groups, own, strict=True):
+            group.update(options)  # how this run steps, whatever the saving run did
+        self._kernel_groups.clear()
+        self.refresh_model_params()
+
+
+# The inner AdamW's implementation choices, kept over a loaded state dict's.
+_OWN_OPTIONS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def _piece(tensor: torch.Tensor, fragment: Fragment) -> torch.Tensor:
+    return tensor.reshape(-1).narrow(0, fragment.start, fragment.numel)
+
+
+def _with_steps(base: dict[str, Any]) -> dict[str, Any]:
+    """A torch optimizer state dict whose every state has its `step` (apex's and DeepSpeed's
+    fused Adams keep it in the param group instead), padded moments unchanged."""
+    states = {}
+    for group in base["param_groups"]:
+        for index in group["params"]:
+            state = dict(base["state"].get(index, {}))
+            if state and "step" not in state:
+                state["step"] = torch.tensor(float(group.get("step", 0)))
+            states[index] = state
+    return {"state": states, "param_groups": base["param_groups"]}
