@@ -184,7 +184,10 @@ def load_optimizer_partition(context: CheckpointContext, path: Path) -> None:
         )
     saved = load_rank_file(found[0])["optimizer_state_dict"]
     if "fp32_flat_groups" in saved:
-        raise ValueError(f"{found[0]}: ZeRO-3 optimizer state; this run is at ZeRO-1")
+        raise ValueError(
+            f"{found[0]}: ZeRO-3 optimizer state, this run is at ZeRO-{context.optimizer.stage}; "
+            "reshape it with mds-merge-mp --with-optimizer, or add --no-load-optim"
+        )
     try:
         context.optimizer.load_state_dict(saved)
     except ValueError as error:

@@ -502,14 +502,14 @@ class TrainConfig:
             raise ValueError("--distributed-timeout-minutes must be >= 1")
         if precision.fp16 and precision.bf16:
             raise ValueError("give --fp16 or --bf16, not both")
-        own_reduction = (  # ds_config.uses_master_weights
+        own_reduction = (  # ds_config.uses_master_weights, uses_sharded_master_weights
             precision.bf16
-            and self.parallel.zero_stage == 0
+            and self.parallel.zero_stage in (0, 1, 2)
             and topology.pipeline_model_parallel_size == 1
         )
         if precision.grad_reduce_in_bf16 and not own_reduction:
             raise ValueError(
-                "--grad-reduce-in-bf16 applies to bf16 training at --zero-stage 0 without "
+                "--grad-reduce-in-bf16 applies to bf16 training at --zero-stage 0-2 without "
                 "pipelining (mds-train's own gradient reduction); drop it"
             )
         groups, tp = self.model.num_key_value_heads, topology.tensor_model_parallel_size
@@ -547,8 +547,8 @@ class TrainConfig:
     def cuda_graph_problem(self, topology: Topology) -> str | None:
         """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
         cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
-        ZeRO-0 and ZeRO-1 on one data-parallel rank (mds-train's own master weights), with and
-        without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1
+        ZeRO-0, 1 and 2 on one data-parallel rank (mds-train's own master weights), with and
+        without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1/2
         run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own `optimizer`)
         runs eagerly (run.py)."""
         from mds_model.cuda_graphs import unsupported
@@ -566,8 +566,8 @@ class TrainConfig:
             )
         if problem is None and not self.precision.bf16:
             problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
-        if problem is None and self.parallel.zero_stage > 1:
-            problem = "DeepSpeed's ZeRO-2/3 optimizers break the capture: use --zero-stage 0 or 1"
+        if problem is None and self.parallel.zero_stage == 3:
+            problem = "DeepSpeed's ZeRO-3 breaks the capture: use --zero-stage 0, 1 or 2"
         if problem is None and topology.data_parallel_size > 1:
             problem = (
                 "data-parallel gradient reduction is not checked under graphs yet: use one "

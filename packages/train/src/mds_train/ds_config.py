@@ -29,13 +29,14 @@ def uses_master_weights(config: TrainConfig, topology: Topology) -> bool:
 def uses_sharded_master_weights(
     config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
 ) -> bool:
-    """bf16 at ZeRO-1 without pipelining, offload or an optimizer named in the user's DeepSpeed
-    file: sharded_master_weights.ShardedMasterAdamW keeps this rank's partition of the fp32
-    masters in DeepSpeed's layout and DeepSpeed runs in its fp32 mode at stage 0 (its BF16
-    optimizer reached 0.94x of the reference's tokens/s on one H200, 0.55x on a slowed host)."""
+    """bf16 at ZeRO-1 or ZeRO-2 without pipelining, offload or an optimizer named in the user's
+    DeepSpeed file: sharded_master_weights.ShardedMasterAdamW keeps this rank's partition of the
+    fp32 masters in DeepSpeed's layout and DeepSpeed runs in its fp32 mode at stage 0 (its BF16
+    optimizer reached 0.94x of the reference's tokens/s on one H200, 0.55x on a slowed host; its
+    ZeRO-2 0.60x)."""
     return (
         config.precision.bf16
-        and config.parallel.zero_stage == 1
+        and config.parallel.zero_stage in (1, 2)
         and topology.pipeline_model_parallel_size == 1
         and "optimizer" not in user_ds
         and not offloads_optimizer(user_ds)
@@ -45,10 +46,12 @@ def uses_sharded_master_weights(
 def deepspeed_optimizer_problem(
     config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
 ) -> str | None:
-    """Why a ZeRO-1 run's layers cannot be CUDA graphs although its flags allow them: its
+    """Why a ZeRO-1/2 run's layers cannot be CUDA graphs although its flags allow them: its
     DeepSpeed file keeps DeepSpeed's own optimizer, whose BF16 and ZeRO wrappers invalidated
     the capture; None otherwise."""
-    if config.parallel.zero_stage != 1 or uses_sharded_master_weights(config, topology, user_ds):
+    if config.parallel.zero_stage not in (1, 2) or uses_sharded_master_weights(
+        config, topology, user_ds
+    ):
         return None
     if not config.precision.bf16 or topology.pipeline_model_parallel_size > 1:
         return None  # cuda_graph_problem names these

@@ -155,3 +155,136 @@ class GradientReduction:
                     bucket.flat.copy_(bucket.wire)
             bucket.handle, bucket.num_ready = None, 0
         self._state = _StepState(written=[False] * len(self._params))
+
+
+@dataclass
+class _RangeBucket:
+    """Consecutive parameters of one flat group: elements [start, start + numel) of it."""
+
+    group: int
+    start: int
+    numel: int
+    indices: list[int]  # positions in the reduction's parameter list
+    staging: torch.Tensor | None = None  # this micro-batch's gradients, while it is reduced
+    num_ready: int = 0
+    handle: object | None = None
+
+
+class PartitionedGradientReduction:
+    """ZeRO-2's gradients: each micro-batch's gradients are averaged over the data-parallel group
+    in buckets as backward makes them, and each rank adds only its own partition of every bucket
+    into its fp32 partition gradients (`partitions`, one per flat group, zeroed by `reset`). A
+    bucket's staging buffer lives while it fills and is reduced, so no rank holds a whole
+    model's gradients.
+
+    `layout` gives, per flat group, its parameters with their offsets into the group and this
+    rank's partition `(start, size)`; `model_order` is the model's parameter order (backward
+    runs it in reverse). Every rank launches the buckets in one order (the reverse of each
+    bucket's first parameter in the model); at the end of each backward the ones still open
+    (parameters that got no gradient count as zero) are launched and all of them finished.
+    """
+
+    def __init__(
+        self,
+        layout: list[tuple[list[torch.nn.Parameter], list[int], tuple[int, int]]],
+        model_order: list[torch.nn.Parameter],
+        *,
+        data_parallel_group,
+        data_parallel_size: int,
+        bucket_elements: int = BUCKET_ELEMENTS,
+        reduce_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self._group, self._dp_size = data_parallel_group, data_parallel_size
+        self._dtype = reduce_dtype
+        self._average_on_wire = dist.get_backend(data_parallel_group) == "nccl"
+        position = {id(p): i for i, p in enumerate(model_order)}
+        self._params: list[torch.nn.Parameter] = []
+        self._where: list[tuple[int, int]] = []  # (bucket, offset in it) per parameter
+        self._buckets: list[_RangeBucket] = []
+        self.partitions = []
+        self._partition_ranges = []
+        for g, (params, offsets, (start, size)) in enumerate(layout):
+            self.partitions.append(torch.zeros(size, dtype=torch.float32, device=params[0].device))
+            self._partition_ranges.append((start, size))
+            current: list[int] = []
+            for i in reversed(range(len(params))):  # from the group's end, as backward goes
+                current.append(i)
+                numel = offsets[current[0]] + params[current[0]].numel() - offsets[i]
+                if numel >= bucket_elements or i == 0:
+                    bucket_index, indices = len(self._buckets), []
+                    for j in reversed(current):  # the group's order
+                        indices.append(len(self._params))
+                        self._params.append(params[j])
+                        self._where.append((bucket_index, offsets[j] - offsets[i]))
+                    self._buckets.append(_RangeBucket(g, offsets[i], numel, indices))
+                    current = []
+        # launch order: the bucket whose earliest parameter comes latest in the model first
+        earliest = [min(position[id(self._params[k])] for k in b.indices) for b in self._buckets]
+        order = sorted(range(len(self._buckets)), key=lambda b: -earliest[b])
+        rank_of = {b: r for r, b in enumerate(order)}
+        self._buckets = [self._buckets[b] for b in order]
+        self._where = [(rank_of[b], offset) for b, offset in self._where]
+        self._next = 0
+        self._pending: list[_RangeBucket] = []
+        self._callback_queued = False
+        for index, param in enumerate(self._params):
+            param.register_post_accumulate_grad_hook(self._hook(index))
+
+    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def accumulate(param: torch.Tensor) -> None:
+            self._accumulate(index, param)
+
+        return accumulate
+
+    @torch.no_grad()
+    def _accumulate(self, index: int, param: torch.Tensor) -> None:
+        if not self._callback_queued:  # once per backward, as torch DDP finishes its buckets
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._callback_queued = True
+        b, offset = self._where[index]
+        bucket = self._buckets[b]
+        if bucket.staging is None:
+            bucket.staging = torch.zeros(bucket.numel, dtype=self._dtype, device=param.device)
+        bucket.staging.narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
+        param.grad = None
+        bucket.num_ready += 1
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._buckets):
+            bucket = self._buckets[self._next]
+            if bucket.num_ready < len(bucket.indices):
+                return
+            if bucket.staging is None:  # no parameter of it got a gradient
+                device = self.partitions[bucket.group].device
+                bucket.staging = torch.zeros(bucket.numel, dtype=self._dtype, device=device)
+            if self._average_on_wire:
+                op = dist.ReduceOp.AVG
+            else:  # gloo has no AVG
+                bucket.staging.div_(self._dp_size)
+                op = dist.ReduceOp.SUM
+            bucket.handle = dist.all_reduce(bucket.staging, op=op, group=self._group, async_op=True)
+            self._pending.append(bucket)
+            self._next += 1
+
+    @torch.no_grad()
+    def _end_of_backward(self) -> None:
+        for bucket in self._buckets[self._next :]:
+            bucket.num_ready = len(bucket.indices)
+        self._launch_ready()
+        for bucket in self._pending:
+            bucket.handle.wait()
+            start, size = self._partition_ranges[bucket.group]
+            low = max(bucket.start, start)
+            high = min(bucket.start + bucket.numel, start + size)
+            if low < high:
+                mine = bucket.staging.narrow(0, low - bucket.start, high - low)
+                self.partitions[bucket.group].narrow(0, low - start, high - low).add_(mine)
+            bucket.staging, bucket.handle, bucket.num_ready = None, None, 0
+        self._pending, self._next, self._callback_queued = [], 0, False
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The partitions' gradients back to zero, for the next step."""
+        for partition in self.partitions:
+            partition.zero_()

@@ -21,15 +21,17 @@ def counts_once(param: torch.nn.Parameter, *, tp_rank: int) -> bool:
     return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
 
 
-def norm_of(grads: list[torch.Tensor], model_parallel_group) -> torch.Tensor:
-    """The L2 norm of these gradients over the model-parallel group, accumulated in fp32."""
+def norm_of(grads: list[torch.Tensor], model_parallel_group, partition_group=None) -> torch.Tensor:
+    """The L2 norm of these gradients over the model-parallel group (and the data-parallel group
+    whose ranks each hold a part of them: ZeRO-2's), accumulated in fp32."""
     if not grads:
         squares = torch.zeros((), dtype=torch.float32)
     else:  # one fused pass; bf16 gradients are summed (and their norms returned) in fp32
         norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
         squares = torch.stack(norms).pow(2).sum()
-    if model_parallel_group is not None:
-        dist.all_reduce(squares, group=model_parallel_group)
+    for group in (partition_group, model_parallel_group):
+        if group is not None:
+            dist.all_reduce(squares, group=group)
     return squares.sqrt()
 
 
@@ -56,7 +58,8 @@ def install_fp32_clipping(engine, *, tp_rank: int, model_parallel_group) -> None
         else:
             pairs = [(p, p.grad.detach()) for p in engine.module.parameters() if p.grad is not None]
         counted = [grad for param, grad in pairs if counts_once(param, tp_rank=tp_rank)]
-        norm = norm_of(counted, model_parallel_group)
+        partition_group = getattr(engine.optimizer, "gradient_partition_group", None)
+        norm = norm_of(counted, model_parallel_group, partition_group)
         if prepare is not None:  # scaled inside its step where it can
             engine.optimizer.scale_gradients(clip_coefficient(norm, engine.gradient_clipping()))
         else:

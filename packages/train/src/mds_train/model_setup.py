@@ -196,7 +196,7 @@ def _client_optimizer(
 def _sharded_optimizer(
     config: TrainConfig, params: list[dict], module: torch.nn.Module, groups: ParallelGroups
 ) -> ShardedMasterAdamW:
-    """ZeRO-1 over this run's data-parallel group: its Triton step wherever it can run, unless
+    """ZeRO-1/2 over this run's data-parallel group: its Triton step wherever it can run, unless
     kernels are turned off."""
     opt = config.optimizer
     return ShardedMasterAdamW(
@@ -208,6 +208,7 @@ def _sharded_optimizer(
         data_parallel_rank=groups.dp_rank,
         data_parallel_size=groups.dp_size,
         clip_grad=opt.clip_grad,
+        stage=config.parallel.zero_stage,
         use_kernel=False if config.model.no_fused_kernels else None,
     )
 

@@ -1,5 +1,6 @@
-"""ZeRO-1 for bf16 runs: fp32 masters and Adam moments sharded over the data-parallel ranks in
-DeepSpeed's own flat layout, one fused step per shard, and DeepSpeed's own partition files.
+"""ZeRO-1 and ZeRO-2 for bf16 runs: fp32 masters and Adam moments (and at ZeRO-2 the gradients)
+sharded over the data-parallel ranks in DeepSpeed's own flat layout, one fused step per shard, and
+DeepSpeed's own partition files.
 
 DeepSpeed's BF16 optimizer (its ZeRO-1 for bf16) reached 0.94x of the compiled reference on one
 H200 with the host quiet and 0.55x with it slowed, and keeps CUDA graphs out (packages/train
@@ -12,10 +13,12 @@ ranks' partitions.
 The layout is DeepSpeed's (`BF16_Optimizer._setup_for_real_optimizer`): each parameter group's
 weights lie end to end in one flat bf16 buffer (the parameters become views into it), zero-padded
 to a multiple of 2 x DP; rank r owns the r-th of DP equal partitions, whose fp32 copy is the inner
-torch AdamW's one parameter for the group. `state_dict()` is what DeepSpeed's BF16 optimizer
-saves in `bf16_zero_pp_rank_{dp}_mp_rank_{tp}_optim_states.pt`, and `load_state_dict` takes that
-or DeepSpeed's ZeRO-1/2 optimizer's dict at the same DP, so DeepSpeed's (and upstream's) runs
-resume these files and these runs resume theirs (checkpointing.py writes and finds them).
+torch AdamW's one parameter for the group. At ZeRO-2 above one rank each micro-batch's gradients
+are averaged in buckets and each rank keeps only its partition of them
+(grad_sync.PartitionedGradientReduction). `state_dict()` is what DeepSpeed's BF16 optimizer
+(ZeRO-1) or ZeRO optimizer (ZeRO-2) saves in `bf16_zero_pp_rank_{dp}_mp_rank_{tp}_optim_states.pt`,
+and `load_state_dict` takes either at the same DP, so DeepSpeed's (and upstream's) runs resume
+these files and these runs resume theirs (checkpointing.py writes and finds them).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch.distributed as dist
 from mds_model.kernels import triton_available
 from mds_model.kernels.master_adamw import MasterAdamWGroup
 
-from .grad_sync import GradientReduction
+from .grad_sync import GradientReduction, PartitionedGradientReduction
 
 # DeepSpeed's `nccl_start_alignment_factor`: a group's flat length is a multiple of 2 x DP, so
 # every partition starts on a 4-byte boundary.
@@ -56,6 +59,7 @@ class FlatGroup:
     rank: int
     master: torch.Tensor  # fp32 copy of this rank's partition: the inner optimizer's parameter
     fragments: list[Fragment]
+    offsets: list[int]  # each parameter's first element in `flat`
     unpadded_numel: int  # the parameters' elements, before the padding
 
     @property
@@ -93,7 +97,7 @@ def flatten_group(params: list[torch.nn.Parameter], *, rank: int, size: int) -> 
         if low < high:
             fragments.append(Fragment(index, low - start, high - low, low - begin))
     master = flat.narrow(0, begin, partition_size).detach().float().clone()
-    return FlatGroup(params, flat, partition_size, rank, master, fragments, unpadded)
+    return FlatGroup(params, flat, partition_size, rank, master, fragments, offsets, unpadded)
 
 
 class ShardedMasterAdamW(torch.optim.Optimizer):
@@ -116,9 +120,13 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         data_parallel_rank: int = 0,
         data_parallel_size: int = 1,
         clip_grad: float = 0.0,
+        stage: int = 1,
         use_kernel: bool | None = None,
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
+        if stage not in (1, 2):
+            raise ValueError(f"ShardedMasterAdamW shards ZeRO-1 or ZeRO-2, not stage {stage}")
+        self.stage = stage
         self._dp_group, self._dp_size = data_parallel_group, data_parallel_size
         self._names, self.clip_grad = names, clip_grad
         self.flat_groups = [
@@ -139,6 +147,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             foreach=None if on_gpu else True,
         )
         self._reduction: GradientReduction | None = None
+        self._partitioned: PartitionedGradientReduction | None = None  # ZeRO-2 above one rank
         self._gradients: dict[int, torch.Tensor] | None = None  # this step's, by id(param)
         self._gradient_divisor: torch.Tensor | None = None
         self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
@@ -158,9 +167,23 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     ) -> None:
         """From now on every gradient is added into an fp32 gradient as backward makes it and
         averaged over the data-parallel group in buckets (grad_sync.py); each rank then steps
-        its own partition of the averaged gradients."""
+        its own partition of the averaged gradients. ZeRO-2 above one rank keeps only its
+        partition's gradients, averaged at every micro-batch."""
         params = {id(p) for group in self.param_groups for p in group["params"]}
         ordered = [p for p in model_parameters if id(p) in params]
+        if self.stage == 2 and data_parallel_size > 1:
+            layout = [
+                (flat.params, flat.offsets, (flat.rank * flat.partition_size, flat.partition_size))
+                for flat in self.flat_groups
+            ]
+            self._partitioned = PartitionedGradientReduction(
+                layout,
+                ordered,
+                data_parallel_group=data_parallel_group,
+                data_parallel_size=data_parallel_size,
+                reduce_dtype=reduce_dtype,
+            )
+            return
         reduction = GradientReduction(
             ordered,
             None,
@@ -172,10 +195,24 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         self._reduction = reduction
         self._reduced = dict(zip(map(id, ordered), reduction.gradients, strict=True))
 
+    @property
+    def gradient_partition_group(self):
+        """The group over which this rank holds only a part of the gradients (ZeRO-2 above one
+        rank): a gradient norm sums its squares over it too. None: every rank holds them all."""
+        return None if self._partitioned is None else self._dp_group
+
     @torch.no_grad()
     def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-        """Each parameter's whole gradient for this step (the reduction's fp32 average, else the
-        model's own bf16 gradient), for clipping's norm: every rank holds all of them."""
+        """The gradients this step reads, each with its parameter, for clipping's norm: each
+        parameter's whole gradient (the reduction's fp32 average, else the model's own bf16
+        gradient: every rank holds all of them), or at ZeRO-2 above one rank the pieces of this
+        rank's partition (see gradient_partition_group)."""
+        if self._partitioned is not None:
+            return [
+                (flat.params[f.index], self._fragment_gradient(g, f))
+                for g, flat in enumerate(self.flat_groups)
+                for f in flat.fragments
+            ]
         if self._gradients is None:
             if self._reduction is not None:
                 self._reduction.finish()
@@ -195,6 +232,13 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             if id(param) in self._gradients
         ]
 
+    def _fragment_gradient(self, g: int, f: Fragment) -> torch.Tensor | None:
+        """This step's gradient of fragment `f` of group `g` (None: its parameter got none)."""
+        if self._partitioned is not None:
+            return self._partitioned.partitions[g].narrow(0, f.partition_start, f.numel)
+        gradient = self._gradients.get(id(self.flat_groups[g].params[f.index]))
+        return None if gradient is None else _piece(gradient, f)
+
     @torch.no_grad()
     def scale_gradients(self, coefficient: torch.Tensor) -> None:
         """Clipping's coefficient, applied as the step reads the gradients (MasterWeightAdamW's
@@ -213,15 +257,17 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         else:
             self._torch_step()
         self._gradients, self._gradient_divisor = None, None
+        if self._partitioned is not None:  # the engine's zero_grad (fp32 mode) is the model's
+            self._partitioned.reset()
         self._gather_weights()
         return None
 
     def _kernel_step(self) -> None:
         """One Triton launch per group over the fragments of this partition whose parameters
         have gradients; the fragments of a group share its step count."""
-        gradients = self._gradients
         for g, (flat, group) in enumerate(zip(self.flat_groups, self.param_groups, strict=True)):
-            fragments = [f for f in flat.fragments if id(flat.params[f.index]) in gradients]
+            gradients = {f: self._fragment_gradient(g, f) for f in flat.fragments}
+            fragments = [f for f in flat.fragments if gradients[f] is not None]
             if not fragments:
                 continue
             key = (g, tuple(f.index for f in fragments))
@@ -237,7 +283,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
                 )
                 self._kernel_groups[key] = kernel_group
             kernel_group.step(
-                [_piece(gradients[id(flat.params[f.index])], f) for f in fragments],
+                [gradients[f] for f in fragments],
                 lr=group["lr"],
                 weight_decay=group["weight_decay"],
                 betas=self._betas,
@@ -251,12 +297,14 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         if self._partition_grads is None:
             self._partition_grads = [torch.zeros_like(flat.master) for flat in self.flat_groups]
         sources, targets = [], []
-        for flat, buffer in zip(self.flat_groups, self._partition_grads, strict=True):
+        for g, (flat, buffer) in enumerate(
+            zip(self.flat_groups, self._partition_grads, strict=True)
+        ):
             buffer.zero_()
             for f in flat.fragments:
-                gradient = self._gradients.get(id(flat.params[f.index]))
+                gradient = self._fragment_gradient(g, f)
                 if gradient is not None:
-                    sources.append(_piece(gradient, f))
+                    sources.append(gradient)
                     targets.append(buffer.narrow(0, f.partition_start, f.numel))
             flat.master.grad = buffer
         if targets:
@@ -304,6 +352,8 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self._gradients, self._gradient_divisor = None, None
+        if self._partitioned is not None:
+            self._partitioned.reset()
 
     # --- weights and state ----------------------------------------------------------------
 
@@ -348,7 +398,9 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        """DeepSpeed's BF16 optimizer's state dict (ZeRO-1 for bf16), key for key."""
+        """DeepSpeed's own optimizer state dict for the stage, key for key: its BF16 optimizer's
+        at ZeRO-1 (the one a bf16 ZeRO-1 DeepSpeed run keeps), its ZeRO optimizer's at ZeRO-2
+        (partitions without their padding, a static loss scale of 1)."""
         from deepspeed.checkpoint import constants
         from deepspeed.git_version_info import version
         from deepspeed.utils.tensor_fragment import fragment_address
@@ -358,7 +410,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         base = self.inner.state_dict()
         for group in base["param_groups"]:  # where apex's FusedAdam reads the step
             group["step"] = int(base["state"][group["params"][0]]["step"].item())
-        return {
+        state = {
             constants.CLIP_GRAD: self.clip_grad,
             constants.BASE_OPTIMIZER_STATE: base,
             constants.SINGLE_PARTITION_OF_FP32_GROUPS: [flat.master for flat in self.flat_groups],
@@ -375,6 +427,23 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
                 )
                 for flat in self.flat_groups
             ],
+        }
+        if self.stage == 1:
+            return state
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+
+        return {
+            constants.LOSS_SCALER: LossScaler(scale=1.0),
+            "dynamic_loss_scale": False,
+            "overflow": False,
+            **state,
+            constants.SINGLE_PARTITION_OF_FP32_GROUPS: [
+                flat.master.narrow(0, 0, flat.partition_size - flat.padding)
+                for flat in self.flat_groups
+            ],
+            constants.ZERO_STAGE: ZeroStageEnum.gradients,
+            constants.PARAM_ALIGNMENT_PADDINGS: [[0] * len(f.params) for f in self.flat_groups],
         }
 
     @torch.no_grad()
