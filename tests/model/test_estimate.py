@@ -91,7 +91,8 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
     z2 = estimate(config, Plan(data_parallel_size=8, zero_stage=2))["memory_bytes_per_gpu"]
     z3 = estimate(config, Plan(data_parallel_size=8, zero_stage=3))["memory_bytes_per_gpu"]
     assert z1["optimizer"] == 12 * n / 8 and z1["gradients"] == 6 * n
-    assert z2["gradients"] == 2 * n / 8  # DeepSpeed's ZeRO-2: bf16 gradient partitions
+    # ShardedMasterAdamW's ZeRO-2: the bf16 gradients whole, the fp32 ones partitioned
+    assert z2["gradients"] == 2 * n + 4 * n / 8 and z2["optimizer"] == 12 * n / 8
     assert (z3["weights"], z3["gradients"]) == (2 * n / 8, 2 * n / 8)
     fp16 = GPTConfig(**GPT2_345M, params_dtype="float16")
     assert estimate(fp16, Plan(zero_stage=1))["memory_bytes_per_gpu"]["gradients"] == 2 * n
@@ -102,9 +103,10 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
 
 
 def test_bf16_gradients_have_an_fp32_buffer_only_where_mds_train_allocates_one():
-    """MasterWeightAdamW (bf16, ZeRO-0, no pipeline) reads the bf16 gradients as they are with
-    one replica and one micro-batch per step (mds_train.model_setup sets up no fp32 reduction);
-    accumulation, DP > 1, a pipeline or ZeRO-1 (DeepSpeed's BF16 optimizer) keep the buffer."""
+    """MasterWeightAdamW (bf16, ZeRO-0) and ShardedMasterAdamW (ZeRO-1/2), without a pipeline,
+    read the bf16 gradients as they are with one replica and one micro-batch per step
+    (mds_train.model_setup sets up no fp32 reduction); accumulation, DP > 1 or a pipeline
+    (DeepSpeed's BF16 optimizer) keep the buffer."""
     config = GPTConfig(**GPT2_345M, params_dtype="bfloat16")
     n = 354_871_296
 
@@ -117,7 +119,8 @@ def test_bf16_gradients_have_an_fp32_buffer_only_where_mds_train_allocates_one()
     assert gradients(data_parallel_size=2) == 6 * n
     pp2 = estimate(config, Plan(pipeline_model_parallel_size=2))
     assert pp2["memory_bytes_per_gpu"]["gradients"] == 6 * pp2["parameters_per_gpu"]
-    assert gradients(zero_stage=1) == 6 * n
+    assert gradients(zero_stage=1) == gradients(zero_stage=2) == 2 * n
+    assert gradients(zero_stage=1, data_parallel_size=2) == 6 * n
     with pytest.raises(ValueError, match="--global-batch-size 12 must be a positive multiple"):
         Plan(micro_batch_size=8, global_batch_size=12)
 
@@ -322,11 +325,13 @@ def test_uneven_layers_per_stage_count_the_busiest_stage():
 
 
 def test_the_bf16_optimizer_s_all_reduce_bucket():
-    """DeepSpeed's buffered all-reduce under the BF16 optimizer: buckets past 5e8 elements, fp32
-    flattened and cast to bf16 (6 bytes per element); other engines count none."""
+    """DeepSpeed's buffered all-reduce under the BF16 optimizer (a bf16 pipeline): buckets past
+    5e8 elements, fp32 flattened and cast to bf16 (6 bytes per element); other engines (mds-train's
+    own ZeRO-1/2 without a pipeline among them) count none."""
     config = GPTConfig(**GPT2_345M, params_dtype="bfloat16")
-    z1 = estimate(config, Plan(zero_stage=1))["memory_bytes_per_gpu"]
-    assert z1["buffers"] == 354_871_296 * 6  # the whole 345M fits in one bucket
+    pp2 = estimate(config, Plan(zero_stage=1, pipeline_model_parallel_size=2))
+    assert pp2["memory_bytes_per_gpu"]["buffers"] == pp2["parameters_per_gpu"] * 6  # one bucket
+    assert estimate(config, Plan(zero_stage=1))["memory_bytes_per_gpu"]["buffers"] == 0
     big = GPTConfig(
         num_layers=2,
         hidden_size=12288,
@@ -335,7 +340,8 @@ def test_the_bf16_optimizer_s_all_reduce_bucket():
         vocab_size=50257,
         params_dtype="bfloat16",
     )
-    bucket = estimate(big, Plan(zero_stage=1))["memory_bytes_per_gpu"]["buffers"]
+    plan = Plan(zero_stage=1, pipeline_model_parallel_size=2)
+    bucket = estimate(big, plan)["memory_bytes_per_gpu"]["buffers"]
     assert bucket == (500_000_000 + 50304 * 12288) * 6  # the word embeddings close it
     fp32 = GPTConfig(**GPT2_345M, params_dtype="float32")
     assert estimate(fp32, Plan(zero_stage=1))["memory_bytes_per_gpu"]["buffers"] == 0

@@ -155,15 +155,17 @@ _ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZ
 
 
 def _allreduce_bucket_bytes(config: GPTConfig, plan: Plan, params: int) -> int:
-    """DeepSpeed's gradient all-reduce with its BF16 optimizer (mds-train's bf16 at ZeRO-1, and
-    bf16 pipelines at ZeRO-0), at every DP size: `buffered_allreduce_fallback` flattens the fp32
+    """DeepSpeed's gradient all-reduce with its BF16 optimizer (mds-train's bf16 pipelines at
+    ZeRO 0-1), at every DP size: `buffered_allreduce_fallback` flattens the fp32
     gradients into buckets that close once past 5e8 elements (so at most that plus the largest
     tensor) and casts each to bf16 to send: 4 + 2 bytes per element at the peak. Measured on 2
     H200s with 175B-shaped layers (TP=2, DP=2, PP=2), it is what the peak holds beyond the
     persistent figures. Other engines and precisions: not counted (0). `params`: the busiest
     GPU's parameters (a bucket holds no more)."""
-    bf16_optimizer = config.params_dtype == "bfloat16" and (
-        plan.zero_stage == 1 or (plan.zero_stage == 0 and plan.pipeline_model_parallel_size > 1)
+    bf16_optimizer = (
+        config.params_dtype == "bfloat16"
+        and plan.zero_stage <= 1
+        and plan.pipeline_model_parallel_size > 1
     )
     if not bf16_optimizer:
         return 0
@@ -179,24 +181,28 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
     check_plan(config, plan)
     half = config.params_dtype in ("bfloat16", "float16")
     weight_bytes, grad_bytes, optim_bytes = (2, 2, 12) if half else (4, 4, 8)
-    if config.params_dtype == "bfloat16" and plan.zero_stage <= 1:
-        # mds-train's bf16 optimizers at ZeRO 0-1 (DeepSpeed's BF16 optimizer; MasterWeightAdamW
-        # at ZeRO-0 without a pipeline) accumulate into a full-size fp32 gradient buffer, not
-        # sharded over DP, beside the bf16 gradients, which they zero but never free.
-        grad_bytes = 2 + 4
-        master_weights = plan.zero_stage == 0 and plan.pipeline_model_parallel_size == 1
+    params = _stage_parameters(config, plan)
+    dp = plan.data_parallel_size
+    sharded_grads = plan.zero_stage >= 2
+    if config.params_dtype == "bfloat16" and plan.zero_stage <= 2:
+        # mds-train's bf16 optimizers (MasterWeightAdamW at ZeRO-0 and ShardedMasterAdamW at
+        # ZeRO-1/2 without a pipeline; DeepSpeed's BF16 optimizer in a pipeline) accumulate into
+        # a full-size fp32 gradient buffer beside the bf16 gradients; ShardedMasterAdamW's ZeRO-2
+        # above one rank keeps only its partition of it.
+        own = plan.pipeline_model_parallel_size == 1  # always at ZeRO-2 (check_plan)
+        grad_bytes, sharded_grads = 2 + 4, False
+        if plan.zero_stage == 2:  # the bf16 gradients whole, the fp32 ones partitioned
+            grad_bytes = 2 + 4 / dp
         one_replica_one_micro_batch = (
             plan.data_parallel_size == 1 and plan.gradient_accumulation_steps == 1
         )
-        if master_weights and one_replica_one_micro_batch:
-            # Nothing to accumulate or average: MasterWeightAdamW's Triton step reads the bf16
-            # gradients as backward left them, and no fp32 buffer exists (on a GPU;
-            # mds_train.model_setup sets up no reduce_in_backward there).
+        if own and one_replica_one_micro_batch:
+            # Nothing to accumulate or average: the Triton step reads the bf16 gradients as
+            # backward left them, and no fp32 buffer exists (on a GPU; mds_train.model_setup
+            # sets up no reduce_in_backward there).
             grad_bytes = 2
-    params = _stage_parameters(config, plan)
-    dp = plan.data_parallel_size
     weights = params * weight_bytes / (dp if plan.zero_stage >= 3 else 1)
-    grads = params * grad_bytes / (dp if plan.zero_stage >= 2 else 1)
+    grads = params * grad_bytes / (dp if sharded_grads else 1)
     optimizer = params * optim_bytes / (dp if plan.zero_stage >= 1 else 1)
     # With 1F1B the first stage holds pp micro-batches of L/pp layers: L layers' worth in all.
     t = plan.tensor_model_parallel_size
