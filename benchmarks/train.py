@@ -44,10 +44,13 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   fp8-e4m3         default with --fp8-e4m3
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
   fp8-cudnn        fp8 with --attention-backend fused
-With `default` and an fp8 variant in one run, each fp8 variant's speed is also given against
-`default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling (--fp8-peak-tflops,
-twice the bf16 one on Hopper) too, and the two loss curves side by side: every tenth of the run,
-and the largest relative difference of their 10-iteration means after the first 10 iterations.
+With `default` and a variant that differs from it only in the ZeRO stage or optimizer (zero1,
+zero2, zero3, bf16-optimizer, no-overflow-check), the largest relative difference of their logged
+losses is printed. With `default` and an fp8 variant in one run, each fp8 variant's speed is also
+given against `default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling
+(--fp8-peak-tflops, twice the bf16 one on Hopper) too, and the two loss curves side by side:
+every tenth of the run, and the largest relative difference of their 10-iteration means after
+the first 10 iterations.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
 `--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
@@ -478,6 +481,26 @@ def measure(args) -> None:
                 flush=True,
             )
     compare_fp8(args, results)
+    compare_zero(results)
+
+
+def compare_zero(results: dict[str, dict]) -> None:
+    """Each variant that differs from `default` only in its ZeRO stage or optimizer path (the
+    same bf16 work): the largest relative difference of their logged losses."""
+    base = results.get("default")
+    for variant, figures in results.items():
+        zero, _, flags = VARIANT_CONFIGS[variant]
+        if base is None or variant == "default" or flags or zero == 0:
+            continue
+        shared = sorted(set(figures["losses"]) & set(base["losses"]))
+        worst = max(
+            abs(figures["losses"][i] - base["losses"][i]) / abs(base["losses"][i]) for i in shared
+        )
+        print(
+            f"mds-train {variant}: losses against default's: largest relative difference "
+            f"{worst:.1e} over {len(shared)} logged iterations",
+            flush=True,
+        )
 
 
 def compare_fp8(args, results: dict[str, dict]) -> None:
