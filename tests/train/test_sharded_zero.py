@@ -200,8 +200,12 @@ def test_reshaped_partitions_resume_on_one_rank(
     runs, stage, zero_run, shared_data, data_cache, tmp_path
 ):
     """mds-merge-mp reads the partitions (its optimizer_read), and a one-process run at the stage
-    takes the topology-free state into its own partition (reshaped.py)."""
+    takes the topology-free state into its own partition (reshaped.py). At one rank ZeRO-2 runs
+    ZeRO-1's path, so ZeRO-1's partitions are enough."""
     from mds_checkpoint.cli import main
+
+    if stage == 2:
+        pytest.skip("one rank's ZeRO-2 is ZeRO-1's path: the zero1 case covers it")
 
     reshaped = tmp_path / "reshaped"
     checkpoint = _at_iteration(zero_run, tmp_path)
