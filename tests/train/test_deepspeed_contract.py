@@ -382,6 +382,48 @@ def test_relinking_makes_the_fragments_view_a_replaced_optimizer_state(kind):
 # --- ZeRO-3 ---
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_partition_state_dict_is_deepspeed_s_own(stage):
+    """deepspeed_optimizer_state, given the values DeepSpeed's own bf16 optimizer holds (its BF16
+    optimizer at ZeRO-1, its ZeRO optimizer at ZeRO-2), builds the state dict that optimizer
+    saves: the same keys, values and types; saved_partition reads it back."""
+    model = tiny_model().bfloat16()
+    kind = FRAGMENT_ENGINES["bf16 optimizer"] if stage == 1 else {"zero_stage": 2}
+    engine = engine_of(model, **{"bf16": {"enabled": True}, **kind})
+    train_step(engine)
+    theirs = engine.optimizer.state_dict()
+    padded = (
+        engine.optimizer.fp32_groups_flat_partition
+        if stage == 1
+        else engine.optimizer.single_partition_of_fp32_groups
+    )
+    state = ds_engine.PartitionState(
+        base=theirs["base_optimizer_state"],
+        partitions=list(padded),
+        paddings=list(theirs["group_paddings"]),
+        dp_size=1,
+        fragments=[
+            [(name, address.numel, address.start) for name, address in group.items()]
+            for group in theirs["param_slice_mappings"]
+        ],
+        param_counts=[len(group) for group in theirs["param_slice_mappings"]],
+    )
+    ours = ds_engine.deepspeed_optimizer_state(state, stage=stage, clip_grad=theirs["clip_grad"])
+    assert list(ours) == list(theirs)
+    for key, value in theirs.items():
+        mine = ours[key]
+        if key == "single_partition_of_fp32_groups":
+            for a, b in zip(mine, value, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        elif key == "loss_scaler":
+            assert type(mine) is type(value) and mine.cur_scale == value.cur_scale
+        elif key != "base_optimizer_state":
+            assert mine == value, key
+    read = ds_engine.saved_partition(ours)
+    assert read.partition_counts == [1] * len(padded)
+    assert read.base is theirs["base_optimizer_state"]
+
+
 def test_zero3_partitions_sub_groups_and_masters():
     """Each parameter's `ds_tensor` is its partition (`partition_numel` values from
     `rank * partition_numel`; one rank: all of it), laid end to end in its sub-group's fp32

@@ -52,7 +52,7 @@ from mds_model.arguments import ARGUMENT_OF, SWIGLU
 from mds_model.config import GPT2
 from mds_tokenize import check_checkpoint_tokenizer
 
-from .deepspeed_engine import refresh_master_weights, set_progress
+from .deepspeed_engine import refresh_master_weights, set_progress, zero_file_contents
 from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .sharded_master_weights import ShardedMasterAdamW
@@ -155,17 +155,12 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
 def save_optimizer_partition(context: CheckpointContext, folder: Path) -> None:
     """This rank's ShardedMasterAdamW partition in DeepSpeed's own ZeRO file (the engine's
     `_save_zero_checkpoint`: the optimizer's state dict, the config and DeepSpeed's version)."""
-    from deepspeed.git_version_info import version
     from mds_checkpoint import zero_optimizer_file
 
     groups = context.groups
     name = zero_optimizer_file(groups.dp_rank, groups.tp_rank, bf16=True)
-    state = {
-        "optimizer_state_dict": context.optimizer.state_dict(),
-        "ds_config": context.recorded_ds_config,
-        "ds_version": version,
-    }
-    torch.save(state, folder / name)
+    contents = zero_file_contents(context.optimizer.state_dict(), context.recorded_ds_config)
+    torch.save(contents, folder / name)
 
 
 def load_optimizer_partition(context: CheckpointContext, path: Path) -> None:

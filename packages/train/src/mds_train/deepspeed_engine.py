@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -277,3 +278,94 @@ def zero3_all_partitioned(ds_optimizer: Any) -> Iterator[None]:
     ds_optimizer.checkpoint_event_prologue()
     yield
     ds_optimizer.checkpoint_event_epilogue()
+
+
+# --- ZeRO-1/2 partition files as DeepSpeed's own optimizers write them (ShardedMasterAdamW) ---
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One DP rank's optimizer state in DeepSpeed's ZeRO-1/2 terms, per flat parameter group."""
+
+    base: dict[str, Any]  # the inner torch optimizer's state dict over the fp32 partitions
+    partitions: list[torch.Tensor]  # fp32, with their padding
+    paddings: list[int]  # this rank's padding elements per group (DeepSpeed's group_paddings)
+    dp_size: int
+    # per group: (parameter name, elements, start in the partition) of each fragment held
+    fragments: list[list[tuple[str, int, int]]]
+    param_counts: list[int]  # parameters per group (ZeRO-2 records a padding for each)
+
+
+def deepspeed_optimizer_state(state: PartitionState, *, stage: int, clip_grad: float) -> dict:
+    """The state dict DeepSpeed's BF16 optimizer (`stage` 1: `BF16_Optimizer.state_dict`) or
+    its ZeRO optimizer (`stage` 2: `DeepSpeedZeroOptimizer.state_dict`, partitions without their
+    padding, no parameter alignment, a static loss scale of 1 as bf16 has) saves, key for key:
+    what their `load_state_dict` and mds_checkpoint's optimizer_read read."""
+    from deepspeed.checkpoint import constants
+    from deepspeed.git_version_info import version
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    saved = {
+        constants.CLIP_GRAD: clip_grad,
+        constants.BASE_OPTIMIZER_STATE: state.base,
+        constants.SINGLE_PARTITION_OF_FP32_GROUPS: state.partitions,
+        constants.GROUP_PADDINGS: state.paddings,
+        constants.PARTITION_COUNT: [state.dp_size] * len(state.partitions),
+        constants.DS_VERSION: version,
+        constants.PARAM_SLICE_MAPPINGS: [
+            OrderedDict(
+                (name, fragment_address(numel=numel, start=start)) for name, numel, start in group
+            )
+            for group in state.fragments
+        ],
+    }
+    if stage == 1:
+        return saved
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    unpadded = [
+        partition.narrow(0, 0, partition.numel() - padding)
+        for partition, padding in zip(state.partitions, state.paddings, strict=True)
+    ]
+    return {  # in DeepSpeedZeroOptimizer.state_dict's order
+        constants.LOSS_SCALER: LossScaler(scale=1.0),
+        "dynamic_loss_scale": False,
+        "overflow": False,
+        constants.CLIP_GRAD: clip_grad,
+        constants.BASE_OPTIMIZER_STATE: state.base,
+        constants.SINGLE_PARTITION_OF_FP32_GROUPS: unpadded,
+        constants.ZERO_STAGE: ZeroStageEnum.gradients,
+        constants.GROUP_PADDINGS: state.paddings,
+        constants.PARAM_ALIGNMENT_PADDINGS: [[0] * count for count in state.param_counts],
+        constants.PARTITION_COUNT: saved[constants.PARTITION_COUNT],
+        constants.DS_VERSION: version,
+        constants.PARAM_SLICE_MAPPINGS: saved[constants.PARAM_SLICE_MAPPINGS],
+    }
+
+
+def zero_file_contents(optimizer_state: dict, ds_config: dict | None) -> dict:
+    """A `[bf16_]zero_pp_rank_*_optim_states.pt` file's contents, as the engine's
+    `_save_zero_checkpoint` writes them."""
+    from deepspeed.git_version_info import version
+
+    return {"optimizer_state_dict": optimizer_state, "ds_config": ds_config, "ds_version": version}
+
+
+@dataclass(frozen=True)
+class SavedPartition:
+    """What a DeepSpeed ZeRO-1/2 or BF16 optimizer state dict holds for its DP rank."""
+
+    partition_counts: list[int]
+    partitions: list[torch.Tensor]  # fp32; ZeRO-1/2's without their padding
+    base: Any  # the inner optimizer's state dict (a list of group states when elastic)
+
+
+def saved_partition(saved: dict) -> SavedPartition:
+    from deepspeed.checkpoint import constants
+
+    counts = saved[constants.PARTITION_COUNT]
+    partitions = saved[constants.SINGLE_PARTITION_OF_FP32_GROUPS]
+    if not isinstance(counts, list):
+        counts = [counts] * len(partitions)
+    return SavedPartition(counts, partitions, saved[constants.BASE_OPTIMIZER_STATE])

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from mds_model.kernels import triton_available
 from mds_model.kernels.master_adamw import MasterAdamWGroup
 
+from .deepspeed_engine import PartitionState, deepspeed_optimizer_state, saved_partition
 from .grad_sync import GradientReduction, PartitionedGradientReduction
 
 # DeepSpeed's `nccl_start_alignment_factor`: a group's flat length is a multiple of 2 x DP, so
@@ -401,72 +402,44 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         """DeepSpeed's own optimizer state dict for the stage, key for key: its BF16 optimizer's
         at ZeRO-1 (the one a bf16 ZeRO-1 DeepSpeed run keeps), its ZeRO optimizer's at ZeRO-2
         (partitions without their padding, a static loss scale of 1)."""
-        from deepspeed.checkpoint import constants
-        from deepspeed.git_version_info import version
-        from deepspeed.utils.tensor_fragment import fragment_address
-
         for g in range(len(self.flat_groups)):
             self._adamw_state(g)  # a checkpoint before the first step holds zero moments
         base = self.inner.state_dict()
         for group in base["param_groups"]:  # where apex's FusedAdam reads the step
             group["step"] = int(base["state"][group["params"][0]]["step"].item())
-        state = {
-            constants.CLIP_GRAD: self.clip_grad,
-            constants.BASE_OPTIMIZER_STATE: base,
-            constants.SINGLE_PARTITION_OF_FP32_GROUPS: [flat.master for flat in self.flat_groups],
-            constants.GROUP_PADDINGS: [flat.padding for flat in self.flat_groups],
-            constants.PARTITION_COUNT: [self._dp_size] * len(self.flat_groups),
-            constants.DS_VERSION: version,
-            constants.PARAM_SLICE_MAPPINGS: [
-                OrderedDict(
-                    (
-                        self._names[flat.params[f.index]],
-                        fragment_address(numel=f.numel, start=f.partition_start),
-                    )
+        state = PartitionState(
+            base=base,
+            partitions=[flat.master for flat in self.flat_groups],
+            paddings=[flat.padding for flat in self.flat_groups],
+            dp_size=self._dp_size,
+            fragments=[
+                [
+                    (self._names[flat.params[f.index]], f.numel, f.partition_start)
                     for f in flat.fragments
-                )
+                ]
                 for flat in self.flat_groups
             ],
-        }
-        if self.stage == 1:
-            return state
-        from deepspeed.runtime.fp16.loss_scaler import LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-
-        return {
-            constants.LOSS_SCALER: LossScaler(scale=1.0),
-            "dynamic_loss_scale": False,
-            "overflow": False,
-            **state,
-            constants.SINGLE_PARTITION_OF_FP32_GROUPS: [
-                flat.master.narrow(0, 0, flat.partition_size - flat.padding)
-                for flat in self.flat_groups
-            ],
-            constants.ZERO_STAGE: ZeroStageEnum.gradients,
-            constants.PARAM_ALIGNMENT_PADDINGS: [[0] * len(f.params) for f in self.flat_groups],
-        }
+            param_counts=[len(flat.params) for flat in self.flat_groups],
+        )
+        return deepspeed_optimizer_state(state, stage=self.stage, clip_grad=self.clip_grad)
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A DeepSpeed ZeRO-1/2 or BF16 optimizer's state dict for this rank, saved at this DP
         over the same parameter groups (ValueError, one line, otherwise); then the model's
         weights from its masters."""
-        from deepspeed.checkpoint import constants
-
-        counts = state_dict[constants.PARTITION_COUNT]
-        counts = counts if isinstance(counts, list) else [counts] * len(self.flat_groups)
+        found = saved_partition(state_dict)
+        counts, saved, base = found.partition_counts, found.partitions, found.base
         if any(count != self._dp_size for count in counts):
             raise ValueError(
                 f"its optimizer partitions were saved by {counts[0]} data-parallel ranks, this "
                 f"run has {self._dp_size}"
             )
-        saved = state_dict[constants.SINGLE_PARTITION_OF_FP32_GROUPS]
         if len(saved) != len(self.flat_groups):
             raise ValueError(
                 f"its optimizer has {len(saved)} parameter groups, this run's has "
                 f"{len(self.flat_groups)}"
             )
-        base = state_dict[constants.BASE_OPTIMIZER_STATE]
         if not isinstance(base, dict):  # DeepSpeed's elastic layout: a list of group states
             raise ValueError(
                 "its optimizer state was saved with DeepSpeed's elastic_checkpoint; reshape it "
