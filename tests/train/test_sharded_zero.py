@@ -154,6 +154,26 @@ def test_the_partitions_are_deepspeed_s_bf16_zero_files(zero_run, stage):
     assert model["ds_config"]["zero_optimization"]["stage"] == stage
 
 
+def test_the_saved_groups_are_upstream_s_with_the_next_step_s_learning_rate(runs, zero_run):
+    """Upstream's `get_param_groups` keys (its scheduler reads `wd_mult` and `lr_mult` back) and
+    the learning rate of the step after the save, which DeepSpeed's load puts into a resuming
+    upstream run's groups before its first step."""
+    folder = zero_run / "ckpt" / f"global_step{SAVED_AT}"
+    logged_lr = {r["iteration"]: r["learning_rate"] for r in runs.train_records(zero_run)}
+    for dp in (0, 1):
+        saved = torch.load(
+            folder / f"bf16_zero_pp_rank_{dp}_mp_rank_00_optim_states.pt", weights_only=False
+        )
+        groups = saved["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
+        assert [(g["name"], g["wd_mult"], g["lr_mult"]) for g in groups] == [
+            ("wd_no_scale_lr", 1.0, 1.0),
+            ("no_wd_no_scale_lr", 0.0, 1.0),
+        ]
+        assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+        # the log line's learning rate is the scheduler's after the step (as upstream's)
+        assert all(g["lr"] == pytest.approx(logged_lr[SAVED_AT], rel=1e-6) for g in groups)
+
+
 def test_resumes_on_the_uninterrupted_losses(
     runs, stage, zero_run, shared_data, data_cache, tmp_path
 ):

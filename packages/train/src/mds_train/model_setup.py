@@ -147,6 +147,15 @@ class TrainingSetup:
     fp8: Any = None  # mds_model.fp8.Fp8Training under --fp8-e4m3/--fp8-hybrid: update per step
 
 
+# The keys upstream's `get_param_groups` gives its two groups (megatron/optimizer/__init__.py):
+# saved with the optimizer state, they are what its scheduler reads back on resume (a group
+# without `wd_mult` would be decayed).
+UPSTREAM_GROUP_KEYS = (
+    {"name": "wd_no_scale_lr", "wd_mult": 1.0, "lr_mult": 1.0},
+    {"name": "no_wd_no_scale_lr", "wd_mult": 0.0, "lr_mult": 1.0},
+)
+
+
 def parameter_groups(
     module: torch.nn.Module, weight_decay: float, *, config: GPTConfig, is_pipeline: bool = False
 ) -> list[dict[str, Any]]:
@@ -169,8 +178,8 @@ def parameter_groups(
                 raise RuntimeError(f"{name} ({plain}) is not in mds_model's parameter table")
             (decay if decays[plain] else no_decay).append(param)
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": weight_decay, **UPSTREAM_GROUP_KEYS[0]},
+        {"params": no_decay, "weight_decay": 0.0, **UPSTREAM_GROUP_KEYS[1]},
     ]
     return [group for group in groups if group["params"]]
 

@@ -405,8 +405,14 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         for g in range(len(self.flat_groups)):
             self._adamw_state(g)  # a checkpoint before the first step holds zero moments
         base = self.inner.state_dict()
-        for group in base["param_groups"]:  # where apex's FusedAdam reads the step
-            group["step"] = int(base["state"][group["params"][0]]["step"].item())
+        for group, model_group in zip(base["param_groups"], self.param_groups, strict=True):
+            group["step"] = int(base["state"][group["params"][0]]["step"].item())  # apex reads it
+            # The next step's learning rate (the trainer's schedule set it after this step) and
+            # the model group's other keys (upstream's name, wd_mult, lr_mult): DeepSpeed's load
+            # replaces a resuming run's groups with these, before its first step.
+            group.update(
+                {k: v for k, v in model_group.items() if k not in _OWN_OPTIONS + ("params",)}
+            )
         state = PartitionState(
             base=base,
             partitions=[flat.master for flat in self.flat_groups],
