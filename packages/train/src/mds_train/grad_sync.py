@@ -10,6 +10,7 @@ place of DeepSpeed's all-reduce of every gradient after backward (DP = 2 scaled 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,23 @@ import torch.distributed as dist
 # ~25M fp32 elements (100 MB) per bucket: torch DDP's 25 MB default for bf16 traffic is small
 # for fp32 and a 345M model, and fewer, larger all-reduces keep NCCL near its bandwidth.
 BUCKET_ELEMENTS = 25_000_000
+
+
+def _average_async(tensor: torch.Tensor, group, size: int):
+    """Starts an all-reduce that leaves the group's mean in `tensor`; returns its handle. NCCL
+    averages inside the all-reduce; gloo has no AVG, so the tensor is divided first."""
+    if dist.get_backend(group) == "nccl":
+        op = dist.ReduceOp.AVG
+    else:
+        tensor.div_(size)  # a sum of averages
+        op = dist.ReduceOp.SUM
+    return dist.all_reduce(tensor, op=op, group=group, async_op=True)
+
+
+def _hook_each(params: list[torch.nn.Parameter], accumulate: Callable[[int, torch.Tensor], None]):
+    """`accumulate(index, param)` runs as each parameter's gradient is accumulated in backward."""
+    for index, param in enumerate(params):
+        param.register_post_accumulate_grad_hook(functools.partial(accumulate, index))
 
 
 @dataclass
@@ -69,16 +87,11 @@ class GradientReduction:
         if masters is not None:
             for master, gradient in zip(masters, self.gradients, strict=True):
                 master.grad = gradient
-        # NCCL averages inside the all-reduce; gloo has no AVG, so its buckets are divided first.
-        self._average_on_wire = (
-            data_parallel_size > 1 and dist.get_backend(data_parallel_group) == "nccl"
-        )
         if reduce_dtype != torch.float32 and data_parallel_size > 1:
             for bucket in self._buckets:
                 bucket.wire = torch.empty_like(bucket.flat, dtype=reduce_dtype)
         self._state = _StepState(written=[False] * len(params))
-        for index, param in enumerate(params):
-            param.register_post_accumulate_grad_hook(self._hook(index))
+        _hook_each(params, self._accumulate)
 
     @staticmethod
     def _build_buckets(params: list[torch.nn.Parameter], bucket_elements: int):
@@ -99,12 +112,6 @@ class GradientReduction:
                 buckets.append(_Bucket(flat=flat, indices=current))
                 current, size = [], 0
         return buckets, bucket_of, gradients
-
-    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def accumulate(param: torch.Tensor) -> None:
-            self._accumulate(index, param)
-
-        return accumulate
 
     @torch.no_grad()
     def _accumulate(self, index: int, param: torch.Tensor) -> None:
@@ -131,12 +138,7 @@ class GradientReduction:
         if self._dp_size == 1:
             return
         wire = bucket.flat if bucket.wire is None else bucket.wire.copy_(bucket.flat)
-        if self._average_on_wire:
-            op = dist.ReduceOp.AVG
-        else:
-            wire.div_(self._dp_size)  # a sum of averages
-            op = dist.ReduceOp.SUM
-        bucket.handle = dist.all_reduce(wire, op=op, group=self._group, async_op=True)
+        bucket.handle = _average_async(wire, self._group, self._dp_size)
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -196,7 +198,6 @@ class PartitionedGradientReduction:
     ) -> None:
         self._group, self._dp_size = data_parallel_group, data_parallel_size
         self._dtype = reduce_dtype
-        self._average_on_wire = dist.get_backend(data_parallel_group) == "nccl"
         position = {id(p): i for i, p in enumerate(model_order)}
         self._params: list[torch.nn.Parameter] = []
         self._where: list[tuple[int, int]] = []  # (bucket, offset in it) per parameter
@@ -227,14 +228,7 @@ class PartitionedGradientReduction:
         self._next = 0
         self._pending: list[_RangeBucket] = []
         self._callback_queued = False
-        for index, param in enumerate(self._params):
-            param.register_post_accumulate_grad_hook(self._hook(index))
-
-    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def accumulate(param: torch.Tensor) -> None:
-            self._accumulate(index, param)
-
-        return accumulate
+        _hook_each(self._params, self._accumulate)
 
     @torch.no_grad()
     def _accumulate(self, index: int, param: torch.Tensor) -> None:
@@ -258,12 +252,7 @@ class PartitionedGradientReduction:
             if bucket.staging is None:  # no parameter of it got a gradient
                 device = self.partitions[bucket.group].device
                 bucket.staging = torch.zeros(bucket.numel, dtype=self._dtype, device=device)
-            if self._average_on_wire:
-                op = dist.ReduceOp.AVG
-            else:  # gloo has no AVG
-                bucket.staging.div_(self._dp_size)
-                op = dist.ReduceOp.SUM
-            bucket.handle = dist.all_reduce(bucket.staging, op=op, group=self._group, async_op=True)
+            bucket.handle = _average_async(bucket.staging, self._group, self._dp_size)
             self._pending.append(bucket)
             self._next += 1
 

@@ -384,9 +384,8 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
                     continue
                 state = self._adamw_state(g)
                 state["step"].fill_(float(step))
-                for target, key in ((flat.master, "fp32"), (state["exp_avg"], "exp_avg")) + (
-                    (state["exp_avg_sq"], "exp_avg_sq"),
-                ):
+                targets = {"fp32": flat.master, **{k: state[k] for k in ("exp_avg", "exp_avg_sq")}}
+                for key, target in targets.items():
                     piece = values[key].flatten().narrow(0, f.start, f.numel)
                     target.narrow(0, f.partition_start, f.numel).copy_(piece)
         self._kernel_groups.clear()
