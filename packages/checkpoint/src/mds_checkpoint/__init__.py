@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         fp8_file,
         rng_file,
         tag_for,
+        zero3_model_file,
         zero_optimizer_file,
     )
     from .locate import Located, locate_checkpoint
@@ -99,6 +100,7 @@ _LAZY = {
         "rng_file",
         "tag_for",
         "zero_optimizer_file",
+        "zero3_model_file",
     ),
     "locate": ("Located", "locate_checkpoint"),
     "meta": (
@@ -180,6 +182,7 @@ __all__ = [
     "universal_meta",
     "upstream_keys",
     "zero_optimizer_file",
+    "zero3_model_file",
 ]
 
 

@@ -42,6 +42,12 @@ def zero_optimizer_file(dp_rank: int, mp_rank: int, *, bf16: bool) -> str:
     return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
+def zero3_model_file(dp_rank: int, mp_rank: int) -> str:
+    """DeepSpeed's name for one data-parallel rank's model file at ZeRO-3 (`_get_ckpt_name`),
+    which ZERO3_MODEL_FILE matches."""
+    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
 MEGATRON_RANK_DIR = re.compile(r"mp_rank_(\d+)(?:_(\d+))?")
 # mds-train's progress record in DeepSpeed's client state (mp_rank files), and its version.
 CLIENT_KEY = "mds_train"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,7 +53,13 @@ from mds_model.arguments import ARGUMENT_OF, SWIGLU
 from mds_model.config import GPT2
 from mds_tokenize import check_checkpoint_tokenizer
 
-from .deepspeed_engine import refresh_master_weights, set_progress, zero_file_contents
+from .deepspeed_engine import (
+    refresh_master_weights,
+    set_progress,
+    writing_zero3_model_file,
+    zero_file_contents,
+)
+from .fully_sharded import FullyShardedAdamW, zero3_module_placeholders
 from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .sharded_master_weights import ShardedMasterAdamW
@@ -123,16 +130,26 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
         "rng_state": upstream_rng_state(context.rng_tracker),
     }
     sharded = sharded_optimizer(context)
-    if sharded:  # the mp_rank file as DeepSpeed's own ZeRO engine writes it
+    if sharded:  # the model file as DeepSpeed's own ZeRO engine writes it
         client_state.update(
             optimizer=None,
             param_shapes=context.optimizer.param_shapes(),
             ds_config=context.recorded_ds_config,
         )
-    with _reporting_save_failures(save_dir, tag):
-        context.engine.save_checkpoint(
-            str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
+    zero3 = isinstance(context.optimizer, FullyShardedAdamW)
+    if zero3:  # one per DP rank, the weights only in the partition files (DeepSpeed's stage 3)
+        client_state.update(
+            module=zero3_module_placeholders(context.engine.module),
+            buffer_names=[],
+            frozen_param_shapes=OrderedDict(),
+            shared_params={},
+            frozen_param_fragments=OrderedDict(),
         )
+    with _reporting_save_failures(save_dir, tag):
+        with writing_zero3_model_file(context.engine, context.groups.dp_rank, enabled=zero3):
+            context.engine.save_checkpoint(
+                str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
+            )
         if sharded:
             save_optimizer_partition(context, partial)
         torch.save(capture_rng_states(context.rng_tracker), partial / rng_file(context.rank))
@@ -163,21 +180,41 @@ def save_optimizer_partition(context: CheckpointContext, folder: Path) -> None:
     torch.save(contents, folder / name)
 
 
-def load_optimizer_partition(context: CheckpointContext, path: Path) -> None:
-    """This rank's partition of a ZeRO-1/2 checkpoint (DeepSpeed's BF16 or ZeRO optimizer's,
-    bf16 or fp32, or ShardedMasterAdamW's) into ShardedMasterAdamW."""
+def load_optimizer_partition(
+    context: CheckpointContext, path: Path, *, weights_only: bool = False
+) -> None:
+    """This rank's partition of a ZeRO checkpoint (DeepSpeed's BF16, ZeRO or stage-3 optimizer's,
+    bf16 or fp32, or ours) into ShardedMasterAdamW (ZeRO-1/2) or FullyShardedAdamW (ZeRO-3,
+    whose weights are in it: `weights_only` takes those alone)."""
     from mds_checkpoint import zero_optimizer_file
 
     groups = context.groups
+    stage = context.optimizer.stage
     names = [zero_optimizer_file(groups.dp_rank, groups.tp_rank, bf16=b) for b in (True, False)]
     found = [path / name for name in names if (path / name).is_file()]
     if not found:
+        remedy = (
+            "add --no-load-optim to load the weights only, or reshape it with mds-merge-mp "
+            "--with-optimizer"
+            if stage != 3
+            else "reshape it with mds-merge-mp (add --with-optimizer to keep the optimizer state)"
+        )
         raise ValueError(
-            f"{path}: no {names[0]} (nor {names[1]}): it holds no ZeRO-1/2 optimizer state for "
-            f"data-parallel rank {groups.dp_rank}; add --no-load-optim to load the weights only, "
-            "or reshape it with mds-merge-mp --with-optimizer"
+            f"{path}: no {names[0]} (nor {names[1]}): it holds no ZeRO-{stage} partition for "
+            f"data-parallel rank {groups.dp_rank}; {remedy}"
         )
     saved = load_rank_file(found[0])["optimizer_state_dict"]
+    if stage == 3:
+        if "fp32_flat_groups" not in saved:
+            raise ValueError(
+                f"{found[0]}: ZeRO-1/2 optimizer state, this run is at ZeRO-3; reshape it with "
+                "mds-merge-mp --with-optimizer, or add --no-load-optim"
+            )
+        try:
+            context.optimizer.load_state_dict(saved, weights_only=weights_only)
+        except ValueError as error:
+            raise ValueError(f"{found[0]}: {error}; reshape it with mds-merge-mp") from None
+        return
     if "fp32_flat_groups" in saved:
         raise ValueError(
             f"{found[0]}: ZeRO-3 optimizer state, this run is at ZeRO-{context.optimizer.stage}; "
@@ -506,7 +543,9 @@ def load_checkpoint(
     universal = load_optimizer and reshaped_optimizer(meta)
     # A stage 0-2 checkpoint's mp_rank files hold its weights as a reshaped one's do.
     into_zero3 = meta.reshaped is not None or meta.parallel.zero_stage != 3
-    if into_zero3 and context.meta.parallel.zero_stage == 3:
+    if not into_zero3 and isinstance(context.optimizer, FullyShardedAdamW):
+        client_state = _load_zero3_files(context, path, load_optimizer=load_optimizer)
+    elif into_zero3 and context.meta.parallel.zero_stage == 3:
         client_state = restore_zero3(
             context.engine,
             context.groups,
@@ -589,7 +628,28 @@ def restore_fp8_scaling(context: CheckpointContext, path: Path, meta: Checkpoint
 
 
 def sharded_optimizer(context: CheckpointContext) -> bool:
-    return isinstance(context.optimizer, ShardedMasterAdamW)
+    """mds-train's ZeRO optimizers, which read and write DeepSpeed's partition files themselves."""
+    return isinstance(context.optimizer, ShardedMasterAdamW | FullyShardedAdamW)
+
+
+def _load_zero3_files(
+    context: CheckpointContext, path: Path, *, load_optimizer: bool
+) -> dict[str, Any]:
+    """A ZeRO-3 checkpoint (DeepSpeed's stage 3's or FullyShardedAdamW's) into FullyShardedAdamW:
+    this rank's model file's client state, and its partitions (the weights, with the optimizer
+    state unless not `load_optimizer`); saved at this run's DP."""
+    from mds_checkpoint import zero3_model_file
+
+    groups = context.groups
+    model_file = path / zero3_model_file(groups.dp_rank, groups.tp_rank)
+    if not model_file.is_file():
+        raise ValueError(
+            f"{path}: no {model_file.name}: it was saved at another data-parallel size; reshape "
+            "it with mds-merge-mp (add --with-optimizer to keep the optimizer state)"
+        )
+    client_state = load_rank_file(model_file)
+    load_optimizer_partition(context, path, weights_only=not load_optimizer)
+    return client_state
 
 
 def _load_through_deepspeed(

@@ -567,7 +567,10 @@ class TrainConfig:
         if problem is None and not self.precision.bf16:
             problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
         if problem is None and self.parallel.zero_stage == 3:
-            problem = "DeepSpeed's ZeRO-3 breaks the capture: use --zero-stage 0, 1 or 2"
+            problem = (
+                "ZeRO-3 gathers each layer's weights in hooks around its forward and backward, "
+                "which a captured graph would skip: use --zero-stage 0, 1 or 2"
+            )
         if problem is None and topology.data_parallel_size > 1:
             problem = (
                 "data-parallel gradient reduction is not checked under graphs yet: use one "

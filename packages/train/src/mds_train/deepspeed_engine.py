@@ -77,6 +77,30 @@ def skip_backward_allreduce(engine: Any) -> None:
     engine.enable_backward_allreduce = False
 
 
+@contextmanager
+def writing_zero3_model_file(engine: Any, dp_rank: int, *, enabled: bool = True) -> Iterator[None]:
+    """The engine's save writes this rank's model file under DeepSpeed's stage-3 name
+    (`zero_pp_rank_D_mp_rank_TT_model_states.pt`, one per data-parallel rank), where its stage-0
+    mode (FullyShardedAdamW's engine) writes `mp_rank_TT_model_states.pt` from the first rank
+    only: `_get_ckpt_name` and `save_non_zero_checkpoint`, overridden on the instance."""
+    if not enabled:
+        yield
+        return
+    from mds_checkpoint import zero3_model_file
+
+    def name(checkpoints_path, tag, mp_placeholder=None, pp_placeholder=None):  # noqa: ARG001
+        file = zero3_model_file(dp_rank, engine.checkpoint_mp_rank)
+        return os.path.join(checkpoints_path, str(tag), file)
+
+    writes = engine.save_non_zero_checkpoint
+    engine._get_ckpt_name, engine.save_non_zero_checkpoint = name, True
+    try:
+        yield
+    finally:
+        del engine._get_ckpt_name
+        engine.save_non_zero_checkpoint = writes
+
+
 def built_optimizer(engine: Any) -> torch.optim.Optimizer:
     """The torch optimizer DeepSpeed built from the config's `optimizer` section (before any ZeRO
     or fp16 wrapper): its param groups carry the learning rate the schedule sets."""
@@ -369,3 +393,94 @@ def saved_partition(saved: dict) -> SavedPartition:
     if not isinstance(counts, list):
         counts = [counts] * len(partitions)
     return SavedPartition(counts, partitions, saved[constants.BASE_OPTIMIZER_STATE])
+
+
+# --- ZeRO-3 partition files as DeepSpeed's stage 3 writes them (FullyShardedAdamW) ---------
+
+
+@dataclass(frozen=True)
+class Zero3State:
+    """One DP rank's optimizer state in DeepSpeed's stage-3 terms, per flat sub-group."""
+
+    groups: list[dict[str, Any]]  # each parameter group's options (lr, weight_decay, its keys)
+    sub_group_of: list[int]  # the parameter group of each sub-group
+    fp32: list[torch.Tensor]  # this rank's partitions of each sub-group's parameters, end to end
+    exp_avg: list[torch.Tensor]
+    exp_avg_sq: list[torch.Tensor]
+    steps: list[int]
+    dp_size: int
+
+
+def zero3_optimizer_state(state: Zero3State, *, betas: tuple[float, float], eps: float) -> dict:
+    """The state dict DeepSpeed's stage-3 optimizer saves (`_rigid_state_dict`: a static loss
+    scale of 1 as bf16 has, the inner torch AdamW's state over the fp32 sub-group partitions,
+    which its `load_state_dict` and mds_checkpoint's zero3 read), key for key."""
+    from deepspeed.checkpoint import constants
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    inner = torch.optim.AdamW(
+        [
+            {
+                "params": [
+                    f for f, g in zip(state.fp32, state.sub_group_of, strict=True) if g == i
+                ],
+                **options,
+            }
+            for i, options in enumerate(state.groups)
+        ],
+        betas=betas,
+        eps=eps,
+        fused=False,  # a record: the loading run steps as it was built to
+    )
+    for flat, exp_avg, exp_avg_sq, step in zip(
+        state.fp32, state.exp_avg, state.exp_avg_sq, state.steps, strict=True
+    ):
+        inner.state[flat] = {
+            "step": torch.tensor(float(step)),
+            "exp_avg": exp_avg,
+            "exp_avg_sq": exp_avg_sq,
+        }
+    return {  # in _rigid_state_dict's order
+        constants.ZERO_STAGE: ZeroStageEnum.weights,
+        constants.LOSS_SCALER: LossScaler(scale=1.0),
+        "dynamic_loss_scale": False,
+        "overflow": False,
+        constants.PARTITION_COUNT: state.dp_size,
+        constants.OPTIMIZER_STATE_DICT: inner.state_dict(),
+        constants.FP32_FLAT_GROUPS: state.fp32,
+    }
+
+
+@dataclass(frozen=True)
+class SavedZero3:
+    """What a DeepSpeed stage-3 optimizer state dict holds for its DP rank, per sub-group."""
+
+    dp_size: int
+    fp32: list[torch.Tensor]
+    exp_avg: list[torch.Tensor]
+    exp_avg_sq: list[torch.Tensor]
+    steps: list[int]
+
+
+def saved_zero3_state(saved: dict) -> SavedZero3:
+    from deepspeed.checkpoint import constants
+
+    fp32 = saved[constants.FP32_FLAT_GROUPS]
+    base = saved[constants.OPTIMIZER_STATE_DICT]
+    indices = [index for group in base["param_groups"] for index in group["params"]]
+    states = [base["state"].get(index, {}) for index in indices]
+    if len(states) != len(fp32):
+        raise ValueError(
+            f"its ZeRO-3 optimizer state covers {len(states)} sub-groups, its partitions "
+            f"{len(fp32)}"
+        )
+    return SavedZero3(
+        dp_size=int(saved[constants.PARTITION_COUNT]),
+        fp32=fp32,
+        exp_avg=[s.get("exp_avg", torch.zeros_like(f)) for s, f in zip(states, fp32, strict=True)],
+        exp_avg_sq=[
+            s.get("exp_avg_sq", torch.zeros_like(f)) for s, f in zip(states, fp32, strict=True)
+        ],
+        steps=[int(float(s.get("step", 0))) for s in states],
+    )

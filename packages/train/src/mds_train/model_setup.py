@@ -36,9 +36,11 @@ from .ds_config import (
     derive_deepspeed_config,
     merge_deepspeed_config,
     offloads_optimizer,
+    uses_fully_sharded,
     uses_master_weights,
     uses_sharded_master_weights,
 )
+from .fully_sharded import FullyShardedAdamW, data_parallel_mesh, shard_model
 from .gradients import install_fp32_clipping
 from .master_weights import MasterWeightAdamW
 from .sharded_master_weights import ShardedMasterAdamW
@@ -222,6 +224,29 @@ def _sharded_optimizer(
     )
 
 
+def _fully_sharded_optimizer(
+    config: TrainConfig,
+    params: list[dict],
+    module: torch.nn.Module,
+    groups: ParallelGroups,
+    user_ds: dict[str, Any],
+) -> FullyShardedAdamW:
+    """ZeRO-3: AdamW over this rank's rows of FSDP2's fp32 shards; the file's sub_group_size
+    shapes its DeepSpeed stage-3 files as it would shape DeepSpeed's."""
+    opt = config.optimizer
+    zero = user_ds.get("zero_optimization", {})
+    return FullyShardedAdamW(
+        params,
+        betas=(opt.adam_beta1, opt.adam_beta2),
+        eps=opt.adam_eps,
+        names={param: name for name, param in module.named_parameters()},
+        data_parallel_group=groups.dp_group,
+        data_parallel_rank=groups.dp_rank,
+        data_parallel_size=groups.dp_size,
+        sub_group_size=int(float(zero.get("sub_group_size", 0))),
+    )
+
+
 def build_training_setup(
     config: TrainConfig, topology: Topology, gpt_config: GPTConfig, user_ds: dict[str, Any]
 ) -> TrainingSetup:
@@ -250,6 +275,7 @@ def build_training_setup(
     engine = initialize_engine(
         module, optimizer, params, ds_config, groups, is_pipeline=is_pipeline
     )
+    apply_fully_sharded(engine, optimizer, module, groups, compute_dtype=gpt_config.torch_dtype)
     apply_fp32_clipping(engine, ds_config, groups, is_pipeline=is_pipeline)
     apply_gradient_reduction_in_backward(engine, optimizer, module, config, topology, groups)
     apply_single_replica_shortcut(engine, ds_config, groups, is_pipeline=is_pipeline)
@@ -324,6 +350,28 @@ def capture_layer_graphs(setup: TrainingSetup, *, micro_batch_size: int) -> None
     logger.info("CUDA graphs captured for the %d transformer layers", len(gpt.layers))
 
 
+def apply_fully_sharded(
+    engine,
+    optimizer: torch.optim.Optimizer | None,
+    module: torch.nn.Module,
+    groups: ParallelGroups,
+    *,
+    compute_dtype: torch.dtype,
+) -> None:
+    """ZeRO-3 (FullyShardedAdamW, ds_config.uses_fully_sharded): FSDP2 over the data-parallel
+    group, one unit per transformer layer (fully_sharded.py), once the engine holds the model
+    (its `module.to` and broadcast cannot take FSDP2's shards); the weights become fp32 shards,
+    computed in `compute_dtype`, and the optimizer steps those. FSDP2 reduce-scatters the
+    gradients in backward, so DeepSpeed's all-reduce after it goes."""
+    if not isinstance(optimizer, FullyShardedAdamW):
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = data_parallel_mesh(_data_parallel_group(groups), device)
+    shard_model(module, module.gpt.layers, mesh, compute_dtype=compute_dtype)
+    optimizer.bind(module)
+    skip_backward_allreduce(engine)
+
+
 def build_deepspeed_config(
     config: TrainConfig,
     topology: Topology,
@@ -340,7 +388,8 @@ def build_deepspeed_config(
         topology,
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
         client_optimizer="optimizer" not in user_ds,
-        sharded_master_weights=uses_sharded_master_weights(config, topology, user_ds),
+        sharded_master_weights=uses_sharded_master_weights(config, topology, user_ds)
+        or uses_fully_sharded(config, topology, user_ds),
     )
     return merge_deepspeed_config(derived, user_ds)
 
@@ -373,6 +422,8 @@ def build_client_optimizer(
         return None
     if uses_sharded_master_weights(config, topology, user_ds):
         return _sharded_optimizer(config, params, module, groups)
+    if uses_fully_sharded(config, topology, user_ds):
+        return _fully_sharded_optimizer(config, params, module, groups, user_ds)
     return _client_optimizer(
         config,
         params,
