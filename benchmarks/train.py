@@ -32,8 +32,13 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   bf16-optimizer   --zero-stage 1 with DeepSpeed's own BF16_Optimizer (the DeepSpeed file names
                    the optimizer: torch's fused AdamW, as mds-train's client optimizer was)
   no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
-  zero2            ZeRO-2 (DeepSpeedZeroOptimizer, gradients sharded too)
-  zero3            ZeRO-3 (parameters sharded too)
+  zero2            --zero-stage 2: ShardedMasterAdamW with the gradients sharded too (above one
+                   rank)
+  deepspeed-zero2  --zero-stage 2 with DeepSpeed's own DeepSpeedZeroOptimizer (the file names the
+                   optimizer)
+  zero3            --zero-stage 3: torch's FSDP2 over the layers, fp32 shards stepped by
+                   mds-train's FullyShardedAdamW (DeepSpeed's stage-3 files)
+  deepspeed-zero3  --zero-stage 3 with DeepSpeed's own stage 3 (the file names the optimizer)
   fp16             default in fp16 instead of bf16 (DeepSpeed's dynamic loss scaling)
   ds-timers        default with DeepSpeed's throughput timer on (its default; off in mds-train)
   selective        default with --recompute-granularity selective (attention's core recomputed)
@@ -45,7 +50,7 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
   fp8-cudnn        fp8 with --attention-backend fused
 With `default` and a variant that differs from it only in the ZeRO stage or optimizer (zero1,
-zero2, zero3, bf16-optimizer, no-overflow-check), the largest relative difference of their logged
+zero2, zero3, the deepspeed- ones, bf16-optimizer, no-overflow-check), the largest relative difference of their logged
 losses is printed. With `default` and an fp8 variant in one run, each fp8 variant's speed is also
 given against `default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling
 (--fp8-peak-tflops, twice the bf16 one on Hopper) too, and the two loss curves side by side:
@@ -154,7 +159,9 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
         [],
     ),
     "zero2": (2, {}, []),
+    "deepspeed-zero2": (2, {"optimizer": DEEPSPEED_ADAMW}, []),
     "zero3": (3, {}, []),
+    "deepspeed-zero3": (3, {"optimizer": DEEPSPEED_ADAMW}, []),
     "fp16": (0, {}, ["--fp16"]),
     # DeepSpeed's throughput timer back on (its default): a device sync per forward and per step.
     "ds-timers": (0, {"timers": {"throughput": {"enabled": True}}}, []),

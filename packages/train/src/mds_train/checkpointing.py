@@ -59,7 +59,7 @@ from .deepspeed_engine import (
     writing_zero3_model_file,
     zero_file_contents,
 )
-from .fully_sharded import FullyShardedAdamW, zero3_module_placeholders
+from .fully_sharded import DeepSpeedZero3Files, zero3_module_placeholders
 from .rank_files import load_rank_file, unpickling_foreign_classes
 from .reshaped import restore_loss_scaler, restore_optimizer_state, restore_zero3
 from .sharded_master_weights import ShardedMasterAdamW
@@ -136,7 +136,7 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
             param_shapes=context.optimizer.param_shapes(),
             ds_config=context.recorded_ds_config,
         )
-    zero3 = isinstance(context.optimizer, FullyShardedAdamW)
+    zero3 = isinstance(context.optimizer, DeepSpeedZero3Files)
     if zero3:  # one per DP rank, the weights only in the partition files (DeepSpeed's stage 3)
         client_state.update(
             module=zero3_module_placeholders(context.engine.module),
@@ -184,7 +184,7 @@ def load_optimizer_partition(
     context: CheckpointContext, path: Path, *, weights_only: bool = False
 ) -> None:
     """This rank's partition of a ZeRO checkpoint (DeepSpeed's BF16, ZeRO or stage-3 optimizer's,
-    bf16 or fp32, or ours) into ShardedMasterAdamW (ZeRO-1/2) or FullyShardedAdamW (ZeRO-3,
+    bf16 or fp32, or ours) into ShardedMasterAdamW (ZeRO-1/2) or mds-train's ZeRO-3 (
     whose weights are in it: `weights_only` takes those alone)."""
     from mds_checkpoint import zero_optimizer_file
 
@@ -543,7 +543,7 @@ def load_checkpoint(
     universal = load_optimizer and reshaped_optimizer(meta)
     # A stage 0-2 checkpoint's mp_rank files hold its weights as a reshaped one's do.
     into_zero3 = meta.reshaped is not None or meta.parallel.zero_stage != 3
-    if not into_zero3 and isinstance(context.optimizer, FullyShardedAdamW):
+    if not into_zero3 and isinstance(context.optimizer, DeepSpeedZero3Files):
         client_state = _load_zero3_files(context, path, load_optimizer=load_optimizer)
     elif into_zero3 and context.meta.parallel.zero_stage == 3:
         client_state = restore_zero3(
@@ -629,13 +629,13 @@ def restore_fp8_scaling(context: CheckpointContext, path: Path, meta: Checkpoint
 
 def sharded_optimizer(context: CheckpointContext) -> bool:
     """mds-train's ZeRO optimizers, which read and write DeepSpeed's partition files themselves."""
-    return isinstance(context.optimizer, ShardedMasterAdamW | FullyShardedAdamW)
+    return isinstance(context.optimizer, ShardedMasterAdamW | DeepSpeedZero3Files)
 
 
 def _load_zero3_files(
     context: CheckpointContext, path: Path, *, load_optimizer: bool
 ) -> dict[str, Any]:
-    """A ZeRO-3 checkpoint (DeepSpeed's stage 3's or FullyShardedAdamW's) into FullyShardedAdamW:
+    """A ZeRO-3 checkpoint (DeepSpeed's stage 3's or FullyShardedAdamW's) into mds-train's ZeRO-3:
     this rank's model file's client state, and its partitions (the weights, with the optimizer
     state unless not `load_optimizer`); saved at this run's DP."""
     from mds_checkpoint import zero3_model_file

@@ -547,8 +547,8 @@ class TrainConfig:
     def cuda_graph_problem(self, topology: Topology) -> str | None:
         """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
         cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
-        ZeRO-0, 1 and 2 on one data-parallel rank (mds-train's own master weights), with and
-        without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1/2
+        ZeRO-0, 1, 2 and 3 on one data-parallel rank (mds-train's own master weights), with
+        and without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1/2
         run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own `optimizer`)
         runs eagerly (run.py)."""
         from mds_model.cuda_graphs import unsupported
@@ -566,11 +566,6 @@ class TrainConfig:
             )
         if problem is None and not self.precision.bf16:
             problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
-        if problem is None and self.parallel.zero_stage == 3:
-            problem = (
-                "ZeRO-3 gathers each layer's weights in hooks around its forward and backward, "
-                "which a captured graph would skip: use --zero-stage 0, 1 or 2"
-            )
         if problem is None and topology.data_parallel_size > 1:
             problem = (
                 "data-parallel gradient reduction is not checked under graphs yet: use one "

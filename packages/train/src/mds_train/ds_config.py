@@ -43,11 +43,10 @@ def uses_sharded_master_weights(
     )
 
 
-def uses_fully_sharded(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
+def _own_zero3(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
     """bf16 at ZeRO-3 without pipelining, offload or an optimizer named in the user's DeepSpeed
-    file: torch's FSDP2 shards the weights, gradients and fp32 masters over the data-parallel
-    group (fully_sharded.py) and DeepSpeed runs in its fp32 mode at stage 0 (its stage 3 reached
-    0.38x of the reference's tokens/s on one H200)."""
+    file: mds-train's ZeRO-3 (fully_sharded.py), DeepSpeed in its fp32 mode at stage 0 (its
+    stage 3 reached 0.38x of the reference's tokens/s on one H200, 0.24x on an H100)."""
     zero = user_ds.get("zero_optimization", {})
     offload_param = (zero.get("offload_param") or {}).get("device") in ("cpu", "nvme")
     return (
@@ -60,15 +59,32 @@ def uses_fully_sharded(config: TrainConfig, topology: Topology, user_ds: dict[st
     )
 
 
+def uses_fully_sharded(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
+    """mds-train's ZeRO-3 above one data-parallel rank: torch's FSDP2 shards the weights,
+    gradients and fp32 masters over the group (FullyShardedAdamW)."""
+    return _own_zero3(config, topology, user_ds) and topology.data_parallel_size > 1
+
+
+def uses_single_rank_zero3(
+    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
+) -> bool:
+    """mds-train's ZeRO-3 at one data-parallel rank, where there is nothing to shard: the ZeRO-0
+    step with DeepSpeed's stage-3 files (SingleRankZero3AdamW), CUDA graphs allowed."""
+    return _own_zero3(config, topology, user_ds) and topology.data_parallel_size == 1
+
+
 def deepspeed_optimizer_problem(
     config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
 ) -> str | None:
-    """Why a ZeRO-1/2 run's layers cannot be CUDA graphs although its flags allow them: its
+    """Why a ZeRO-1/2/3 run's layers cannot be CUDA graphs although its flags allow them: its
     DeepSpeed file keeps DeepSpeed's own optimizer, whose BF16 and ZeRO wrappers invalidated
-    the capture; None otherwise."""
-    if config.parallel.zero_stage not in (1, 2) or uses_sharded_master_weights(
+    the capture (stage 3 gathers each layer's weights in hooks a graph would skip); None
+    otherwise."""
+    if config.parallel.zero_stage == 0 or uses_sharded_master_weights(
         config, topology, user_ds
     ):
+        return None
+    if _own_zero3(config, topology, user_ds):
         return None
     if not config.precision.bf16 or topology.pipeline_model_parallel_size > 1:
         return None  # cuda_graph_problem names these

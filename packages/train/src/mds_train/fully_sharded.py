@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .deepspeed_engine import Zero3State, saved_zero3_state, zero3_optimizer_state
+from .master_weights import MasterWeightAdamW
 
 # DeepSpeed's default `zero_optimization.sub_group_size` (elements per flat sub-group).
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
@@ -72,12 +73,135 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param._local_tensor if hasattr(param, "_local_tensor") else param
 
 
-class FullyShardedAdamW(torch.optim.Optimizer):
+class DeepSpeedZero3Files:
+    """DeepSpeed's stage-3 optimizer files (`state_dict`, `load_state_dict`, `param_shapes`) of
+    an optimizer that gives each parameter's whole fp32 master and moments (`whole_state`) and
+    takes them back (`set_parameter_state`); the data-parallel layout is DeepSpeed's: each
+    parameter's `ceil(numel / DP)` values from `rank * ceil(numel / DP)` of its flattened,
+    zero-padded tensor, laid end to end in sub-groups (`_create_fp16_sub_groups`)."""
+
+    stage = 3
+
+    def _zero3_init(self, *, names, dp_group, dp_rank: int, dp_size: int, sub_group_size: int):
+        self._names = names
+        self._dp_group, self.dp_rank, self.dp_size = dp_group, dp_rank, dp_size
+        self.sub_group_size = sub_group_size or DEFAULT_SUB_GROUP_SIZE
+
+    def whole_state(self, param: torch.nn.Parameter) -> tuple[dict[str, torch.Tensor], int]:
+        """{fp32, exp_avg, exp_avg_sq: whole fp32 tensor} of `param` and its step (collective
+        over DP where the state is sharded)."""
+        raise NotImplementedError
+
+    def set_parameter_state(self, param, values: dict[str, torch.Tensor], step: int | None):
+        raise NotImplementedError
+
+    def _partition_numel(self, param: torch.nn.Parameter) -> int:
+        return math.ceil(param.numel() / self.dp_size)
+
+    def _sub_groups(self) -> list[tuple[int, list[torch.nn.Parameter]]]:
+        """(group index, parameters) of each of DeepSpeed's flat sub-groups: parameters in order
+        until one takes the sub-group to `sub_group_size` partition values or more."""
+        out = []
+        for g, group in enumerate(self.param_groups):
+            params = group["params"]
+            if self.sub_group_size >= sum(map(self._partition_numel, params)):
+                out.append((g, list(params)))
+                continue
+            current, size = [], 0
+            for param in params:
+                current.append(param)
+                size += self._partition_numel(param)
+                if size >= self.sub_group_size or param is params[-1]:
+                    out.append((g, current))
+                    current, size = [], 0
+        return out
+
+    def param_shapes(self) -> list[OrderedDict[str, torch.Size]]:
+        """DeepSpeed's `param_shapes`: each sub-group's parameters by name, in their order in
+        its flat partitions."""
+        return [
+            OrderedDict((self._names[p], p.shape) for p in params)
+            for _, params in self._sub_groups()
+        ]
+
+    def _deepspeed_partition(self, param: torch.nn.Parameter, whole: torch.Tensor) -> torch.Tensor:
+        size = self._partition_numel(param)
+        flat = whole.reshape(-1)
+        padded = torch.zeros(size * self.dp_size, dtype=torch.float32, device=flat.device)
+        padded[: flat.numel()].copy_(flat)
+        return padded.narrow(0, self.dp_rank * size, size)
+
+    @torch.no_grad()
+    def state_dict(self) -> dict[str, Any]:
+        """DeepSpeed's stage-3 optimizer state dict for this rank (`_rigid_state_dict`), key for
+        key; collective over the data-parallel group where the state is sharded."""
+        keys = ("fp32", *MOMENTS)
+        flats: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+        steps, sub_group_of = [], []
+        for g, params in self._sub_groups():
+            pieces: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+            step = 0
+            for param in params:
+                values, step = self.whole_state(param)
+                for key in keys:
+                    pieces[key].append(self._deepspeed_partition(param, values[key]).cpu())
+            for key in keys:
+                flats[key].append(torch.cat(pieces[key]))
+            steps.append(step)
+            sub_group_of.append(g)
+        options = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
+        state = Zero3State(
+            groups=options,
+            sub_group_of=sub_group_of,
+            fp32=flats["fp32"],
+            exp_avg=flats["exp_avg"],
+            exp_avg_sq=flats["exp_avg_sq"],
+            steps=steps,
+            dp_size=self.dp_size,
+        )
+        return zero3_optimizer_state(state, betas=self._betas, eps=self._eps)
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any], *, weights_only: bool = False) -> None:
+        """A DeepSpeed stage-3 optimizer state dict for this rank, saved at this DP over the same
+        parameters (ValueError, one line, otherwise): the weights, and unless `weights_only` the
+        moments and step; collective over the data-parallel group where the state is sharded."""
+        saved = saved_zero3_state(state_dict)
+        if saved.dp_size != self.dp_size:
+            raise ValueError(
+                f"its ZeRO-3 partitions were saved by {saved.dp_size} data-parallel ranks, this "
+                f"run has {self.dp_size}"
+            )
+        sub_groups = self._sub_groups()
+        sizes = [sum(map(self._partition_numel, params)) for _, params in sub_groups]
+        found = [flat.numel() for flat in saved.fp32]
+        if found != sizes:
+            raise ValueError(
+                f"its ZeRO-3 sub-groups hold {found} values, this run's {sizes}: the parameters "
+                "or the sub_group_size differ"
+            )
+        keys = ("fp32",) if weights_only else ("fp32", *MOMENTS)
+        for s, (_, params) in enumerate(sub_groups):
+            offset = 0
+            for param in params:
+                size = self._partition_numel(param)
+                values = {}
+                for key in keys:
+                    mine = getattr(saved, key)[s].narrow(0, offset, size).float()
+                    if self.dp_size > 1:
+                        device = _local(param).device
+                        mine = _all_gather(mine.to(device), self._dp_group, self.dp_size)
+                    values[key] = mine[: param.numel()].view(param.shape)
+                step = None if weights_only else saved.steps[s]
+                self.set_parameter_state(param, values, step)
+                offset += size
+        self.refresh_model_params()
+
+
+class FullyShardedAdamW(DeepSpeedZero3Files, torch.optim.Optimizer):
     """AdamW over this rank's rows of FSDP2's fp32 sharded parameters; `param_groups` are the
     model's, whose `lr` the trainer's schedule sets. `names` maps each parameter to its name in
     the engine's module (DeepSpeed's `param_shapes` key them so)."""
-
-    stage = 3
 
     def __init__(
         self,
@@ -92,13 +216,9 @@ class FullyShardedAdamW(torch.optim.Optimizer):
         sub_group_size: int = DEFAULT_SUB_GROUP_SIZE,
     ) -> None:
         super().__init__(param_groups, defaults={"lr": 0.0, "weight_decay": 0.0})
-        self._betas, self._eps, self._names = betas, eps, names
-        self._dp_group, self._dp_rank, self._dp_size = (
-            data_parallel_group,
-            data_parallel_rank,
-            data_parallel_size,
-        )
-        self.sub_group_size = sub_group_size or DEFAULT_SUB_GROUP_SIZE
+        self._betas, self._eps = betas, eps
+        self._zero3_init(names=names, dp_group=data_parallel_group, dp_rank=data_parallel_rank,
+                         dp_size=data_parallel_size, sub_group_size=sub_group_size)  # fmt: skip
         self._fused = _local(self.param_groups[0]["params"][0]).is_cuda
         self._scale: torch.Tensor | None = None
         self._step = 0
@@ -117,7 +237,7 @@ class FullyShardedAdamW(torch.optim.Optimizer):
     @property
     def gradient_partition_group(self):
         """Each rank holds its rows' gradients only: a norm sums its squares over DP too."""
-        return self._dp_group if self._dp_size > 1 else None
+        return self._dp_group if self.dp_size > 1 else None
 
     def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """This rank's rows of each gradient (fp32, averaged over DP by FSDP2), with their
@@ -187,147 +307,30 @@ class FullyShardedAdamW(torch.optim.Optimizer):
     def refresh_fp32_params(self) -> None:
         pass
 
-    # --- DeepSpeed's stage-3 layout -------------------------------------------------------
-
-    def _partition_numel(self, param: torch.nn.Parameter) -> int:
-        return math.ceil(param.numel() / self._dp_size)
-
-    def _sub_groups(self) -> list[tuple[int, list[torch.nn.Parameter]]]:
-        """(group index, parameters) of each of DeepSpeed's flat sub-groups
-        (`_create_fp16_sub_groups`): parameters in order until one takes the sub-group to
-        `sub_group_size` partition values or more."""
-        out = []
-        for g, group in enumerate(self.param_groups):
-            params = group["params"]
-            if self.sub_group_size >= sum(map(self._partition_numel, params)):
-                out.append((g, list(params)))
-                continue
-            current, size = [], 0
-            for param in params:
-                current.append(param)
-                size += self._partition_numel(param)
-                if size >= self.sub_group_size or param is params[-1]:
-                    out.append((g, current))
-                    current, size = [], 0
-        return out
+    # --- whole tensors, for DeepSpeed's stage-3 files (DeepSpeedZero3Files) ----------------
 
     def _rows(self, param: torch.nn.Parameter) -> tuple[int, int]:
         """This rank's first row and row count of `param` (FSDP2's torch.chunk split)."""
         rows = param.shape[0]
-        chunk = math.ceil(rows / self._dp_size)
-        start = min(self._dp_rank * chunk, rows)
+        chunk = math.ceil(rows / self.dp_size)
+        start = min(self.dp_rank * chunk, rows)
         return start, min(start + chunk, rows) - start
 
     def _whole(self, param: torch.nn.Parameter, local: torch.Tensor) -> torch.Tensor:
         """The whole tensor of which `local` is this rank's rows (collective over DP)."""
-        if self._dp_size == 1:
-            return local
-        chunk = math.ceil(param.shape[0] / self._dp_size)
+        chunk = math.ceil(param.shape[0] / self.dp_size)
         padded = torch.zeros((chunk, *param.shape[1:]), dtype=local.dtype, device=local.device)
         padded[: local.shape[0]].copy_(local)
-        gathered = _all_gather(padded, self._dp_group, self._dp_size)
-        return gathered[: param.shape[0]]
+        return _all_gather(padded, self._dp_group, self.dp_size)[: param.shape[0]]
 
-    def _deepspeed_partition(self, param: torch.nn.Parameter, whole: torch.Tensor) -> torch.Tensor:
-        size = self._partition_numel(param)
-        flat = whole.reshape(-1)
-        padded = torch.zeros(size * self._dp_size, dtype=flat.dtype, device=flat.device)
-        padded[: flat.numel()].copy_(flat)
-        return padded.narrow(0, self._dp_rank * size, size)
-
-    def _from_deepspeed_partition(
-        self, param: torch.nn.Parameter, partition: torch.Tensor
-    ) -> torch.Tensor:
-        """This rank's rows of `param` from every rank's DeepSpeed partition of it (collective:
-        this rank gives its own)."""
+    def whole_state(self, param: torch.nn.Parameter) -> tuple[dict[str, torch.Tensor], int]:
         local = _local(param)
-        partition = partition.to(local.device, torch.float32)
-        whole = (
-            _all_gather(partition, self._dp_group, self._dp_size)
-            if self._dp_size > 1
-            else partition
-        )
-        start, count = self._rows(param)
-        rows = whole[: param.numel()].view(param.shape)
-        return rows.narrow(0, start, count)
-
-    def param_shapes(self) -> list[OrderedDict[str, torch.Size]]:
-        """DeepSpeed's `param_shapes`: each sub-group's parameters by name, in their order in
-        its flat partitions."""
-        return [
-            OrderedDict((self._names[p], p.shape) for p in params)
-            for _, params in self._sub_groups()
-        ]
-
-    @torch.no_grad()
-    def state_dict(self) -> dict[str, Any]:
-        """DeepSpeed's stage-3 optimizer state dict for this rank (`_rigid_state_dict`), key for
-        key; collective over the data-parallel group."""
-        flats: dict[str, list[torch.Tensor]] = {"fp32": [], **{key: [] for key in MOMENTS}}
-        steps = []
-        for _, params in self._sub_groups():
-            pieces: dict[str, list[torch.Tensor]] = {key: [] for key in flats}
-            for param in params:
-                state = self._state_of(param) if _local(param).numel() else {}
-                for key in flats:
-                    local = _local(param) if key == "fp32" else state.get(key, _local(param))
-                    whole = self._whole(param, local.float())
-                    pieces[key].append(self._deepspeed_partition(param, whole).cpu())
-            for key in flats:
-                flats[key].append(torch.cat(pieces[key]))
-            steps.append(self._step)
-        return zero3_optimizer_state(
-            Zero3State(
-                groups=[
-                    {k: v for k, v in group.items() if k != "params"} for group in self.param_groups
-                ],
-                sub_group_of=[g for g, _ in self._sub_groups()],
-                fp32=flats["fp32"],
-                exp_avg=flats["exp_avg"],
-                exp_avg_sq=flats["exp_avg_sq"],
-                steps=steps,
-                dp_size=self._dp_size,
-            ),
-            betas=self._betas,
-            eps=self._eps,
-        )
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict[str, Any], *, weights_only: bool = False) -> None:
-        """A DeepSpeed stage-3 optimizer state dict for this rank, saved at this DP over the same
-        parameters (ValueError, one line, otherwise): the weights, and unless `weights_only` the
-        moments and step; collective over the data-parallel group."""
-        saved = saved_zero3_state(state_dict)
-        if saved.dp_size != self._dp_size:
-            raise ValueError(
-                f"its ZeRO-3 partitions were saved by {saved.dp_size} data-parallel ranks, this "
-                f"run has {self._dp_size}"
-            )
-        sub_groups = self._sub_groups()
-        sizes = [sum(map(self._partition_numel, params)) for _, params in sub_groups]
-        found = [flat.numel() for flat in saved.fp32]
-        if found != sizes:
-            raise ValueError(
-                f"its ZeRO-3 sub-groups hold {found} values, this run's {sizes}: the parameters "
-                "or the sub_group_size differ"
-            )
-        keys = ("fp32",) if weights_only else ("fp32", *MOMENTS)
-        for s, (_, params) in enumerate(sub_groups):
-            offset = 0
-            for param in params:
-                size = self._partition_numel(param)
-                for key in keys:
-                    partition = getattr(saved, key)[s].narrow(0, offset, size)
-                    rows = self._from_deepspeed_partition(param, partition)
-                    if not _local(param).numel():
-                        continue
-                    target = _local(param) if key == "fp32" else self._state_of(param)[key]
-                    target.copy_(rows)
-                offset += size
-        if not weights_only:
-            self._step = saved.steps[0] if saved.steps else 0
-            for state in self.state.values():
-                state["step"].fill_(float(self._step))
+        state = self._state_of(param) if local.numel() else {}
+        values = {
+            key: self._whole(param, (local if key == "fp32" else state.get(key, local)).float())
+            for key in ("fp32", *MOMENTS)
+        }
+        return values, self._step
 
     @torch.no_grad()
     def set_parameter_state(
@@ -335,6 +338,8 @@ class FullyShardedAdamW(torch.optim.Optimizer):
     ) -> None:
         """This rank's rows of one parameter's fp32 weights (and, given, Adam moments) from whole
         tensors (a reshaped checkpoint's `fp32`, `exp_avg`, `exp_avg_sq`), and the step."""
+        if step is not None:
+            self._step = step  # the step of states made from now on
         start, count = self._rows(param)
         if not count:
             return
@@ -343,9 +348,55 @@ class FullyShardedAdamW(torch.optim.Optimizer):
             target = _local(param) if key == "fp32" else self._state_of(param)[key]
             target.copy_(rows.to(target.device, torch.float32))
         if step is not None:
-            self._step = step
-            for state in self.state.values():
-                state["step"].fill_(float(step))
+            self._state_of(param)["step"].fill_(float(step))
+
+
+class SingleRankZero3AdamW(DeepSpeedZero3Files, MasterWeightAdamW):
+    """ZeRO-3 at one data-parallel rank, where nothing is sharded: MasterWeightAdamW's step (fp32
+    masters of the bf16 weights, CUDA graphs where the run allows them), DeepSpeed's stage-3
+    files. torchtitan likewise shards with FSDP2 only above one rank."""
+
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        *,
+        names: dict[torch.nn.Parameter, str],
+        sub_group_size: int = DEFAULT_SUB_GROUP_SIZE,
+        **adamw: Any,
+    ) -> None:
+        MasterWeightAdamW.__init__(self, param_groups, **adamw)
+        self._zero3_init(names=names, dp_group=None, dp_rank=0, dp_size=1,
+                         sub_group_size=sub_group_size)  # fmt: skip
+        self._place = {
+            param: (g, i)
+            for g, group in enumerate(self.param_groups)
+            for i, param in enumerate(group["params"])
+        }
+
+    def _master_of(self, param: torch.nn.Parameter) -> torch.Tensor:
+        g, i = self._place[param]
+        return self.masters[g][i]
+
+    def whole_state(self, param: torch.nn.Parameter) -> tuple[dict[str, torch.Tensor], int]:
+        master = self._master_of(param)
+        state = self._adamw_state(master)
+        values = {"fp32": master, **{key: state[key] for key in MOMENTS}}
+        return values, int(state["step"].item())
+
+    @torch.no_grad()
+    def set_parameter_state(
+        self, param: torch.nn.Parameter, values: dict[str, torch.Tensor], step: int | None
+    ) -> None:
+        """One parameter's fp32 master (and, given, Adam moments) from whole tensors, and the
+        step; the model's weights follow at refresh_model_params."""
+        master = self._master_of(param)
+        state = self._adamw_state(master)
+        for key, whole in values.items():
+            target = master if key == "fp32" else state[key]
+            target.copy_(whole.reshape(master.shape).to(master.device, torch.float32))
+        if step is not None:
+            state["step"].fill_(float(step))
+        self._kernel_groups.clear()
 
 
 def _all_gather(tensor: torch.Tensor, group, size: int) -> torch.Tensor:

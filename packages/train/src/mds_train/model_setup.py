@@ -39,8 +39,14 @@ from .ds_config import (
     uses_fully_sharded,
     uses_master_weights,
     uses_sharded_master_weights,
+    uses_single_rank_zero3,
 )
-from .fully_sharded import FullyShardedAdamW, data_parallel_mesh, shard_model
+from .fully_sharded import (
+    FullyShardedAdamW,
+    SingleRankZero3AdamW,
+    data_parallel_mesh,
+    shard_model,
+)
 from .gradients import install_fp32_clipping
 from .master_weights import MasterWeightAdamW
 from .sharded_master_weights import ShardedMasterAdamW
@@ -224,26 +230,36 @@ def _sharded_optimizer(
     )
 
 
-def _fully_sharded_optimizer(
+def _zero3_optimizer(
     config: TrainConfig,
     params: list[dict],
     module: torch.nn.Module,
     groups: ParallelGroups,
     user_ds: dict[str, Any],
-) -> FullyShardedAdamW:
-    """ZeRO-3: AdamW over this rank's rows of FSDP2's fp32 shards; the file's sub_group_size
-    shapes its DeepSpeed stage-3 files as it would shape DeepSpeed's."""
+) -> FullyShardedAdamW | SingleRankZero3AdamW:
+    """ZeRO-3: above one data-parallel rank AdamW over this rank's rows of FSDP2's fp32 shards
+    (bound to them once the model is sharded, apply_fully_sharded); at one, MasterWeightAdamW's
+    step. The file's sub_group_size shapes their DeepSpeed stage-3 files as it would shape
+    DeepSpeed's."""
     opt = config.optimizer
-    zero = user_ds.get("zero_optimization", {})
+    betas, eps = (opt.adam_beta1, opt.adam_beta2), opt.adam_eps
+    names = {param: name for name, param in module.named_parameters()}
+    sub_group_size = int(float(user_ds.get("zero_optimization", {}).get("sub_group_size", 0)))
+    if groups.dp_size == 1:
+        use_kernel = False if config.model.no_fused_kernels else None
+        return SingleRankZero3AdamW(
+            params, names=names, sub_group_size=sub_group_size, betas=betas, eps=eps,
+            use_kernel=use_kernel,
+        )  # fmt: skip
     return FullyShardedAdamW(
         params,
-        betas=(opt.adam_beta1, opt.adam_beta2),
-        eps=opt.adam_eps,
-        names={param: name for name, param in module.named_parameters()},
+        betas=betas,
+        eps=eps,
+        names=names,
         data_parallel_group=groups.dp_group,
         data_parallel_rank=groups.dp_rank,
         data_parallel_size=groups.dp_size,
-        sub_group_size=int(float(zero.get("sub_group_size", 0))),
+        sub_group_size=sub_group_size,
     )
 
 
@@ -389,7 +405,8 @@ def build_deepspeed_config(
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
         client_optimizer="optimizer" not in user_ds,
         sharded_master_weights=uses_sharded_master_weights(config, topology, user_ds)
-        or uses_fully_sharded(config, topology, user_ds),
+        or uses_fully_sharded(config, topology, user_ds)
+        or uses_single_rank_zero3(config, topology, user_ds),
     )
     return merge_deepspeed_config(derived, user_ds)
 
@@ -422,8 +439,10 @@ def build_client_optimizer(
         return None
     if uses_sharded_master_weights(config, topology, user_ds):
         return _sharded_optimizer(config, params, module, groups)
-    if uses_fully_sharded(config, topology, user_ds):
-        return _fully_sharded_optimizer(config, params, module, groups, user_ds)
+    if uses_fully_sharded(config, topology, user_ds) or uses_single_rank_zero3(
+        config, topology, user_ds
+    ):
+        return _zero3_optimizer(config, params, module, groups, user_ds)
     return _client_optimizer(
         config,
         params,

@@ -38,7 +38,7 @@ from .deepspeed_engine import (
     zero3_partition,
     zero3_sub_groups,
 )
-from .fully_sharded import FullyShardedAdamW
+from .fully_sharded import DeepSpeedZero3Files
 from .master_weights import MasterWeightAdamW
 from .rank_files import load_rank_file
 from .sharded_master_weights import ShardedMasterAdamW
@@ -194,8 +194,8 @@ def restore_zero3(
     from mds_checkpoint import UniversalState, megatron_flat, plain_parameter_name
 
     ds_optimizer = engine.optimizer
-    fully_sharded = isinstance(ds_optimizer, FullyShardedAdamW)
-    if not fully_sharded and zero3_keeps_partitions_on_nvme(ds_optimizer):
+    own = isinstance(ds_optimizer, DeepSpeedZero3Files)
+    if not own and zero3_keeps_partitions_on_nvme(ds_optimizer):
         raise ValueError(f"{path}: a reshaped checkpoint cannot be loaded with ZeRO-3 NVMe offload")
     mp_file = path / f"mp_rank_{groups.tp_rank:02d}_model_states.pt"
     checkpoint = load_rank_file(mp_file, mmap=True)
@@ -211,7 +211,7 @@ def restore_zero3(
 
     def values_of(param) -> dict[str, torch.Tensor]:
         name = names[param]
-        shape = tuple(param.shape) if fully_sharded else zero3_full_shape(param)
+        shape = tuple(param.shape) if own else zero3_full_shape(param)
         if state is None:
             values = {"fp32": weights[name]}
         else:
@@ -230,9 +230,10 @@ def restore_zero3(
         return values
 
     step = None if state is None else state.step
-    if fully_sharded:  # FSDP2's rows of each parameter (fully_sharded.py)
+    if own:  # mds-train's ZeRO-3 (fully_sharded.py) takes whole tensors
         for param in names:
             ds_optimizer.set_parameter_state(param, values_of(param), step)
+        ds_optimizer.refresh_model_params()
         return checkpoint
     with zero3_all_partitioned(ds_optimizer):
         for g, sub_group in enumerate(zero3_sub_groups(ds_optimizer)):
