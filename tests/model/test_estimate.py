@@ -93,7 +93,8 @@ def test_memory_shards_with_zero_and_tensor_parallelism():
     assert z1["optimizer"] == 12 * n / 8 and z1["gradients"] == 6 * n
     # ShardedMasterAdamW's ZeRO-2: the bf16 gradients whole, the fp32 ones partitioned
     assert z2["gradients"] == 2 * n + 4 * n / 8 and z2["optimizer"] == 12 * n / 8
-    assert (z3["weights"], z3["gradients"]) == (2 * n / 8, 2 * n / 8)
+    # mds-train's ZeRO-3 (FSDP2): fp32 weight shards (the masters), fp32 gradient shards, moments
+    assert (z3["weights"], z3["gradients"], z3["optimizer"]) == (4 * n / 8, 4 * n / 8, 8 * n / 8)
     fp16 = GPTConfig(**GPT2_345M, params_dtype="float16")
     assert estimate(fp16, Plan(zero_stage=1))["memory_bytes_per_gpu"]["gradients"] == 2 * n
     tp2 = for_tensor_parallel(GPTConfig(**GPT2_345M, params_dtype="bfloat16"), 2)

@@ -457,6 +457,71 @@ def test_zero3_partitions_sub_groups_and_masters():
         torch.testing.assert_close(by_shape[shape], value)
 
 
+def test_the_zero3_state_dict_is_deepspeed_s_own():
+    """zero3_optimizer_state, given the values DeepSpeed's own bf16 stage 3 holds after a step,
+    builds the state dict its optimizer saves (`_rigid_state_dict`): the same keys in the same
+    order, the same inner AdamW groups and state; saved_zero3_state reads it back."""
+    model = tiny_model().bfloat16()
+    engine = engine_of(model, zero_stage=3, bf16={"enabled": True})
+    train_step(engine)
+    theirs = engine.optimizer.state_dict()
+    base = theirs["optimizer_state_dict"]
+    indices = [i for group in base["param_groups"] for i in group["params"]]
+    state = ds_engine.Zero3State(
+        groups=[
+            {k: v for k, v in g.items() if k not in ("params", "betas", "eps")}
+            for g in base["param_groups"]
+        ],
+        sub_group_of=[g for g, group in enumerate(base["param_groups"]) for _ in group["params"]],
+        fp32=list(theirs["fp32_flat_groups"]),
+        exp_avg=[base["state"][i]["exp_avg"] for i in indices],
+        exp_avg_sq=[base["state"][i]["exp_avg_sq"] for i in indices],
+        steps=[int(base["state"][i]["step"]) for i in indices],
+        dp_size=1,
+    )
+    betas, eps = base["param_groups"][0]["betas"], base["param_groups"][0]["eps"]
+    ours = ds_engine.zero3_optimizer_state(state, betas=betas, eps=eps)
+    assert list(ours) == list(theirs)
+    for key, value in theirs.items():
+        mine = ours[key]
+        if key == "fp32_flat_groups":
+            for a, b in zip(mine, value, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        elif key == "loss_scaler":
+            assert type(mine) is type(value) and vars(mine) == vars(value)
+        elif key == "optimizer_state_dict":
+            assert mine["param_groups"] == value["param_groups"]
+            assert list(mine["state"]) == list(value["state"])
+            for index, moments in value["state"].items():
+                assert list(mine["state"][index]) == list(moments)
+                for name, tensor in moments.items():
+                    torch.testing.assert_close(mine["state"][index][name], tensor)
+        else:
+            assert mine == value, key
+    read = ds_engine.saved_zero3_state(ours)
+    assert read.dp_size == 1 and read.steps == [1] * len(indices)
+
+
+def test_writing_zero3_model_file_names_it_as_stage_3_does(tmp_path):
+    """A stage-0 engine's save under writing_zero3_model_file writes the file DeepSpeed's own
+    stage 3 writes for the rank (`zero_pp_rank_0_mp_rank_00_model_states.pt`), with the client
+    state applied after the engine's keys, and nothing under the stage-0 name; the engine's own
+    naming comes back after."""
+    stage3 = engine_of(zero_stage=3)
+    stage3.save_checkpoint(str(tmp_path / "stage3"), tag="t")
+    engine = engine_of()
+    with ds_engine.writing_zero3_model_file(engine, 0):
+        engine.save_checkpoint(str(tmp_path / "ours"), tag="t", client_state={"optimizer": None})
+    theirs = sorted(p.name for p in (tmp_path / "stage3" / "t").glob("*model_states.pt"))
+    assert sorted(p.name for p in (tmp_path / "ours" / "t").glob("*model_states.pt")) == theirs
+    saved = torch.load(tmp_path / "ours" / "t" / theirs[0], weights_only=False)
+    assert saved["optimizer"] is None
+    engine.save_checkpoint(str(tmp_path / "after"), tag="t")
+    assert [p.name for p in (tmp_path / "after" / "t").glob("*model_states.pt")] == [
+        "mp_rank_00_model_states.pt"
+    ]
+
+
 # --- used by the sibling packages (mds_checkpoint, mds_model) ---
 
 

@@ -36,8 +36,8 @@ ZERO3_MODEL_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.p
 ZERO_OPTIMIZER_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
 
-def zero_optimizer_file(dp_rank: int, mp_rank: int, *, bf16: bool) -> str:
-    """DeepSpeed's name for one partition of ZeRO-1/2 optimizer state (`_get_rank_zero_ckpt_name`;
+def zero_optimizer_file(dp_rank: int | str, mp_rank: int, *, bf16: bool) -> str:
+    """DeepSpeed's name for one partition of ZeRO optimizer state (`_get_rank_zero_ckpt_name`;
     `bf16_` when its engine runs bf16), which ZERO_OPTIMIZER_FILE matches."""
     return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 

@@ -17,6 +17,7 @@ from mds_model import GPTConfig
 from . import ptfile
 from .arrays import convert
 from .engine_names import plain_engine_to_plain
+from .layout import zero_optimizer_file
 from .sources import Shards, _split_by_part
 
 
@@ -57,12 +58,16 @@ class Zero3Partitions:
 
     def __init__(self, folder: Path, tp: int) -> None:
         self.folder = folder
-        files = sorted(folder.glob(f"zero_pp_rank_*_mp_rank_{tp:02d}_optim_states.pt"))
+        # `bf16_` where the engine ran bf16 (layout.zero_optimizer_file)
+        for bf16 in (True, False):
+            files = sorted(folder.glob(zero_optimizer_file("*", tp, bf16=bf16)))
+            if files:
+                break
         if not files:
             raise ValueError(f"{folder}: missing rank files: no ZeRO-3 partitions of TP rank {tp}")
         # The DP size the files were written at (the count found falls short when one is lost).
         world = saved_dp_size(ptfile.load(files[0])["optimizer_state_dict"]) or len(files)
-        wanted = [f"zero_pp_rank_{d}_mp_rank_{tp:02d}_optim_states.pt" for d in range(world)]
+        wanted = [zero_optimizer_file(d, tp, bf16=bf16) for d in range(world)]
         absent = [name for name in wanted if not (folder / name).is_file()]
         if absent:
             raise ValueError(f"{folder}: missing rank files: {', '.join(absent)}")

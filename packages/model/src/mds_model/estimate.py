@@ -184,11 +184,16 @@ def estimate(config: GPTConfig, plan: Plan) -> dict:
     params = _stage_parameters(config, plan)
     dp = plan.data_parallel_size
     sharded_grads = plan.zero_stage >= 2
-    if config.params_dtype == "bfloat16" and plan.zero_stage <= 2:
-        # mds-train's bf16 optimizers (MasterWeightAdamW at ZeRO-0 and ShardedMasterAdamW at
-        # ZeRO-1/2 without a pipeline; DeepSpeed's BF16 optimizer in a pipeline) accumulate into
-        # a full-size fp32 gradient buffer beside the bf16 gradients; ShardedMasterAdamW's ZeRO-2
-        # above one rank keeps only its partition of it.
+    if config.params_dtype == "bfloat16" and plan.zero_stage == 3 and dp > 1:
+        # mds-train's ZeRO-3 above one rank (FSDP2): the fp32 shards are the weights (and the
+        # masters), the gradients fp32 shards, the optimizer the two moments; a layer's bf16
+        # weights and gradients exist whole only while it runs (not counted).
+        weight_bytes, grad_bytes, optim_bytes = 4, 4, 8
+    elif config.params_dtype == "bfloat16" and (plan.zero_stage <= 2 or dp == 1):
+        # mds-train's bf16 optimizers (MasterWeightAdamW at ZeRO-0 and at ZeRO-3 on one rank,
+        # ShardedMasterAdamW at ZeRO-1/2 without a pipeline; DeepSpeed's BF16 optimizer in a
+        # pipeline) accumulate into a full-size fp32 gradient buffer beside the bf16 gradients;
+        # ShardedMasterAdamW's ZeRO-2 above one rank keeps only its partition of it.
         own = plan.pipeline_model_parallel_size == 1  # always at ZeRO-2 (check_plan)
         grad_bytes, sharded_grads = 2 + 4, False
         if plan.zero_stage == 2:  # the bf16 gradients whole, the fp32 ones partitioned

@@ -548,9 +548,9 @@ class TrainConfig:
         """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
         cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
         ZeRO-0, 1, 2 and 3 on one data-parallel rank (mds-train's own master weights), with
-        and without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a ZeRO-1/2
-        run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own `optimizer`)
-        runs eagerly (run.py)."""
+        and without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a
+        ZeRO-1/2/3 run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own
+        `optimizer`) runs eagerly (run.py)."""
         from mds_model.cuda_graphs import unsupported
 
         model = self.model.gpt_config(

@@ -92,9 +92,17 @@ class TrainingGPT(torch.nn.Module):
         return megatron_nested(self.gpt.state_dict(*args, **kwargs))
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign=False):  # noqa: D102
-        from mds_checkpoint import megatron_flat
+        from mds_checkpoint import megatron_flat, plain_parameter_name
 
-        flat = megatron_flat(state_dict) if "language_model" in state_dict else state_dict
+        if "language_model" in state_dict:
+            flat = megatron_flat(state_dict)
+        elif any(key.startswith("language_model.") for key in state_dict):
+            # the engine's own names (DeepSpeed's stage 3 loads the weights alone so, rebuilt
+            # from its partitions)
+            flat = {plain_parameter_name(k, num_layers=0, pipeline=False): v
+                    for k, v in state_dict.items()}  # fmt: skip
+        else:
+            flat = state_dict
         return self.gpt.load_state_dict(flat, strict=strict, assign=assign)
 
 
