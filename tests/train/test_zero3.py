@@ -90,9 +90,7 @@ def zero3_run(runs, ranks, shared_data, data_cache, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def deepspeed_run(
-    runs, ranks, shared_data, data_cache, deepspeed_file, tmp_path_factory
-) -> Path:
+def deepspeed_run(runs, ranks, shared_data, data_cache, deepspeed_file, tmp_path_factory) -> Path:
     """DeepSpeed's own stage 3, saved at iterations 3 and 6."""
     out = tmp_path_factory.mktemp(f"deepspeed-zero3-dp{ranks}")
     extra = ("--deepspeed_config", str(deepspeed_file))
@@ -241,7 +239,7 @@ def test_sub_groups_are_deepspeed_s():
                 names={}, dp_group=None, dp_rank=0, dp_size=dp_size, sub_group_size=sub_group_size
             )
             for p in params:  # what DeepSpeed's partitioned parameters answer
-                p.partition_numel = lambda p=p: -(-p.numel() // dp_size)
+                p.partition_numel = lambda p=p, n=dp_size: -(-p.numel() // n)
             its = types.SimpleNamespace(sub_group_size=sub_group_size)
             expected = [
                 (g, sub)

@@ -80,9 +80,7 @@ def deepspeed_optimizer_problem(
     DeepSpeed file keeps DeepSpeed's own optimizer, whose BF16 and ZeRO wrappers invalidated
     the capture (stage 3 gathers each layer's weights in hooks a graph would skip); None
     otherwise."""
-    if config.parallel.zero_stage == 0 or uses_sharded_master_weights(
-        config, topology, user_ds
-    ):
+    if config.parallel.zero_stage == 0 or uses_sharded_master_weights(config, topology, user_ds):
         return None
     if _own_zero3(config, topology, user_ds):
         return None
