@@ -50,10 +50,11 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
   fp8-cudnn        fp8 with --attention-backend fused
 With `default` and a variant that differs from it only in the ZeRO stage or optimizer (zero1,
-zero2, zero3, the deepspeed- ones, bf16-optimizer, no-overflow-check), the largest relative difference of their logged
-losses is printed. With `default` and an fp8 variant in one run, each fp8 variant's speed is also
-given against `default` (FP8's target is our own bf16 step), its MFU against the FP8 ceiling
-(--fp8-peak-tflops, twice the bf16 one on Hopper) too, and the two loss curves side by side:
+zero2, zero3, the deepspeed- ones, bf16-optimizer, no-overflow-check), the largest relative
+difference of their logged losses is printed. With `default` and an fp8 variant in one run,
+each fp8 variant's speed is also given against `default` (FP8's target is our own bf16 step),
+its MFU against the FP8 ceiling (--fp8-peak-tflops, twice the bf16 one on Hopper) too, and the
+two loss curves side by side:
 every tenth of the run, and the largest relative difference of their 10-iteration means after
 the first 10 iterations.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts

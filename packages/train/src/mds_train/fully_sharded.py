@@ -1,19 +1,22 @@
-"""ZeRO-3 of bf16 runs: torch's FSDP2 (`fully_shard`) over the data-parallel group, with the
-files DeepSpeed's stage 3 writes.
+"""mds-train's bf16 ZeRO-3, with the files DeepSpeed's stage 3 writes.
 
-Each transformer layer is one FSDP2 unit and the rest of the model (embeddings, final norm, head)
-the root's: a unit's weights are all-gathered in bf16 just before its forward (the next one's
+Above one data-parallel rank, torch's FSDP2 (`fully_shard`) over the data-parallel group: each
+transformer layer is one unit and the rest of the model (embeddings, final norm, head) the
+root's; a unit's weights are all-gathered in bf16 just before its forward (the next one's
 prefetched while it runs), freed after it, gathered again for its backward, and its gradients
 reduce-scattered in fp32 as soon as they exist, overlapping the layers still computing. The
 sharded parameters are fp32 and are the masters: FSDP2 casts them to bf16 as it gathers, and
-`FullyShardedAdamW` steps each rank's rows with torch's fused AdamW. Chosen over DeepSpeed's
-stage 3, whose per-parameter hooks, partition bookkeeping and host-side work ran 345M at 0.38x
-the compiled reference on one GPU (benchmarks/results/).
+`FullyShardedAdamW` steps each rank's rows with torch's fused AdamW. At one rank nothing is
+sharded and FSDP2's one-rank path copies every parameter in Python before each layer, so
+`SingleRankZero3AdamW` runs the ZeRO-0 step instead (torchtitan likewise applies FSDP2 only
+above one rank). Both replace DeepSpeed's stage 3, whose per-parameter hooks and host-side work
+ran 345M at 0.24-0.38x the compiled reference on one GPU (benchmarks/results/).
 
 The two shard differently: FSDP2 gives each rank whole rows of each parameter (torch.chunk's
 split of dim 0), DeepSpeed's stage 3 `ceil(numel / DP)` values of each flattened parameter, its
-partitions laid end to end in sub-groups of `sub_group_size` values. Files are DeepSpeed's: the
-state is gathered one parameter at a time and cut DeepSpeed's way on save, and back on load.
+partitions laid end to end in sub-groups of `sub_group_size` values. Files are DeepSpeed's
+(`DeepSpeedZero3Files`): the state is gathered one parameter at a time and cut DeepSpeed's way
+on save, and back on load.
 """
 
 from __future__ import annotations
