@@ -146,7 +146,8 @@ def save_checkpoint(context: CheckpointContext, state: TrainingState, save_dir: 
             frozen_param_fragments=OrderedDict(),
         )
     with _reporting_save_failures(save_dir, tag):
-        with writing_zero3_model_file(context.engine, context.groups.dp_rank, enabled=zero3):
+        dp_rank = context.groups.dp_rank if zero3 else 0
+        with writing_zero3_model_file(context.engine, dp_rank, enabled=zero3):
             context.engine.save_checkpoint(
                 str(save_dir), tag=partial.name, client_state=client_state, save_latest=False
             )
