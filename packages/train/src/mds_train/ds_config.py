@@ -43,10 +43,12 @@ def uses_sharded_master_weights(
     )
 
 
-def _own_zero3(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
+def uses_own_zero3(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
     """bf16 at ZeRO-3 without pipelining, offload or an optimizer named in the user's DeepSpeed
-    file: mds-train's ZeRO-3 (fully_sharded.py), DeepSpeed in its fp32 mode at stage 0 (its
-    stage 3 reached 0.38x of the reference's tokens/s on one H200, 0.24x on an H100)."""
+    file: mds-train's ZeRO-3 (fully_sharded.py; FSDP2's FullyShardedAdamW above one
+    data-parallel rank, the ZeRO-0 step's SingleRankZero3AdamW at one), DeepSpeed in its fp32
+    mode at stage 0 (its stage 3 reached 0.38x of the reference's tokens/s on one H200, 0.24x on
+    an H100)."""
     zero = user_ds.get("zero_optimization", {})
     offload_param = (zero.get("offload_param") or {}).get("device") in ("cpu", "nvme")
     return (
@@ -59,20 +61,6 @@ def _own_zero3(config: TrainConfig, topology: Topology, user_ds: dict[str, Any])
     )
 
 
-def uses_fully_sharded(config: TrainConfig, topology: Topology, user_ds: dict[str, Any]) -> bool:
-    """mds-train's ZeRO-3 above one data-parallel rank: torch's FSDP2 shards the weights,
-    gradients and fp32 masters over the group (FullyShardedAdamW)."""
-    return _own_zero3(config, topology, user_ds) and topology.data_parallel_size > 1
-
-
-def uses_single_rank_zero3(
-    config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
-) -> bool:
-    """mds-train's ZeRO-3 at one data-parallel rank, where there is nothing to shard: the ZeRO-0
-    step with DeepSpeed's stage-3 files (SingleRankZero3AdamW), CUDA graphs allowed."""
-    return _own_zero3(config, topology, user_ds) and topology.data_parallel_size == 1
-
-
 def deepspeed_optimizer_problem(
     config: TrainConfig, topology: Topology, user_ds: dict[str, Any]
 ) -> str | None:
@@ -82,7 +70,7 @@ def deepspeed_optimizer_problem(
     otherwise."""
     if config.parallel.zero_stage == 0 or uses_sharded_master_weights(config, topology, user_ds):
         return None
-    if _own_zero3(config, topology, user_ds):
+    if uses_own_zero3(config, topology, user_ds):
         return None
     if not config.precision.bf16 or topology.pipeline_model_parallel_size > 1:
         return None  # cuda_graph_problem names these

@@ -36,10 +36,9 @@ from .ds_config import (
     derive_deepspeed_config,
     merge_deepspeed_config,
     offloads_optimizer,
-    uses_fully_sharded,
     uses_master_weights,
+    uses_own_zero3,
     uses_sharded_master_weights,
-    uses_single_rank_zero3,
 )
 from .fully_sharded import (
     FullyShardedAdamW,
@@ -382,7 +381,7 @@ def apply_fully_sharded(
     *,
     compute_dtype: torch.dtype,
 ) -> None:
-    """ZeRO-3 (FullyShardedAdamW, ds_config.uses_fully_sharded): FSDP2 over the data-parallel
+    """ZeRO-3 above one rank (FullyShardedAdamW; ds_config.uses_own_zero3): FSDP2 over the DP
     group, one unit per transformer layer (fully_sharded.py), once the engine holds the model
     (its `module.to` and broadcast cannot take FSDP2's shards); the weights become fp32 shards,
     computed in `compute_dtype`, and the optimizer steps those. FSDP2 reduce-scatters the
@@ -413,8 +412,7 @@ def build_deepspeed_config(
         pipeline_entries=pipeline_deepspeed_config(gpt_config) if is_pipeline else {},
         client_optimizer="optimizer" not in user_ds,
         sharded_master_weights=uses_sharded_master_weights(config, topology, user_ds)
-        or uses_fully_sharded(config, topology, user_ds)
-        or uses_single_rank_zero3(config, topology, user_ds),
+        or uses_own_zero3(config, topology, user_ds),
     )
     return merge_deepspeed_config(derived, user_ds)
 
@@ -447,9 +445,7 @@ def build_client_optimizer(
         return None
     if uses_sharded_master_weights(config, topology, user_ds):
         return _sharded_optimizer(config, params, module, groups)
-    if uses_fully_sharded(config, topology, user_ds) or uses_single_rank_zero3(
-        config, topology, user_ds
-    ):
+    if uses_own_zero3(config, topology, user_ds):
         return _zero3_optimizer(config, params, module, groups, user_ds)
     return _client_optimizer(
         config,
