@@ -28,12 +28,14 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
                    layers as CUDA graphs wherever mds-train allows them (one GPU: yes)
   bf16-reduce      default with --grad-reduce-in-bf16 (DP averaging in bf16)
   zero1            --zero-stage 1: mds-train's ShardedMasterAdamW (fp32 masters and moments
-                   sharded over DP in DeepSpeed's layout and files; CUDA graphs at one rank)
+                   sharded over DP in DeepSpeed's layout and files; layers as CUDA graphs)
+  zero1-eager      zero1 with --no-cuda-graph
   bf16-optimizer   --zero-stage 1 with DeepSpeed's own BF16_Optimizer (the DeepSpeed file names
                    the optimizer: torch's fused AdamW, as mds-train's client optimizer was)
   no-overflow-check  bf16-optimizer without its per-step check for inf/NaN gradients
   zero2            --zero-stage 2: ShardedMasterAdamW with the gradients sharded too (above one
                    rank)
+  zero2-eager      zero2 with --no-cuda-graph
   deepspeed-zero2  --zero-stage 2 with DeepSpeed's own DeepSpeedZeroOptimizer (the file names the
                    optimizer)
   zero3            --zero-stage 3: torch's FSDP2 over the layers, fp32 shards stepped by
@@ -49,14 +51,13 @@ activation recompute, CUDA graphs, the attention kernel or FP8:
   fp8-e4m3         default with --fp8-e4m3
   fp8-bf16-wgrad   fp8 with --no-fp8-wgrad (weight gradients in bf16)
   fp8-cudnn        fp8 with --attention-backend fused
-With `default` and a variant that differs from it only in the ZeRO stage or optimizer (zero1,
-zero2, zero3, the deepspeed- ones, bf16-optimizer, no-overflow-check), the largest relative
-difference of their logged losses is printed. With `default` and an fp8 variant in one run,
-each fp8 variant's speed is also given against `default` (FP8's target is our own bf16 step),
-its MFU against the FP8 ceiling (--fp8-peak-tflops, twice the bf16 one on Hopper) too, and the
-two loss curves side by side:
-every tenth of the run, and the largest relative difference of their 10-iteration means after
-the first 10 iterations.
+With `default` and a variant that differs from it only in the ZeRO stage, optimizer or CUDA
+graphs (zero1, zero2, zero3, the -eager and deepspeed- ones, bf16-optimizer, no-overflow-check,
+eager), the largest relative difference of their logged losses is printed. With `default` and an
+fp8 variant in one run, each fp8 variant's speed is also given against `default` (FP8's target
+is our own bf16 step), its MFU against the FP8 ceiling (--fp8-peak-tflops, twice the bf16 one on
+Hopper) too, and the two loss curves side by side: every tenth of the run, and the largest
+relative difference of their 10-iteration means after the first 10 iterations.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
 `--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
@@ -153,6 +154,7 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
     "default": (0, {}, []),
     "bf16-reduce": (0, {}, ["--grad-reduce-in-bf16"]),
     "zero1": (1, {}, []),
+    "zero1-eager": (1, {}, ["--no-cuda-graph"]),
     "bf16-optimizer": (1, {"optimizer": DEEPSPEED_ADAMW}, []),
     "no-overflow-check": (
         1,
@@ -160,6 +162,7 @@ VARIANT_CONFIGS = {  # name: (--zero-stage, DeepSpeed JSON merged over the deriv
         [],
     ),
     "zero2": (2, {}, []),
+    "zero2-eager": (2, {}, ["--no-cuda-graph"]),
     "deepspeed-zero2": (2, {"optimizer": DEEPSPEED_ADAMW}, []),
     "zero3": (3, {}, []),
     "deepspeed-zero3": (3, {"optimizer": DEEPSPEED_ADAMW}, []),
@@ -493,12 +496,12 @@ def measure(args) -> None:
 
 
 def compare_zero(results: dict[str, dict]) -> None:
-    """Each variant that differs from `default` only in its ZeRO stage or optimizer path (the
-    same bf16 work): the largest relative difference of their logged losses."""
+    """Each variant that differs from `default` only in its ZeRO stage, optimizer path or CUDA
+    graphs (the same bf16 work): the largest relative difference of their logged losses."""
     base = results.get("default")
     for variant, figures in results.items():
-        zero, _, flags = VARIANT_CONFIGS[variant]
-        if base is None or variant == "default" or flags or zero == 0:
+        _, _, flags = VARIANT_CONFIGS[variant]
+        if base is None or variant == "default" or flags not in ([], ["--no-cuda-graph"]):
             continue
         shared = sorted(set(figures["losses"]) & set(base["losses"]))
         worst = max(

@@ -548,9 +548,10 @@ class TrainConfig:
         """What keeps this run's layers from being CUDA graphs, or None: what mds_model's graphs
         cannot replay, and the training paths not checked under them. Checked on a GPU: bf16 at
         ZeRO-0, 1, 2 and 3 on one data-parallel rank (mds-train's own master weights), with
-        and without dropout; DeepSpeed's ZeRO-1 BF16 optimizer invalidated the capture, so a
-        ZeRO-1/2/3 run whose DeepSpeed file keeps DeepSpeed's optimizer (offload, its own
-        `optimizer`) runs eagerly (run.py)."""
+        and without dropout, and ZeRO-0, 1 and 2 on two (the reduction's hooks run outside the
+        graphs); FSDP2's ZeRO-3 above one rank gathers weights in hooks. DeepSpeed's ZeRO-1
+        BF16 optimizer invalidated the capture, so a ZeRO-1/2/3 run whose DeepSpeed file keeps
+        DeepSpeed's optimizer (offload, its own `optimizer`) runs eagerly (run.py)."""
         from mds_model.cuda_graphs import unsupported
 
         model = self.model.gpt_config(
@@ -566,10 +567,10 @@ class TrainConfig:
             )
         if problem is None and not self.precision.bf16:
             problem = "checked with --bf16 only (fp16 trains through DeepSpeed's ZeRO optimizer)"
-        if problem is None and topology.data_parallel_size > 1:
+        if problem is None and self.parallel.zero_stage == 3 and topology.data_parallel_size > 1:
             problem = (
-                "data-parallel gradient reduction is not checked under graphs yet: use one "
-                "data-parallel rank"
+                "ZeRO-3 above one data-parallel rank gathers each layer's weights in FSDP2's "
+                "hooks, which a graph would skip: use --zero-stage 1 or 2"
             )
         if problem is None and self.precision.fp8_recipe() is not None:
             problem = (
