@@ -161,6 +161,29 @@ def test_gpu_graphed_layers_train_as_the_eager_ones(
 
 
 @pytest.mark.gpu
+@pytest.mark.multiprocess
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("zero", ["1", "2"])
+def test_gpu_graphed_data_parallel_runs_train_as_the_eager_ones(
+    runs, shared_data, data_cache, tmp_path, zero
+):
+    """Two data-parallel ranks (NCCL): the reduction's hooks copy each replayed gradient into
+    its fp32 bucket and average full buckets outside the graphs (ZeRO-1 whole, ZeRO-2 each
+    rank's partition); the losses of 8 iterations equal the eager run's (two H200s: to the bit)."""
+    common = [*gpu_flags(runs, shared_data, data_cache), "--zero-stage", zero]
+    eager, graphed = tmp_path / "eager", tmp_path / "graphed"
+    result = runs.train([*common, "--output-dir", str(eager), "--no-cuda-graph"], nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = runs.train([*common, "--output-dir", str(graphed)], nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
+    ours, theirs = runs.losses(graphed), runs.losses(eager)
+    assert sorted(ours) == list(range(1, 9))
+    for iteration in ours:
+        assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
+
+
+@pytest.mark.gpu
 def test_gpu_graphed_run_with_dropout_resumes_exactly(runs, shared_data, data_cache, tmp_path):
     """Stopped at iteration 4 and resumed, a graphed run with hidden and attention dropout
     recaptures its layers on the loaded weights and RNG state and gives the uninterrupted graphed
