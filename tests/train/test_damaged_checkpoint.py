@@ -6,12 +6,15 @@
 - A universal checkpoint resumed at ZeRO-1 goes through DeepSpeed's own loader, which said
   `exp_avg not found in optimizer state fragment` for a missing `exp_avg.pt` and gave a 70-line
   traceback for an `fp32.pt` cut short; both are now one line naming the file, as at ZeRO-0.
+- A partition file of another ZeRO stage (stage 3's against stage 1/2's) is refused in one line
+  naming it before the optimizer reads it.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,3 +91,41 @@ def test_a_damaged_universal_file_at_zero1_is_one_line_naming_it(
     result = _train(runs, shared_data, data_cache, tmp_path / "out", *load)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert _last_line(result) == expected
+
+
+@pytest.mark.parametrize(
+    ("saved_keys", "run_stage", "message"),
+    [
+        ({"fp32_flat_groups": []}, 1, "ZeRO-3 optimizer state, this run is at ZeRO-1"),
+        (
+            {"single_partition_of_fp32_groups": []},
+            3,
+            "ZeRO-1/2 optimizer state, this run is at ZeRO-3",
+        ),
+    ],
+    ids=["zero3-file-at-zero1", "zero1-file-at-zero3"],
+)
+def test_a_partition_of_another_stage_is_refused_naming_the_file(
+    tmp_path, saved_keys, run_stage, message
+):
+    """A ZeRO-3 partition file (DeepSpeed's `fp32_flat_groups`) met by a ZeRO-1/2 run, or the
+    other way round: one line naming the file and the way on, before the optimizer sees it."""
+    import torch
+    from mds_checkpoint import zero_optimizer_file
+    from mds_train.checkpointing import load_optimizer_partition
+
+    path = tmp_path / zero_optimizer_file(0, 0, bf16=True)
+    torch.save({"optimizer_state_dict": saved_keys}, path)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the optimizer was given the other stage's state")
+
+    context = SimpleNamespace(
+        groups=SimpleNamespace(dp_rank=0, tp_rank=0),
+        optimizer=SimpleNamespace(stage=run_stage, load_state_dict=never),
+    )
+    with pytest.raises(ValueError) as error:
+        load_optimizer_partition(context, tmp_path)
+    assert str(error.value) == (
+        f"{path}: {message}; reshape it with mds-merge-mp --with-optimizer, or add --no-load-optim"
+    )

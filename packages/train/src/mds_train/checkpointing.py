@@ -205,29 +205,25 @@ def load_optimizer_partition(
             f"data-parallel rank {groups.dp_rank}; {remedy}"
         )
     saved = load_rank_file(found[0])["optimizer_state_dict"]
-    if stage == 3:
-        if "fp32_flat_groups" not in saved:
-            raise ValueError(
-                f"{found[0]}: ZeRO-1/2 optimizer state, this run is at ZeRO-3; reshape it with "
-                "mds-merge-mp --with-optimizer, or add --no-load-optim"
-            )
-        try:
-            context.optimizer.load_state_dict(saved, weights_only=weights_only)
-        except ValueError as error:
-            raise ValueError(f"{found[0]}: {error}; reshape it with mds-merge-mp") from None
-        return
-    if "fp32_flat_groups" in saved:
+    saved_at_stage3 = "fp32_flat_groups" in saved  # DeepSpeed's stage-3 state dict key
+    if saved_at_stage3 != (stage == 3):
         raise ValueError(
-            f"{found[0]}: ZeRO-3 optimizer state, this run is at ZeRO-{context.optimizer.stage}; "
-            "reshape it with mds-merge-mp --with-optimizer, or add --no-load-optim"
+            f"{found[0]}: {'ZeRO-3' if saved_at_stage3 else 'ZeRO-1/2'} optimizer state, this run "
+            f"is at ZeRO-{stage}; reshape it with mds-merge-mp --with-optimizer, or add "
+            "--no-load-optim"
         )
     try:
-        context.optimizer.load_state_dict(saved)
+        if stage == 3:
+            context.optimizer.load_state_dict(saved, weights_only=weights_only)
+        else:
+            context.optimizer.load_state_dict(saved)
     except ValueError as error:
-        raise ValueError(
-            f"{found[0]}: {error}; reshape it with mds-merge-mp --with-optimizer, or add "
-            "--no-load-optim"
-        ) from None
+        remedy = (
+            "reshape it with mds-merge-mp"
+            if stage == 3
+            else "reshape it with mds-merge-mp --with-optimizer, or add --no-load-optim"
+        )
+        raise ValueError(f"{found[0]}: {error}; {remedy}") from None
 
 
 def upstream_client_state(meta: CheckpointMeta, state: TrainingState) -> dict[str, Any]:
