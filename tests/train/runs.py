@@ -195,3 +195,50 @@ def wait_for_iteration(output_dir: Path, iteration: int, process, timeout: float
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     raise AssertionError(f"iteration {iteration} not reached in {timeout} s")
+
+
+# --- the ZeRO tests' runs (test_sharded_zero.py, test_zero3.py): bf16, saved and resumed ---------
+
+# A DeepSpeed file's `optimizer` section: DeepSpeed builds this AdamW itself, so a ZeRO run keeps
+# DeepSpeed's own optimizer for its stage (BF16_Optimizer, DeepSpeedZeroOptimizer, stage 3) around
+# it, the other side of the files mds-train's own ZeRO optimizers write and read.
+DEEPSPEED_ADAMW = {
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8},
+    }
+}
+
+
+def deepspeed_adamw_file(directory: Path) -> Path:
+    """DEEPSPEED_ADAMW written as a DeepSpeed file in `directory`."""
+    path = directory / "deepspeed_optimizer.json"
+    path.write_text(json.dumps(DEEPSPEED_ADAMW))
+    return path
+
+
+def bf16_flags(shared_data: Path, cache: Path, out: Path, iterations: int, *extra) -> list[str]:
+    """The tiny model in bf16 without dropout for `iterations`, a loss line every iteration, no
+    evaluation, its metrics in `out`, then `extra`."""
+    flags = [
+        *MODEL, *OPTIMIZER, *NO_DROPOUT, *data_flags(shared_data, cache),
+        *f"--train-iters {iterations} --lr-decay-iters 20 --log-interval 1 --bf16".split(),
+        *"--eval-interval 1000 --eval-iters 0 --output-dir".split(), out, *extra,
+    ]  # fmt: skip
+    return [str(flag) for flag in flags]
+
+
+def train_ok(flags: list[str], *, nproc: int) -> None:
+    """A run that must succeed; its stderr's end otherwise."""
+    result = train(flags, nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def checkpoint_at(run: Path, iteration: int, tmp_path: Path) -> Path:
+    """A copy of `run`'s checkpoint folder (run/ckpt) holding iteration `iteration` only, with a
+    `latest` that names it."""
+    copy = tmp_path / "ckpt"
+    step = f"global_step{iteration}"
+    shutil.copytree(run / "ckpt" / step, copy / step)
+    (copy / "latest").write_text(step)
+    return copy

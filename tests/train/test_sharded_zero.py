@@ -14,8 +14,6 @@ resume, where a lost optimizer state is off by more than 1e-3.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -30,38 +28,15 @@ DEEPSPEED_RTOL = 1e-4
 # One process sums a step's four micro-batches where two ranks summed two each: 1.2e-7 seen.
 RESHAPED_RTOL = 1e-6
 LOST_STATE = 1e-3  # a resume without the optimizer state is off by more than this
-# DeepSpeed builds this optimizer itself, so it wraps it in its own BF16_Optimizer.
-DEEPSPEED_OPTIMIZER = {
-    "optimizer": {
-        "type": "AdamW",
-        "params": {"torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8},
-    }
-}
 
 
 def _flags(runs, shared_data, data_cache, out: Path, *extra: str) -> list[str]:
-    return [
-        *runs.MODEL,
-        *runs.OPTIMIZER,
-        *runs.NO_DROPOUT,
-        *runs.data_flags(shared_data, data_cache),
-        *f"--train-iters {ITERATIONS} --lr-decay-iters 20 --log-interval 1 --bf16".split(),
-        *"--eval-interval 1000 --eval-iters 0 --output-dir".split(),
-        str(out),
-        *extra,
-    ]
-
-
-def _train(runs, flags, nproc: int = 2) -> None:
-    result = runs.train(flags, nproc=nproc)
-    assert result.returncode == 0, result.stderr[-3000:]
+    return runs.bf16_flags(shared_data, data_cache, out, ITERATIONS, *extra)
 
 
 @pytest.fixture(scope="module")
-def deepspeed_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ds") / "deepspeed_optimizer.json"
-    path.write_text(json.dumps(DEEPSPEED_OPTIMIZER))
-    return path
+def deepspeed_file(runs, tmp_path_factory) -> Path:
+    return runs.deepspeed_adamw_file(tmp_path_factory.mktemp("ds"))
 
 
 @pytest.fixture(scope="module", params=STAGES, ids=lambda stage: f"zero{stage}")
@@ -72,7 +47,7 @@ def stage(request) -> int:
 @pytest.fixture(scope="module")
 def zero0_losses(runs, shared_data, data_cache, tmp_path_factory) -> dict[int, float]:
     out = tmp_path_factory.mktemp("zero0")
-    _train(runs, _flags(runs, shared_data, data_cache, out, "--zero-stage", "0"))
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, "--zero-stage", "0"), nproc=2)
     return runs.losses(out)
 
 
@@ -81,7 +56,9 @@ def zero_run(runs, stage, shared_data, data_cache, tmp_path_factory) -> Path:
     """DP = 2 at the stage (ours), saved at iterations 3 and 6."""
     out = tmp_path_factory.mktemp(f"zero{stage}")
     save = ["--save", str(out / "ckpt"), "--save-interval", str(SAVED_AT)]
-    _train(runs, _flags(runs, shared_data, data_cache, out, "--zero-stage", str(stage), *save))
+    runs.train_ok(
+        _flags(runs, shared_data, data_cache, out, "--zero-stage", str(stage), *save), nproc=2
+    )
     return out
 
 
@@ -91,16 +68,8 @@ def deepspeed_run(runs, stage, shared_data, data_cache, deepspeed_file, tmp_path
     out = tmp_path_factory.mktemp(f"deepspeed-zero{stage}")
     save = ["--save", str(out / "ckpt"), "--save-interval", str(SAVED_AT)]
     extra = ["--zero-stage", str(stage), *save, "--deepspeed_config", str(deepspeed_file)]
-    _train(runs, _flags(runs, shared_data, data_cache, out, *extra))
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, *extra), nproc=2)
     return out
-
-
-def _at_iteration(run: Path, tmp_path: Path) -> Path:
-    """A copy of `run`'s checkpoints whose `latest` names iteration SAVED_AT."""
-    copy = tmp_path / "ckpt"
-    shutil.copytree(run / "ckpt" / f"global_step{SAVED_AT}", copy / f"global_step{SAVED_AT}")
-    (copy / "latest").write_text(f"global_step{SAVED_AT}")
-    return copy
 
 
 def _resume(
@@ -108,7 +77,7 @@ def _resume(
 ) -> dict:
     out = tmp_path / "resumed"
     flags = ["--zero-stage", str(stage), "--load", str(checkpoint), *extra]
-    _train(runs, _flags(runs, shared_data, data_cache, out, *flags), nproc=nproc)
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, *flags), nproc=nproc)
     losses = runs.losses(out)
     assert sorted(losses) == list(range(SAVED_AT + 1, ITERATIONS + 1))
     return losses
@@ -177,7 +146,7 @@ def test_the_saved_groups_are_upstream_s_with_the_next_step_s_learning_rate(runs
 def test_resumes_on_the_uninterrupted_losses(
     runs, stage, zero_run, shared_data, data_cache, tmp_path
 ):
-    checkpoint = _at_iteration(zero_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero_run, SAVED_AT, tmp_path)
     resumed = _resume(runs, stage, shared_data, data_cache, tmp_path, checkpoint)
     whole = runs.losses(zero_run)
     assert resumed == {i: whole[i] for i in resumed}
@@ -186,7 +155,7 @@ def test_resumes_on_the_uninterrupted_losses(
 def test_deepspeed_s_optimizer_resumes_our_partitions(
     runs, stage, zero_run, deepspeed_file, shared_data, data_cache, tmp_path
 ):
-    checkpoint = _at_iteration(zero_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero_run, SAVED_AT, tmp_path)
     resumed = _resume(
         runs, stage, shared_data, data_cache, tmp_path, checkpoint, "--deepspeed_config",
         str(deepspeed_file),
@@ -209,7 +178,7 @@ def test_resumes_deepspeed_s_partitions(
 ):
     names = sorted(p.name for p in (deepspeed_run / "ckpt" / "global_step3").glob("*optim*"))
     assert names == [f"bf16_zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in (0, 1)]
-    checkpoint = _at_iteration(deepspeed_run, tmp_path)
+    checkpoint = runs.checkpoint_at(deepspeed_run, SAVED_AT, tmp_path)
     resumed = _resume(runs, stage, shared_data, data_cache, tmp_path, checkpoint)
     whole = runs.losses(deepspeed_run)
     for iteration, loss in resumed.items():
@@ -228,7 +197,7 @@ def test_reshaped_partitions_resume_on_one_rank(
         pytest.skip("one rank's ZeRO-2 is ZeRO-1's path: the zero1 case covers it")
 
     reshaped = tmp_path / "reshaped"
-    checkpoint = _at_iteration(zero_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero_run, SAVED_AT, tmp_path)
     args = ["merge", "--load", str(checkpoint), "--save", str(reshaped), "--with-optimizer"]
     try:
         main([*args, "--target-tensor-model-parallel-size", "1"])

@@ -12,8 +12,6 @@ after a resume, where a lost optimizer state is off by more than 1e-3.
 
 from __future__ import annotations
 
-import json
-import shutil
 import types
 from pathlib import Path
 
@@ -28,39 +26,17 @@ ZERO0_RTOL = 5e-5
 DEEPSPEED_RTOL = 1e-4
 RESHAPED_RTOL = 1e-6  # one process sums the four micro-batches two ranks summed two each
 LOST_STATE = 1e-3
-DEEPSPEED_OPTIMIZER = {
-    "optimizer": {
-        "type": "AdamW",
-        "params": {"torch_adam": True, "betas": [0.9, 0.95], "eps": 1e-8},
-    }
-}
 # The model file's keys that differ between runs (progress records, the RNG, configs).
 RUN_RECORDS = {"args", "rng_state", "ds_config", "mds_train", "lr_scheduler", "ds_version"}
 
 
 def _flags(runs, shared_data, data_cache, out: Path, *extra: str) -> list[str]:
-    return [
-        *runs.MODEL,
-        *runs.OPTIMIZER,
-        *runs.NO_DROPOUT,
-        *runs.data_flags(shared_data, data_cache),
-        *f"--train-iters {ITERATIONS} --lr-decay-iters 20 --log-interval 1 --bf16".split(),
-        *"--eval-interval 1000 --eval-iters 0 --output-dir".split(),
-        str(out),
-        *extra,
-    ]
-
-
-def _train(runs, flags, nproc: int) -> None:
-    result = runs.train(flags, nproc=nproc)
-    assert result.returncode == 0, result.stderr[-3000:]
+    return runs.bf16_flags(shared_data, data_cache, out, ITERATIONS, *extra)
 
 
 @pytest.fixture(scope="module")
-def deepspeed_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ds") / "deepspeed_optimizer.json"
-    path.write_text(json.dumps(DEEPSPEED_OPTIMIZER))
-    return path
+def deepspeed_file(runs, tmp_path_factory) -> Path:
+    return runs.deepspeed_adamw_file(tmp_path_factory.mktemp("ds"))
 
 
 @pytest.fixture(scope="module", params=RANKS, ids=lambda n: f"dp{n}")
@@ -71,14 +47,14 @@ def ranks(request) -> int:
 @pytest.fixture(scope="module")
 def zero0_losses(runs, ranks, shared_data, data_cache, tmp_path_factory) -> dict[int, float]:
     out = tmp_path_factory.mktemp(f"zero0-dp{ranks}")
-    _train(runs, _flags(runs, shared_data, data_cache, out, "--zero-stage", "0"), ranks)
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, "--zero-stage", "0"), nproc=ranks)
     return runs.losses(out)
 
 
 def _saving_run(runs, ranks, shared_data, data_cache, out: Path, *extra: str) -> Path:
     save = ["--save", str(out / "ckpt"), "--save-interval", str(SAVED_AT)]
     flags = _flags(runs, shared_data, data_cache, out, "--zero-stage", "3", *save, *extra)
-    _train(runs, flags, ranks)
+    runs.train_ok(flags, nproc=ranks)
     return out
 
 
@@ -97,17 +73,10 @@ def deepspeed_run(runs, ranks, shared_data, data_cache, deepspeed_file, tmp_path
     return _saving_run(runs, ranks, shared_data, data_cache, out, *extra)
 
 
-def _at_iteration(run: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "ckpt"
-    shutil.copytree(run / "ckpt" / f"global_step{SAVED_AT}", copy / f"global_step{SAVED_AT}")
-    (copy / "latest").write_text(f"global_step{SAVED_AT}")
-    return copy
-
-
 def _resume(runs, ranks, shared_data, data_cache, tmp_path, checkpoint, *extra: str) -> dict:
     out = tmp_path / "resumed"
     flags = ["--zero-stage", "3", "--load", str(checkpoint), *extra]
-    _train(runs, _flags(runs, shared_data, data_cache, out, *flags), ranks)
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, *flags), nproc=ranks)
     losses = runs.losses(out)
     assert sorted(losses) == list(range(SAVED_AT + 1, ITERATIONS + 1))
     return losses
@@ -165,7 +134,7 @@ def test_the_files_are_deepspeed_s_stage_3_files(ranks, zero3_run, deepspeed_run
 def test_resumes_on_the_uninterrupted_losses(
     runs, ranks, zero3_run, shared_data, data_cache, tmp_path
 ):
-    checkpoint = _at_iteration(zero3_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero3_run, SAVED_AT, tmp_path)
     resumed = _resume(runs, ranks, shared_data, data_cache, tmp_path, checkpoint)
     whole = runs.losses(zero3_run)
     assert resumed == {i: whole[i] for i in resumed}
@@ -174,7 +143,7 @@ def test_resumes_on_the_uninterrupted_losses(
 def test_deepspeed_s_stage_3_resumes_our_files(
     runs, ranks, zero3_run, deepspeed_file, shared_data, data_cache, tmp_path
 ):
-    checkpoint = _at_iteration(zero3_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero3_run, SAVED_AT, tmp_path)
     file = ("--deepspeed_config", str(deepspeed_file))
     resumed = _resume(runs, ranks, shared_data, data_cache, tmp_path, checkpoint, *file)
     whole = runs.losses(zero3_run)
@@ -193,7 +162,7 @@ def test_deepspeed_s_stage_3_resumes_our_files(
 def test_resumes_deepspeed_s_stage_3_files(
     runs, ranks, deepspeed_run, shared_data, data_cache, tmp_path
 ):
-    checkpoint = _at_iteration(deepspeed_run, tmp_path)
+    checkpoint = runs.checkpoint_at(deepspeed_run, SAVED_AT, tmp_path)
     resumed = _resume(runs, ranks, shared_data, data_cache, tmp_path, checkpoint)
     whole = runs.losses(deepspeed_run)
     for iteration, loss in resumed.items():
@@ -210,14 +179,14 @@ def test_reshaped_files_resume_at_zero0_on_one_rank(
     if ranks == 1:
         pytest.skip("the DP = 2 partitions are the case that needs cutting and joining")
     reshaped = tmp_path / "reshaped"
-    checkpoint = _at_iteration(zero3_run, tmp_path)
+    checkpoint = runs.checkpoint_at(zero3_run, SAVED_AT, tmp_path)
     try:
         main(["merge", "--load", str(checkpoint), "--save", str(reshaped), "--with-optimizer"])
     except SystemExit as exit_:
         assert not exit_.code, exit_.code
     out = tmp_path / "resumed"
     flags = ["--zero-stage", "0", "--load", str(reshaped)]
-    _train(runs, _flags(runs, shared_data, data_cache, out, *flags), 1)
+    runs.train_ok(_flags(runs, shared_data, data_cache, out, *flags), nproc=1)
     resumed, whole = runs.losses(out), runs.losses(zero3_run)
     for iteration, loss in resumed.items():
         assert loss == pytest.approx(whole[iteration], rel=RESHAPED_RTOL), iteration
