@@ -70,7 +70,9 @@ DIR/reference, after its timing run): `benchmarks/host_profile.py DIR/* --kernel
 where each side's host and device time goes. The profiler slows the traced steps, and
 --iterations must reach END: a profiled run's tokens/s are not a headline figure.
 With `--nproc N` every variant runs data-parallel over N GPUs under torchrun (`--tp`/`--pp` set the
-model-parallel sizes); the global batch is micro-batch x DP.
+model-parallel sizes); the global batch is micro-batch x DP. `--scaling` (with `--nproc N`, TP and
+PP 1) runs each variant on one GPU too, just before its DP = N run, with the same micro-batches per
+rank (`--global-batch` / N), and prints DP = N's tokens/s over one GPU's.
 
 `--tiny` is a smoke run that finishes in seconds on a CPU (2 layers, hidden 64, seq 64, micro-batch
 2, 6 iterations): it checks the script, not the speed. Figures a run cannot measure (peak memory
@@ -79,7 +81,7 @@ without CUDA) print as n/a.
 Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
            [--reference PATH] [--shape 345m|1.3b|llama3-1b|llama3-3b]
            [--variants default,bf16-optimizer]
-           [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1] [--tiny]
+           [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1 [--scaling]] [--tiny]
            [--profile-dir DIR [--profile-steps 21,30]]
 """
 
@@ -303,6 +305,7 @@ def train_command(
 
 def run_ours(args, variant: str, work: Path) -> dict:
     zero, extra, extra_flags = VARIANT_CONFIGS[variant]
+    work.mkdir(parents=True, exist_ok=True)
     out = work / variant
     ds_file = None
     if extra:
@@ -386,6 +389,11 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, help="default 16, 1.3b 8 (--tiny: 2)")
     parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
     parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="with --nproc N > 1: each variant also on one GPU, and DP = N over one GPU printed",
+    )
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--peak-tflops", type=float, default=790.0)
@@ -402,6 +410,10 @@ def main() -> None:
         )
     if args.contend < 0:
         parser.error("--contend counts host cores to keep busy: give 0 or more")
+    if args.scaling and (args.nproc < 2 or args.tp != 1 or args.pp != 1):
+        parser.error("--scaling compares data parallelism: give --nproc 2 or more, TP 1, PP 1")
+    if args.scaling and args.global_batch and args.global_batch % args.nproc:
+        parser.error(f"--scaling: --global-batch {args.global_batch} must divide by --nproc")
     unknown = [v for v in args.variants.split(",") if v not in VARIANT_CONFIGS]
     if unknown:
         parser.error(
@@ -463,36 +475,61 @@ def measure(args) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for variant in args.variants.split(","):
+            one_gpu = None
+            if args.scaling:
+                one_gpu = run_ours(one_gpu_args(args), variant, Path(work) / "one-gpu")
+                if one_gpu:
+                    print(describe(one_gpu_args(args), variant, one_gpu, reference), flush=True)
             figures = run_ours(args, variant, Path(work))
             if not figures:
                 continue
             results[variant] = figures
-            ratio = ""
-            if reference:
-                ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
-            zero = VARIANT_CONFIGS[variant][0]
-            if figures["memory_gib"] is None:
-                memory = "peak n/a (no CUDA)"  # nothing measured to set the estimate against
-            else:
-                memory = (
-                    f"peak {figures['memory_gib']:.1f} GiB allocated"
-                    + reserved_note(figures["reserved_gib"])
-                    + ", mds-model info estimate "
-                    f"{estimated_memory_gib(args, zero, recompute_of(variant)):.1f} GiB"
+            print(describe(args, variant, figures, reference), flush=True)
+            if one_gpu:
+                print(
+                    f"mds-train {variant}: DP = {args.nproc} at "
+                    f"{figures['tokens_per_second'] / one_gpu['tokens_per_second']:.3f}x one GPU's "
+                    "tokens/s (same micro-batch, same micro-batches per rank, this call)",
+                    flush=True,
                 )
-            mfu = "n/a" if figures["mfu"] is None else f"{figures['mfu']:.1%}"
-            scaling = ""
-            if figures["loss_scale"] is not None:
-                scaling = f", {figures['skipped']} skipped, loss scale {figures['loss_scale']:g}"
-            print(
-                f"mds-train {variant} (nproc {args.nproc}, TP {args.tp}, PP {args.pp}): "
-                f"{figures['tokens_per_second']:,.0f} tokens/s{ratio}, {figures['ms']:.1f} ms/it, "
-                f"MFU {mfu}, {memory}, "
-                f"loss {figures['first_loss']:.3f} -> {figures['loss']:.3f}{scaling}",
-                flush=True,
-            )
     compare_fp8(args, results)
     compare_zero(results)
+
+
+def one_gpu_args(args):
+    """--scaling's one-GPU run: one process with the micro-batches per step each rank has."""
+    one = argparse.Namespace(**vars(args))
+    one.nproc = 1
+    if args.global_batch:
+        one.global_batch = args.global_batch // args.nproc
+    return one
+
+
+def describe(args, variant: str, figures: dict, reference: float | None) -> str:
+    """One variant's line: tokens/s (and against the reference), ms, MFU, memory, losses."""
+    ratio = ""
+    if reference:
+        ratio = f" = {figures['tokens_per_second'] / reference:.3f}x reference"
+    zero = VARIANT_CONFIGS[variant][0]
+    if figures["memory_gib"] is None:
+        memory = "peak n/a (no CUDA)"  # nothing measured to set the estimate against
+    else:
+        memory = (
+            f"peak {figures['memory_gib']:.1f} GiB allocated"
+            + reserved_note(figures["reserved_gib"])
+            + ", mds-model info estimate "
+            f"{estimated_memory_gib(args, zero, recompute_of(variant)):.1f} GiB"
+        )
+    mfu = "n/a" if figures["mfu"] is None else f"{figures['mfu']:.1%}"
+    scaling = ""
+    if figures["loss_scale"] is not None:
+        scaling = f", {figures['skipped']} skipped, loss scale {figures['loss_scale']:g}"
+    return (
+        f"mds-train {variant} (nproc {args.nproc}, TP {args.tp}, PP {args.pp}): "
+        f"{figures['tokens_per_second']:,.0f} tokens/s{ratio}, {figures['ms']:.1f} ms/it, "
+        f"MFU {mfu}, {memory}, "
+        f"loss {figures['first_loss']:.3f} -> {figures['loss']:.3f}{scaling}"
+    )
 
 
 def compare_zero(results: dict[str, dict]) -> None:

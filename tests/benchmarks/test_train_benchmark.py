@@ -1,6 +1,7 @@
 """benchmarks/train.py's FP8 comparison: speed against our bf16 step, MFU on both ceilings, and the
 loss curves' largest difference of 10-iteration means, from the interval lines a run logs; its
---tiny smoke run of every ZeRO variant, to the default's losses."""
+--tiny smoke run of every ZeRO variant, to the default's losses; --scaling's one-GPU and DP = N
+runs and their ratio."""
 
 from __future__ import annotations
 
@@ -142,3 +143,55 @@ def test_tiny_runs_every_zero_variant_to_the_default_losses(shared_data):
     assert sorted(found) == ["zero1", "zero2", "zero3"], result.stdout[-2000:]
     assert float(found["zero1"]) == float(found["zero2"]) == 0.0
     assert float(found["zero3"]) < ZERO_RTOL
+
+
+def _tiny(shared_data, *flags: str):
+    import subprocess
+    import sys
+
+    golden = shared_data / "megatron-golden"
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks/train.py"),
+            "--tiny",
+            *("--data-path", str(golden / "meg-gpt2-openwebtext_text_document")),
+            *("--vocab-file", str(golden / "gpt2-tiny-vocab.json")),
+            *("--merge-file", str(golden / "gpt2-tiny-merges.txt")),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.mark.multiprocess
+def test_scaling_runs_each_variant_on_one_gpu_and_on_n(shared_data):
+    """--scaling: the one-process run just before the DP = 2 one, each with its line, then the
+    ratio of their tokens/s (on a CPU it checks the script, not the speed)."""
+    import re
+
+    result = _tiny(shared_data, "--variants", "zero1", "--nproc", "2", "--scaling")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("mds-train zero1")]
+    assert [line.split(",")[0] for line in lines[:2]] == [
+        "mds-train zero1 (nproc 1",
+        "mds-train zero1 (nproc 2",
+    ], result.stdout[-2000:]
+    rate = [
+        float(re.search(r": ([\d,]+) tokens/s", line)[1].replace(",", "")) for line in lines[:2]
+    ]
+    ratio = re.fullmatch(r"mds-train zero1: DP = 2 at (\S+)x one GPU's tokens/s .*", lines[2])
+    assert ratio is not None, lines[2]
+    assert float(ratio[1]) == pytest.approx(rate[1] / rate[0], abs=1e-3 + rate[1] / rate[0] * 1e-3)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--nproc", "1"], ["--nproc", "2", "--tp", "2"], ["--nproc", "2", "--global-batch", "5"]],
+)
+def test_scaling_is_refused_where_it_compares_nothing(shared_data, flags):
+    result = _tiny(shared_data, "--scaling", *flags)
+    assert result.returncode == 2
+    assert "--scaling" in result.stderr.strip().splitlines()[-1]
