@@ -132,6 +132,22 @@ def gpu_flags(runs, shared_data, data_cache, *, dropout: str = "0") -> list[str]
     ]
 
 
+def _assert_graphed_trains_as_eager(runs, flags, tmp_path, *, nproc: int = 1) -> None:
+    """The run of `flags` with graphs (the default) gives the --no-cuda-graph run's losses over
+    its 8 iterations."""
+    eager, graphed = tmp_path / "eager", tmp_path / "graphed"
+    result = runs.train([*flags, "--output-dir", str(eager), "--no-cuda-graph"], nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA graphs captured" not in result.stderr
+    result = runs.train([*flags, "--output-dir", str(graphed)], nproc=nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
+    ours, theirs = runs.losses(graphed), runs.losses(eager)
+    assert sorted(ours) == list(range(1, 9))
+    for iteration in ours:
+        assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("attention", "extra"),
@@ -147,17 +163,7 @@ def test_gpu_graphed_layers_train_as_the_eager_ones(
     dropout, whose masks the replays draw at the offsets the eager kernels would. Graphs are the
     default here; --no-cuda-graph gives the eager run."""
     common = [*gpu_flags(runs, shared_data, data_cache), "--attention-backend", attention, *extra]
-    eager, graphed = tmp_path / "eager", tmp_path / "graphed"
-    result = runs.train([*common, "--output-dir", str(eager), "--no-cuda-graph"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "CUDA graphs captured" not in result.stderr
-    result = runs.train([*common, "--output-dir", str(graphed)])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
-    ours, theirs = runs.losses(graphed), runs.losses(eager)
-    assert sorted(ours) == list(range(1, 9))
-    for iteration in ours:
-        assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
+    _assert_graphed_trains_as_eager(runs, common, tmp_path)
 
 
 @pytest.mark.gpu
@@ -171,16 +177,7 @@ def test_gpu_graphed_data_parallel_runs_train_as_the_eager_ones(
     its fp32 bucket and average full buckets outside the graphs (ZeRO-1 whole, ZeRO-2 each
     rank's partition); the losses of 8 iterations equal the eager run's (two H200s: to the bit)."""
     common = [*gpu_flags(runs, shared_data, data_cache), "--zero-stage", zero]
-    eager, graphed = tmp_path / "eager", tmp_path / "graphed"
-    result = runs.train([*common, "--output-dir", str(eager), "--no-cuda-graph"], nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = runs.train([*common, "--output-dir", str(graphed)], nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "CUDA graphs captured for the 2 transformer layers" in result.stderr
-    ours, theirs = runs.losses(graphed), runs.losses(eager)
-    assert sorted(ours) == list(range(1, 9))
-    for iteration in ours:
-        assert ours[iteration] == pytest.approx(theirs[iteration], rel=1e-6, abs=0), iteration
+    _assert_graphed_trains_as_eager(runs, common, tmp_path, nproc=2)
 
 
 @pytest.mark.gpu
