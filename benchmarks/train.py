@@ -477,9 +477,10 @@ def measure(args) -> None:
         for variant in args.variants.split(","):
             one_gpu = None
             if args.scaling:
-                one_gpu = run_ours(one_gpu_args(args), variant, Path(work) / "one-gpu")
+                one = one_gpu_args(args)
+                one_gpu = run_ours(one, variant, Path(work) / "one-gpu")
                 if one_gpu:
-                    print(describe(one_gpu_args(args), variant, one_gpu, reference), flush=True)
+                    print(describe(one, variant, one_gpu, reference), flush=True)
             figures = run_ours(args, variant, Path(work))
             if not figures:
                 continue

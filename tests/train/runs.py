@@ -218,14 +218,9 @@ def deepspeed_adamw_file(directory: Path) -> Path:
 
 
 def bf16_flags(shared_data: Path, cache: Path, out: Path, iterations: int, *extra) -> list[str]:
-    """The tiny model in bf16 without dropout for `iterations`, a loss line every iteration, no
-    evaluation, its metrics in `out`, then `extra`."""
-    flags = [
-        *MODEL, *OPTIMIZER, *NO_DROPOUT, *data_flags(shared_data, cache),
-        *f"--train-iters {iterations} --lr-decay-iters 20 --log-interval 1 --bf16".split(),
-        *"--eval-interval 1000 --eval-iters 0 --output-dir".split(), out, *extra,
-    ]  # fmt: skip
-    return [str(flag) for flag in flags]
+    """checkpoint_test_flags' run in bf16 for `iterations`, then `extra`."""
+    run = ("--train-iters", iterations, "--bf16", "--eval-interval", 1000)
+    return checkpoint_test_flags(shared_data, cache, out, *run, *extra)
 
 
 def train_ok(flags: list[str], *, nproc: int) -> None:

@@ -68,9 +68,11 @@ def deepspeed_optimizer_problem(
     DeepSpeed file keeps DeepSpeed's own optimizer, whose BF16 and ZeRO wrappers invalidated
     the capture (stage 3 gathers each layer's weights in hooks a graph would skip); None
     otherwise."""
-    if config.parallel.zero_stage == 0 or uses_sharded_master_weights(config, topology, user_ds):
-        return None
-    if uses_own_zero3(config, topology, user_ds):
+    if (
+        config.parallel.zero_stage == 0
+        or uses_sharded_master_weights(config, topology, user_ds)
+        or uses_own_zero3(config, topology, user_ds)
+    ):
         return None
     if not config.precision.bf16 or topology.pipeline_model_parallel_size > 1:
         return None  # cuda_graph_problem names these
