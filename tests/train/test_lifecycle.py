@@ -7,6 +7,7 @@ gets one clear line."""
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,29 @@ def flags(runs, shared_data, cache, out: Path, *extra: str, iterations: int = 16
 
 def latest(save: Path) -> str:
     return (save / "latest").read_text()
+
+
+# The saved run's length: a resume of its checkpoints gives the same --train-iters.
+SAVED_ITERS = 4
+
+
+@pytest.fixture(scope="module")
+def saved_run(runs, shared_data, data_cache, tmp_path_factory) -> Path:
+    """One run saved at iterations 1 and 2 (stopped there by --exit-interval), its checkpoints in
+    ckpt/: the tests that load, damage or resume them share it (each start-up costs seconds)."""
+    out = tmp_path_factory.mktemp("saved")
+    saving = ["--save", str(out / "ckpt"), "--save-interval", "1", "--exit-interval", "2"]
+    runs.train_ok(
+        flags(runs, shared_data, data_cache, out, *saving, iterations=SAVED_ITERS), nproc=1
+    )
+    assert latest(out / "ckpt") == "global_step2"
+    return out
+
+
+@pytest.fixture
+def saved(saved_run, tmp_path) -> Path:
+    """This test's own copy of saved_run's checkpoints (tests cut files and rewrite `latest`)."""
+    return shutil.copytree(saved_run / "ckpt", tmp_path / "ckpt")
 
 
 def test_kill_9_then_load_continues_exactly(runs, shared_data, data_cache, tmp_path):
@@ -78,15 +102,20 @@ def test_bf16_master_weights_resume_exactly(runs, shared_data, data_cache, tmp_p
     round-trip through DeepSpeed's checkpoint."""
     whole, parts, save = tmp_path / "whole", tmp_path / "parts", tmp_path / "ckpt"
     bf16 = ["--bf16", "--hidden-dropout", "0", "--attention-dropout", "0"]
-    result = runs.train(flags(runs, shared_data, data_cache, whole, *bf16, iterations=10))
+    # Three steps after the resume are enough to carry a lost moment (bf16 steps are slow on CPU).
+    iterations, stop = 6, 3
+    result = runs.train(flags(runs, shared_data, data_cache, whole, *bf16, iterations=iterations))
     assert result.returncode == 0, result.stderr[-3000:]
-    first = flags(runs, shared_data, data_cache, parts, *bf16, "--save", str(save), iterations=10)
-    assert runs.train([*first, "--exit-interval", "5"]).returncode == 0
+    first = flags(
+        runs, shared_data, data_cache, parts, *bf16, "--save", str(save), iterations=iterations
+    )
+    assert runs.train([*first, "--exit-interval", str(stop)]).returncode == 0
     resumed = runs.train([*first, "--load", str(save)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ours, reference = runs.losses(parts), runs.losses(whole)
-    assert [ours[i] for i in range(6, 11)] == [reference[i] for i in range(6, 11)]
-    assert reference[10] < reference[1]
+    after = range(stop + 1, iterations + 1)
+    assert [ours[i] for i in after] == [reference[i] for i in after]
+    assert reference[iterations] < reference[1]
 
 
 def test_exit_interval_kill_switch_and_sigterm_save_and_exit(
@@ -205,21 +234,23 @@ def test_sigterm_to_every_rank_saves_within_an_iteration(runs, shared_data, data
 
 
 @pytest.mark.multiprocess
-def test_an_error_on_rank_0_is_the_only_line(runs, shared_data, data_cache, tmp_path):
+def test_an_error_on_rank_0_is_the_only_line(runs, shared_data, data_cache, tmp_path, saved):
     """Rank 0 alone checks the --load checkpoint's files and stops on one cut short, while rank 1
     goes on to form the model's groups. Before, rank 0's line was followed by rank 1's traceback
     (the store's DistNetworkError, after a C++ warning with its stack); rank 1 now exits 1
     quietly, as it does when a collective says `Connection closed by peer`."""
-    save = tmp_path / "ckpt"
-    made = runs.train(
-        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "2")
-    )
-    assert made.returncode == 0, made.stderr[-3000:]
-    model = save / "global_step2" / "mp_rank_00_model_states.pt"
+    model = saved / "global_step2" / "mp_rank_00_model_states.pt"
     model.write_bytes(model.read_bytes()[:-1000])
-    result = runs.train(
-        flags(runs, shared_data, data_cache, tmp_path / "dp2", "--load", str(save)), nproc=2
+    load = flags(
+        runs,
+        shared_data,
+        data_cache,
+        tmp_path / "dp2",
+        "--load",
+        str(saved),
+        iterations=SAVED_ITERS,
     )
+    result = runs.train(load, nproc=2)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "[rank1]:" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
@@ -260,27 +291,25 @@ def test_batch_size_ramp_up(runs, shared_data, data_cache, tmp_path):
     assert all(r["lm_loss"] is not None for r in records)
 
 
-def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
+def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path, saved):
     missing = runs.train(flags(runs, shared_data, data_cache, tmp_path, "--load", "/nonexistent"))
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines()[-1] == (
         "mds-train: error: /nonexistent: --load folder does not exist"
     )
-    save = tmp_path / "ckpt"
-    made = runs.train(
-        flags(runs, shared_data, data_cache, tmp_path, "--save", str(save), "--exit-interval", "1")
+    load = flags(
+        runs, shared_data, data_cache, tmp_path, "--load", str(saved), iterations=SAVED_ITERS
     )
-    assert made.returncode == 0, made.stderr[-3000:]
-    other_shape = flags(runs, shared_data, data_cache, tmp_path, "--load", str(save))
+    other_shape = list(load)
     other_shape[other_shape.index("--hidden-size") + 1] = "32"
     result = runs.train(other_shape)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"mds-train: error: {save / 'global_step1'}: hidden_size is 64 in the checkpoint but 32 "
+        f"mds-train: error: {saved / 'global_step2'}: hidden_size is 64 in the checkpoint but 32 "
         "in this run; train with the checkpoint's model flags"
     )
-    (save / "latest").write_text("global_step7")
-    result = runs.train(flags(runs, shared_data, data_cache, tmp_path, "--load", str(save)))
+    (saved / "latest").write_text("global_step7")
+    result = runs.train(load)
     assert (
         result.returncode == 1
         and "names 'global_step7', which is not a folder"
@@ -289,21 +318,18 @@ def test_bad_checkpoints_get_one_line(runs, shared_data, data_cache, tmp_path):
 
 
 def test_load_of_one_checkpoint_folder_resumes_from_that_one(
-    runs, shared_data, data_cache, tmp_path
+    runs, shared_data, data_cache, tmp_path, saved_run, saved
 ):
     """--load DIR/global_step1 (as mds-merge-mp and mds-generate take a path) loads that
-    checkpoint, not `latest`'s: iteration 2 then repeats the first run's exactly."""
-    save, first_out, second_out = tmp_path / "ckpt", tmp_path / "first", tmp_path / "second"
-    every = ("--save", str(save), "--save-interval", "1", "--exit-interval", "2")
-    first = runs.train(flags(runs, shared_data, data_cache, first_out, *every))
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert latest(save) == "global_step2"
-    tag = save / "global_step1"
+    checkpoint, not `latest`'s (global_step2): iteration 2 then repeats the first run's exactly."""
+    second_out, tag = tmp_path / "second", saved / "global_step1"
     again = ("--load", str(tag), "--save", str(tmp_path / "again"), "--exit-interval", "2")
-    second = runs.train(flags(runs, shared_data, data_cache, second_out, *again))
+    second = runs.train(
+        flags(runs, shared_data, data_cache, second_out, *again, iterations=SAVED_ITERS)
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {tag} at iteration 1" in second.stderr
-    assert runs.losses(second_out) == {2: runs.losses(first_out)[2]}
+    assert runs.losses(second_out) == {2: runs.losses(saved_run)[2]}
 
 
 def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_cache, tmp_path):
@@ -319,17 +345,16 @@ def test_save_at_a_file_gets_one_line_before_any_work(runs, shared_data, data_ca
     assert afile.read_text() == "mine\n" and not (tmp_path / "out").exists()
 
 
-def test_a_checkpoint_file_cut_short_gets_one_line(runs, shared_data, data_cache, tmp_path):
+def test_a_checkpoint_file_cut_short_gets_one_line(runs, shared_data, data_cache, tmp_path, saved):
     """A copy cut short (an interrupted transfer) failed in DeepSpeed's torch.load: 66 lines, no
     file named. Now one line naming it, before the model is built, saying which earlier
     checkpoint to load; doing that works."""
-    save = tmp_path / "ckpt"
-    saving = ["--save", str(save), "--save-interval", "1", "--exit-interval", "2"]
-    made = runs.train(flags(runs, shared_data, data_cache, tmp_path, *saving, iterations=4))
-    assert made.returncode == 0, made.stderr[-3000:]
+    save = saved
     model = save / "global_step2" / "mp_rank_00_model_states.pt"
     model.write_bytes(model.read_bytes()[:-1000])
-    resume = flags(runs, shared_data, data_cache, tmp_path, "--load", str(save), iterations=4)
+    resume = flags(
+        runs, shared_data, data_cache, tmp_path, "--load", str(save), iterations=SAVED_ITERS
+    )
     result = runs.train(resume)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
