@@ -1,9 +1,11 @@
 """Worker for the multi-process model tests, launched by torchrun over gloo (CPU, fp32).
 
-Modes (argv[1]); each rank writes `rank{r}.json` under argv[2] with max abs differences:
+Modes (argv[1], comma-separated: run one after another in the same processes, since each start-up
+of torch and DeepSpeed costs seconds); each rank writes `<mode>/rank{r}.json` under argv[2] with
+max abs differences:
   tp    TP=2 vs TP=1: logits, loss and every parameter gradient, for several position types.
   pp    PP=2 (DeepSpeed pipeline engine, 2 micro-batches) vs the plain GPT: loss and every gradient,
-        then `save_checkpoint` into argv[2]/ckpt so the test can read the file names and keys.
+        then `save_checkpoint` into argv[2]/pp/ckpt so the test can read the file names and keys.
   tppp  TP=2 x PP=2 (4 ranks) vs the plain GPT, as pp.
   llama     TP=2 Llama (grouped-query attention, SwiGLU, RMSNorm, untied head, sequence
             parallelism, recompute) vs transformers' LlamaForCausalLM: logits, loss, gradients.
@@ -306,20 +308,27 @@ def run_pipe(out: Path, tp: int, llama: bool = False) -> dict:
     }
 
 
-def main() -> None:
-    mode, out = sys.argv[1], Path(sys.argv[2])
-    torch.manual_seed(0)
-    if mode in ("tp", "llama"):
-        dist.init_process_group("gloo")
-        result = run_tp(out) if mode == "tp" else run_llama_tp(out)
-    else:
-        import deepspeed
+RUNS = {
+    "tp": run_tp,
+    "llama": run_llama_tp,
+    "pp": lambda out: run_pipe(out, tp=1),
+    "tppp": lambda out: run_pipe(out, tp=2),
+    "llama_pp": lambda out: run_pipe(out, tp=1, llama=True),
+}
 
-        deepspeed.init_distributed(dist_backend="gloo")
-        result = run_pipe(out, tp=2 if mode == "tppp" else 1, llama=mode == "llama_pp")
-    rank = dist.get_rank()
-    (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
-    dist.barrier()
+
+def main() -> None:
+    import deepspeed
+
+    modes, out = sys.argv[1].split(","), Path(sys.argv[2])
+    deepspeed.init_distributed(dist_backend="gloo")
+    for mode in modes:
+        torch.manual_seed(0)  # each mode starts from the same state, as in a process of its own
+        folder = out / mode
+        folder.mkdir(parents=True, exist_ok=True)
+        result = RUNS[mode](folder)
+        (folder / f"rank{dist.get_rank()}.json").write_text(json.dumps(result, indent=1))
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -15,7 +15,8 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 FP32_TOL = 1e-5
 
 
-def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
+def launch(modes: list[str], num_procs: int, out: Path) -> dict[str, list[dict]]:
+    """dist_worker.py's `modes` in one torchrun launch: each mode's per-rank results."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [
@@ -25,7 +26,7 @@ def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
             "--standalone",
             f"--nproc_per_node={num_procs}",
             str(WORKER),
-            mode,
+            ",".join(modes),
             str(out),
         ],
         capture_output=True,
@@ -34,11 +35,21 @@ def launch(mode: str, num_procs: int, out: Path) -> list[dict]:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_procs)]
+    return {
+        mode: [json.loads((out / mode / f"rank{r}.json").read_text()) for r in range(num_procs)]
+        for mode in modes
+    }
 
 
-def test_tp2_equals_tp1_logits_loss_and_every_gradient(tmp_path):
-    results = launch("tp", 2, tmp_path)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[dict[str, list[dict]], Path]:
+    """The 2-rank modes, one launch for all of them (a torchrun start-up costs seconds)."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    return launch(["tp", "llama", "pp", "llama_pp"], 2, out), out
+
+
+def test_tp2_equals_tp1_logits_loss_and_every_gradient(two_ranks):
+    results = two_ranks[0]["tp"]
     for rank_result in results:
         for key in ("dropout", "dropout_sequence_parallel"):
             dropout = rank_result.pop(key)
@@ -67,9 +78,9 @@ def test_tp2_equals_tp1_logits_loss_and_every_gradient(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def pp2_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pp2")
-    return launch("pp", 2, out), out
+def pp2_run(two_ranks):
+    results, out = two_ranks
+    return results["pp"], out / "pp"
 
 
 def test_pp2_pipeline_engine_equals_plain_model(pp2_run):
@@ -125,14 +136,14 @@ def test_pipe_checkpoint_files_have_megatron_deepspeed_names(pp2_run):
 
 
 def test_tp2_pp2_equals_plain_model_and_splits_files(tmp_path):
-    results = launch("tppp", 4, tmp_path)
+    results = launch(["tppp"], 4, tmp_path)["tppp"]
     assert [(r["stage"], r["tp_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in results:
         assert r["weights"] == 0.0
         assert r["loss"] < FP32_TOL
         bad = {name: d for name, d in r["grads"].items() if d >= FP32_TOL}
         assert not bad, f"stage {r['stage']} tp {r['tp_rank']}: gradients differ {bad}"
-    folder = tmp_path / "ckpt" / "global_step1"
+    folder = tmp_path / "tppp" / "ckpt" / "global_step1"
     qkv = [
         torch.load(folder / f"layer_04-model_{tp:02d}-model_states.pt", weights_only=True)[
             "self_attention.query_key_value.weight"
@@ -145,12 +156,12 @@ def test_tp2_pp2_equals_plain_model_and_splits_files(tmp_path):
     ]
 
 
-@pytest.mark.parametrize(("mode", "ranks"), [("llama", 2), ("llama_pp", 2)])
-def test_llama_tp2_and_pp2_equal_transformers_llama(tmp_path, mode, ranks):
+@pytest.mark.parametrize("mode", ["llama", "llama_pp"])
+def test_llama_tp2_and_pp2_equal_transformers_llama(two_ranks, mode):
     """TP=2 (sequence parallel, selective recompute) and PP=2 (DeepSpeed's pipeline engine, full
     recompute, the untied head in its own LMHeadPipe) against LlamaForCausalLM holding the same
     weights (tests/model/llama_hf.py): loss, logits and every gradient."""
-    results = launch(mode, ranks, tmp_path)
+    results = two_ranks[0][mode]
     for r in results:
         assert r["weights"] == 0.0, "the shards are not the TP=1 master weights' blocks"
         assert r["loss"] < FP32_TOL
