@@ -9,9 +9,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import textwrap
+import traceback
 from pathlib import Path
 
 import pytest
@@ -370,38 +368,39 @@ def test_a_checkpoint_file_cut_short_gets_one_line(runs, shared_data, data_cache
     assert f"resumed from {save / 'global_step1'} at iteration 1" in result.stderr
 
 
-KILLED_DURING_SAVE = textwrap.dedent(
-    """
-    import os, signal, sys
-    from pathlib import Path
-    import json
-    from mds_checkpoint.meta import CheckpointMeta
-    from mds_train.checkpointing import CheckpointContext, save_checkpoint
-    from mds_train.state import TrainingState
+class _HalfSavingEngine:
+    """Writes some of DeepSpeed's files, then (kill) the process is killed."""
 
-    class Engine:  # writes some of DeepSpeed's files, then the process is killed
-        def save_checkpoint(self, save_dir, tag, client_state, save_latest):
-            folder = Path(save_dir) / tag
-            folder.mkdir(parents=True)
-            (folder / "mp_rank_00_model_states.pt").write_bytes(b"half")
-            if os.environ["KILL"] == "1":
-                os.kill(os.getpid(), signal.SIGKILL)
+    def __init__(self, kill: bool):
+        self.kill = kill
 
-    context = CheckpointContext(
-        engine=Engine(), rank=0, world_size=1, barrier=lambda: None, rng_tracker=None,
-        meta=CheckpointMeta.from_json(json.loads(sys.argv[3]), where="argv"),
-    )
-    save_checkpoint(context, TrainingState(iteration=int(sys.argv[2])), Path(sys.argv[1]))
-    """
-)
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):  # noqa: ARG002
+        folder = Path(save_dir) / tag
+        folder.mkdir(parents=True)
+        (folder / "mp_rank_00_model_states.pt").write_bytes(b"half")
+        if self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _save_in_a_child(save_dir: Path, iteration: int, kill: bool) -> int:
+    """save_checkpoint in a forked process (a new interpreter would import torch again for it):
+    its exit status, -9 where it was killed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _save(_HalfSavingEngine(kill), save_dir, iteration)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def test_kill_9_during_a_save_leaves_latest_on_the_previous_checkpoint(tmp_path):
     def save(iteration: int, kill: bool) -> int:
-        env = {**os.environ, "KILL": "1" if kill else "0"}
-        command = [sys.executable, "-c", KILLED_DURING_SAVE, str(tmp_path), str(iteration)]
-        command.append(json.dumps(_run_meta().to_json()))
-        return subprocess.run(command, env=env).returncode
+        return _save_in_a_child(tmp_path, iteration, kill)
 
     assert save(5, kill=False) == 0
     assert latest(tmp_path) == "global_step5"
