@@ -39,6 +39,25 @@ def test_fp8_is_compared_with_the_bf16_run(capsys):
     assert "62.5% of the bf16 ceiling (790 TFLOP/s), 24.9% of the FP8 ceiling (1979)" in out
     # Iterations 1-10 (the 11.0 against 10.0) are left out; 11-20: 8.2 vs 8.0 is 2.50%.
     assert "10-iteration means after iteration 10: 2.50%" in out
+    assert "eager against default" not in out  # no second bf16 run to measure the spread with
+
+
+def test_fp8_s_curve_measure_is_also_given_for_two_bf16_runs(capsys):
+    benchmark = load_benchmark()
+    bf16 = {10: 9.0, 20: 8.0, 30: 7.0}
+    results = {
+        "default": {"tokens_per_second": 1000.0, "mfu": None, "losses": bf16},
+        "fp8": {"tokens_per_second": 1250.0, "mfu": None, "losses": {10: 9.0, 20: 8.0, 30: 7.07}},
+        "eager": {"tokens_per_second": 990.0, "mfu": None, "losses": {10: 9.5, 20: 8.04, 30: 7.0}},
+    }
+    benchmark.compare_fp8(SimpleNamespace(peak_tflops=790.0, fp8_peak_tflops=1979.0), results)
+    out = capsys.readouterr().out
+    # fp8: 1.00% at 21-30; eager: 0.50% at 11-20 (its 9.5 at 1-10 is left out, as FP8's would be)
+    assert "10-iteration means after iteration 10: 1.00%" in out
+    assert (
+        "mds-train eager against default (both bf16): largest relative difference of "
+        "10-iteration means after iteration 10: 0.50%"
+    ) in out
 
 
 def test_cpus_are_read_as_taskset_reads_them():
