@@ -236,14 +236,43 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.fixture
-def names(tmp_path, shared_data) -> dict[str, str]:
+def names_in(folder: Path, shared_data: Path) -> dict[str, str]:
     return dict(
-        tmp=str(tmp_path),
-        missing=str(tmp_path / "absent.jsonl"),
+        tmp=str(folder),
+        missing=str(folder / "absent.jsonl"),
         vocab=str(shared_data / "gpt2-vocab.json"),
         merges=str(shared_data / "gpt2-merges.txt"),
     )
+
+
+@pytest.fixture
+def names(tmp_path, shared_data) -> dict[str, str]:
+    return names_in(tmp_path, shared_data)
+
+
+@dataclass(frozen=True)
+class ValidRun:
+    names: dict[str, str]
+    result: subprocess.CompletedProcess
+    left_behind: list[str]  # the folder's files right after the run
+
+
+@pytest.fixture(scope="module")
+def valid_run(tmp_path_factory, shared_data):
+    """valid_run(command): its valid line (the file missing) run once, in a folder of its own; the
+    bad-input and abbreviation tests both read it (mds-train's and mds-generate's start-ups
+    import torch: seconds each)."""
+    done = {}
+
+    def run_once(command: Command) -> ValidRun:
+        if command not in done:
+            folder = tmp_path_factory.mktemp("dialect")
+            names = names_in(folder, shared_data)
+            result = run(*command.words, *fill(command.valid, names))
+            done[command] = ValidRun(names, result, sorted(p.name for p in folder.iterdir()))
+        return done[command]
+
+    return run_once
 
 
 def fill(args, names) -> list[str]:
@@ -295,21 +324,22 @@ def test_missing_required_flag_is_a_usage_error(command, names):
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=_id)
-def test_bad_input_is_exit_1_naming_the_file(command, names):
-    result = run(*command.words, *fill(command.valid, names))
-    assert result.returncode == 1
-    message = one_error_line(result, command)
+def test_bad_input_is_exit_1_naming_the_file(command, valid_run):
+    done = valid_run(command)
+    assert done.result.returncode == 1
+    message = one_error_line(done.result, command)
     if command.words[0] == "mds-model":  # no files: a value the model cannot take
         assert "--num-attention-heads" in message
     else:
         assert "absent" in message, message
-    assert sorted(p.name for p in Path(names["tmp"]).iterdir()) == []  # nothing left behind
+    assert done.left_behind == []  # nothing left behind
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.abbreviation], ids=_id)
-def test_abbreviations_and_multi_value_flags(command, names):
+def test_abbreviations_and_multi_value_flags(command, valid_run):
     prefix, full = command.abbreviation
-    args = fill(command.valid, names)
+    done = valid_run(command)
+    args = fill(command.valid, done.names)
     abbreviated = [prefix if arg == full else arg for arg in args]
     if abbreviated == args:  # the flag is optional: add it, with a value it accepts
         values = {
@@ -321,7 +351,7 @@ def test_abbreviations_and_multi_value_flags(command, names):
         }
         abbreviated += [prefix, *values[full]]
     # The line parses (exit 1 on the missing file, not 2 on the flags) and fails the same way.
-    assert run(*command.words, *args).stderr == run(*command.words, *abbreviated).stderr
+    assert done.result.stderr == run(*command.words, *abbreviated).stderr
 
 
 @pytest.mark.parametrize("tool", TOOLS)
