@@ -46,6 +46,15 @@ def tool(*command, expect_ok: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
+def in_process(main, *args, capsys) -> str:
+    """A tool's main() in this process (a subprocess would import torch again): its stdout."""
+    try:
+        main([str(arg) for arg in args])
+    except SystemExit as exit_:
+        assert not exit_.code, f"{args} failed:\n{capsys.readouterr().err[-3000:]}"
+    return capsys.readouterr().out
+
+
 def tokenizer_flags(files: Path) -> list:
     return ["--vocab-file", files / "vocab/vocab.json", "--merge-file", files / "vocab/merges.txt"]
 
@@ -98,13 +107,17 @@ def test_every_layout_reads_to_the_same_function(files):
     assert logits(files / "pipeline").shape == reference.shape
 
 
-def test_tools_read_the_checkpoints(files, tmp_path):
-    tool("mds-merge-mp", "--load", files / "pipeline", "--save", tmp_path / "tp1",
-         "--target-tensor-model-parallel-size", "1", "--target-pipeline-model-parallel-size", "1",
-         "--verify")  # fmt: skip
-    tool("mds-merge-mp", "export-hf", "--load", files / "megatron", "--save", tmp_path / "hf",
-         "--verify")  # fmt: skip
+def test_tools_read_the_checkpoints(files, tmp_path, capsys):
+    from mds_checkpoint.cli import main as merge_mp
+    from mds_generate.cli import main as generate
+
+    in_process(merge_mp, "--load", files / "pipeline", "--save", tmp_path / "tp1",
+               "--target-tensor-model-parallel-size", "1",
+               "--target-pipeline-model-parallel-size", "1", "--verify", capsys=capsys)  # fmt: skip
+    in_process(merge_mp, "export-hf", "--load", files / "megatron", "--save", tmp_path / "hf",
+               "--verify", capsys=capsys)  # fmt: skip
     for load in (files / "checkpoint", files / "pipeline", files / "hf"):
-        result = tool("mds-generate", "--load", load, *tokenizer_flags(files), "--prompt",
-                      "The", "--max-new-tokens", "4", "--greedy", "--device", "cpu")  # fmt: skip
-        assert result.stdout.strip(), load
+        out = in_process(generate, "--load", load, *tokenizer_flags(files), "--prompt", "The",
+                         "--max-new-tokens", "4", "--greedy", "--device", "cpu",
+                         capsys=capsys)  # fmt: skip
+        assert out.strip(), load
