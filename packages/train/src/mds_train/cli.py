@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from mds_common.cli import new_app, run_app
+from mds_common.cli import new_app, run_app, run_then_exit
 from mds_common.flags import command_function, group_from_values
 
 from .config import SECTIONS, TrainConfig
@@ -116,3 +116,10 @@ def main(argv: list[str] | None = None) -> None:
         # connection, with its C++ stack, when rank 0 stops the job) would bury rank 0's line.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     run_app(make_app(), prog="mds-train", distribution="mds-train", argv=argv)
+
+
+def script() -> None:
+    """The `mds-train` command (and `python -m mds_train`, as launchers start it): `main()`,
+    then each rank's process ends without tearing the interpreter down
+    (mds_common.cli.run_then_exit): 1.5-2 s of a one-process tiny run's 8.5 s on a 2-core VM."""
+    run_then_exit(main)
