@@ -14,10 +14,7 @@ gloo). Every run here has 4 layers (PP=2 and PP=4 split them) and 4 heads (TP=4 
   DeepSpeed's BF16 optimizer partitions.
 """
 
-import contextlib
 import enum
-import io
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -30,25 +27,13 @@ MODEL = (
 ).split()
 
 
-def _merge_mp(*args) -> subprocess.CompletedProcess:
-    """mds-merge-mp's main() in this process (a subprocess would import torch again each time;
-    tests/common/test_dialect.py runs the installed command)."""
+@pytest.fixture(scope="session")
+def merge_mp(runs):
+    """merge_mp(*args): mds-merge-mp's command line, run in this process -> CompletedProcess
+    (code, stdout, stderr)."""
     from mds_checkpoint.cli import main
 
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main([str(arg) for arg in args])
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code or 0
-    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
-
-
-@pytest.fixture(scope="session")
-def merge_mp():
-    """merge_mp(*args): mds-merge-mp's command line -> CompletedProcess (code, stdout, stderr)."""
-    return _merge_mp
+    return lambda *args: runs.in_process(main, *args)
 
 
 @pytest.fixture(scope="session")
@@ -87,8 +72,11 @@ def _resume(
     runs, train_flags, source: Path, out: Path, target: list[str], run: list[str], *,
     iteration: int = 4, iterations: int = 8,
 ) -> Path:  # fmt: skip
+    from mds_checkpoint.cli import main
+
     reshaped = out / "reshaped"
-    result = _merge_mp(
+    result = runs.in_process(
+        main,
         "--load", source / "checkpoints", "--iteration", iteration, "--save", reshaped,
         "--with-optimizer", *target,
     )  # fmt: skip

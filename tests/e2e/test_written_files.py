@@ -46,15 +46,6 @@ def tool(*command, expect_ok: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
-def in_process(main, *args, capsys) -> str:
-    """A tool's main() in this process (a subprocess would import torch again): its stdout."""
-    try:
-        main([str(arg) for arg in args])
-    except SystemExit as exit_:
-        assert not exit_.code, f"{args} failed:\n{capsys.readouterr().err[-3000:]}"
-    return capsys.readouterr().out
-
-
 def tokenizer_flags(files: Path) -> list:
     return ["--vocab-file", files / "vocab/vocab.json", "--merge-file", files / "vocab/merges.txt"]
 
@@ -107,17 +98,20 @@ def test_every_layout_reads_to_the_same_function(files):
     assert logits(files / "pipeline").shape == reference.shape
 
 
-def test_tools_read_the_checkpoints(files, tmp_path, capsys):
+def test_tools_read_the_checkpoints(files, tmp_path, runs):
     from mds_checkpoint.cli import main as merge_mp
     from mds_generate.cli import main as generate
 
-    in_process(merge_mp, "--load", files / "pipeline", "--save", tmp_path / "tp1",
-               "--target-tensor-model-parallel-size", "1",
-               "--target-pipeline-model-parallel-size", "1", "--verify", capsys=capsys)  # fmt: skip
-    in_process(merge_mp, "export-hf", "--load", files / "megatron", "--save", tmp_path / "hf",
-               "--verify", capsys=capsys)  # fmt: skip
+    def ok(main, *args) -> str:
+        result = runs.in_process(main, *args)
+        assert result.returncode == 0, f"{args} failed:\n{result.stderr[-3000:]}"
+        return result.stdout
+
+    ok(merge_mp, "--load", files / "pipeline", "--save", tmp_path / "tp1",
+       "--target-tensor-model-parallel-size", "1", "--target-pipeline-model-parallel-size", "1",
+       "--verify")  # fmt: skip
+    ok(merge_mp, "export-hf", "--load", files / "megatron", "--save", tmp_path / "hf", "--verify")
     for load in (files / "checkpoint", files / "pipeline", files / "hf"):
-        out = in_process(generate, "--load", load, *tokenizer_flags(files), "--prompt", "The",
-                         "--max-new-tokens", "4", "--greedy", "--device", "cpu",
-                         capsys=capsys)  # fmt: skip
+        out = ok(generate, "--load", load, *tokenizer_flags(files), "--prompt", "The",
+                 "--max-new-tokens", "4", "--greedy", "--device", "cpu")  # fmt: skip
         assert out.strip(), load

@@ -6,6 +6,8 @@ run writes metrics.jsonl, whose per-iteration losses the tests compare.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -30,6 +32,19 @@ OPTIMIZER = (
     "--clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --seed 1234"
 ).split()
 NO_DROPOUT = "--hidden-dropout 0 --attention-dropout 0".split()
+
+
+def in_process(main, *args) -> subprocess.CompletedProcess:
+    """A tool's `main(argv)` in this process (a subprocess would import torch again each time;
+    tests/common/test_dialect.py runs the installed commands): its exit code, stdout, stderr."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main([str(arg) for arg in args])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code or 0
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 def data_flags(shared_data: Path, cache: Path) -> list[str]:

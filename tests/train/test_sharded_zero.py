@@ -199,10 +199,8 @@ def test_reshaped_partitions_resume_on_one_rank(
     reshaped = tmp_path / "reshaped"
     checkpoint = runs.checkpoint_at(zero_run, SAVED_AT, tmp_path)
     args = ["merge", "--load", str(checkpoint), "--save", str(reshaped), "--with-optimizer"]
-    try:
-        main([*args, "--target-tensor-model-parallel-size", "1"])
-    except SystemExit as exit_:
-        assert not exit_.code, exit_.code
+    result = runs.in_process(main, *args, "--target-tensor-model-parallel-size", "1")
+    assert result.returncode == 0, result.stderr
     resumed = _resume(runs, stage, shared_data, data_cache, tmp_path, reshaped, nproc=1)
     whole = runs.losses(zero_run)
     for iteration, loss in resumed.items():
