@@ -121,5 +121,5 @@ def main(argv: list[str] | None = None) -> None:
 def script() -> None:
     """The `mds-train` command (and `python -m mds_train`, as launchers start it): `main()`,
     then each rank's process ends without tearing the interpreter down
-    (mds_common.cli.run_then_exit): 1.5-2 s of a one-process tiny run's 8.5 s on a 2-core VM."""
+    (mds_common.cli.run_then_exit): 1-2 s of each tiny run's process on a 2-core VM."""
     run_then_exit(main)
