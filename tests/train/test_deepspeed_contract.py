@@ -502,6 +502,62 @@ def test_the_zero3_state_dict_is_deepspeed_s_own():
     assert read.dp_size == 1 and read.steps == [1] * len(indices)
 
 
+def test_upstream_s_zero3_optimizer_loads_our_partition_file():
+    """DeepSpeed's own bf16 stage 3 with its optimizer built as upstream's pretrain_gpt.py builds
+    it (the model under `deepspeed.zero.Init`, so Megatron's `get_param_groups`, whose test is
+    `name.endswith(".bias") or len(param.shape) == 1`, puts every (0,)-shaped placeholder in
+    its one no-weight-decay group, in module order) loads the state dict mds-train's ZeRO-3
+    writes (two groups inside, 2-D weights decayed): its fp32 partitions, moments, step and
+    weights are ours, in module order."""
+    from mds_train.fully_sharded import SingleRankZero3AdamW
+    from mds_train.param_groups import UPSTREAM_GROUP_KEYS
+
+    model = tiny_model().bfloat16()
+    decayed = [p for p in model.parameters() if p.dim() == 2]
+    others = [p for p in model.parameters() if p.dim() != 2]
+    ours = SingleRankZero3AdamW(
+        [
+            {"params": decayed, "weight_decay": 0.1, "lr": 0.01, **UPSTREAM_GROUP_KEYS[0]},
+            {"params": others, "weight_decay": 0.0, "lr": 0.01, **UPSTREAM_GROUP_KEYS[1]},
+        ],
+        names={p: n for n, p in model.named_parameters()},
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    torch.manual_seed(1)
+    for _ in range(2):
+        for param in model.parameters():
+            param.grad = torch.randn_like(param)
+        ours.step()
+    saved = ours.state_dict()
+    masters = [ours.whole_state(p)[0] for p in model.parameters()]
+
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "bf16": {"enabled": True}}  # fmt: skip
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        placeholder = tiny_model().bfloat16()
+    named = list(placeholder.named_parameters())
+    assert all(n.endswith(".bias") or len(p.shape) == 1 for n, p in named)  # all no-decay
+    group = {"params": [p for _, p in named], **UPSTREAM_GROUP_KEYS[1]}
+    client = torch.optim.AdamW([group], lr=0.0, weight_decay=0.0)
+    engine = engine_of(placeholder, client=lambda _: client, zero_stage=3, bf16={"enabled": True})
+    engine.optimizer.load_state_dict([saved])
+
+    ds_optimizer = engine.optimizer
+    flats, inner = ds_optimizer.fp32_partitioned_groups_flat, ds_optimizer.optimizer
+    for key in ("fp32", "exp_avg", "exp_avg_sq"):
+        expected = torch.cat([m[key].reshape(-1) for m in masters])
+        found = torch.cat([flat if key == "fp32" else inner.state[flat][key] for flat in flats])
+        torch.testing.assert_close(found, expected, rtol=0, atol=0, msg=key)
+    assert [int(inner.state[flat]["step"]) for flat in flats] == [2] * len(flats)
+    inner_group = ds_optimizer.optimizer.param_groups[0]
+    assert {k: inner_group[k] for k in ("name", "wd_mult", "lr_mult", "weight_decay", "lr")} == {
+        **UPSTREAM_GROUP_KEYS[1], "weight_decay": 0.0, "lr": 0.01}  # fmt: skip
+    with deepspeed.zero.GatheredParameters(list(placeholder.parameters())):
+        for param, master in zip(placeholder.parameters(), masters, strict=True):
+            torch.testing.assert_close(param.detach(), master["fp32"].bfloat16(), rtol=0, atol=0)
+
+
 def test_writing_zero3_model_file_names_it_as_stage_3_does(tmp_path):
     """A stage-0 engine's save under writing_zero3_model_file writes the file DeepSpeed's own
     stage 3 writes for the rank (`zero_pp_rank_0_mp_rank_00_model_states.pt`), with the client

@@ -1,7 +1,8 @@
 """bf16 ZeRO-3 through mds-train's own optimizers (fully_sharded.py): FSDP2 at DP = 2 (gloo, the
 deepspeed launcher), the ZeRO-0 step at DP = 1; the ZeRO-0 run's losses, an exact resume, and
 DeepSpeed's own stage 3 (kept by a DeepSpeed file that names the optimizer) on either side of a
-checkpoint, its files compared key for key with ours.
+checkpoint (ours in upstream's one parameter group, reshaped by mds-merge-mp for its two), its
+files compared key for key with ours.
 
 Tolerances: at DP = 1 the step is ZeRO-0's (equal losses seen); at DP = 2 FSDP2 reduces the fp32
 gradients with a reduce-scatter where ZeRO-0 all-reduces them, and torch's AdamW steps the fp32
@@ -28,6 +29,10 @@ RESHAPED_RTOL = 1e-6  # one process sums the four micro-batches two ranks summed
 LOST_STATE = 1e-3
 # The model file's keys that differ between runs (progress records, the RNG, configs).
 RUN_RECORDS = {"args", "rng_state", "ds_config", "mds_train", "lr_scheduler", "ds_version"}
+# What follows the parameter groups, by the end of its path: ours hold upstream's one,
+# DeepSpeed's as mds-train builds it two (compared by _upstream_s_one_group).
+GROUPED = (".param_shapes", ".optimizer_state_dict.fp32_flat_groups",
+           ".optimizer_state_dict.optimizer_state_dict")  # fmt: skip
 
 
 def _flags(runs, shared_data, data_cache, out: Path, *extra: str) -> list[str]:
@@ -90,13 +95,15 @@ def test_trains_on_the_zero0_losses(runs, zero3_run, zero0_losses):
     assert ours[ITERATIONS] < ours[1]
 
 
-def _same_structure(ours, theirs, where: str) -> None:
-    """Keys in the same order, tensors of the same shape and dtype, other values equal."""
+def _same_structure(ours, theirs, where: str, *, grouped: tuple[str, ...] = ()) -> None:
+    """Keys in the same order, tensors of the same shape and dtype, other values equal (but
+    under the paths ending in one of `grouped`)."""
     if isinstance(theirs, dict):
         assert list(ours) == list(theirs), where
         for key in theirs:
-            if key not in RUN_RECORDS:
-                _same_structure(ours[key], theirs[key], f"{where}.{key}")
+            path = f"{where}.{key}"
+            if key not in RUN_RECORDS and not path.endswith(grouped):
+                _same_structure(ours[key], theirs[key], path, grouped=grouped)
     elif isinstance(theirs, list | tuple):
         assert len(ours) == len(theirs), where
         for i, (mine, its) in enumerate(zip(ours, theirs, strict=True)):
@@ -125,10 +132,28 @@ def test_the_files_are_deepspeed_s_stage_3_files(ranks, zero3_run, deepspeed_run
     for name in names:
         mine = torch.load(ours / name, weights_only=False)
         its = torch.load(theirs / name, weights_only=False)
-        _same_structure(mine, its, name)
+        _same_structure(mine, its, name, grouped=GROUPED)
         if "optim_states" in name:
             assert mine["ds_config"]["zero_optimization"]["stage"] == 3
             assert mine["ds_config"]["bf16"] == {"enabled": True}
+            _upstream_s_one_group(mine["optimizer_state_dict"], its["optimizer_state_dict"])
+        else:
+            (shapes,) = mine["param_shapes"]  # one sub-group: the parameters of both of theirs
+            assert shapes == {k: v for group in its["param_shapes"] for k, v in group.items()}
+
+
+def _upstream_s_one_group(mine: dict, its: dict) -> None:
+    """Ours: upstream's one group over the values of DeepSpeed's (here two, mds-train's)."""
+    from mds_train.param_groups import UPSTREAM_ZERO3_GROUP
+
+    (flat,) = mine["fp32_flat_groups"]
+    assert flat.numel() == sum(f.numel() for f in its["fp32_flat_groups"])
+    (group,) = mine["optimizer_state_dict"]["param_groups"]
+    assert {key: group[key] for key in UPSTREAM_ZERO3_GROUP} == UPSTREAM_ZERO3_GROUP
+    options = {k: v for k, v in its["optimizer_state_dict"]["param_groups"][0].items()}
+    assert list(group) == list(options)
+    (state,) = mine["optimizer_state_dict"]["state"].values()
+    assert state["exp_avg"].shape == flat.shape and state["exp_avg_sq"].shape == flat.shape
 
 
 def test_resumes_on_the_uninterrupted_losses(
@@ -140,12 +165,26 @@ def test_resumes_on_the_uninterrupted_losses(
     assert resumed == {i: whole[i] for i in resumed}
 
 
-def test_deepspeed_s_stage_3_resumes_our_files(
+def test_deepspeed_s_stage_3_resumes_our_files_through_mds_merge_mp(
     runs, ranks, zero3_run, deepspeed_file, shared_data, data_cache, tmp_path
 ):
+    """Our files hold upstream's one parameter group (upstream's own DeepSpeed stage 3 loads them:
+    test_deepspeed_contract); DeepSpeed's stage 3 as mds-train builds it keeps two, so it refuses
+    them in one line naming the reshape, and resumes the reshaped copy."""
+    from mds_checkpoint.cli import main
+
     checkpoint = runs.checkpoint_at(zero3_run, SAVED_AT, tmp_path)
     file = ("--deepspeed_config", str(deepspeed_file))
-    resumed = _resume(runs, ranks, shared_data, data_cache, tmp_path, checkpoint, *file)
+    refused = tmp_path / "refused"
+    flags = ["--zero-stage", "3", "--load", str(checkpoint), *file]
+    result = runs.train(_flags(runs, shared_data, data_cache, refused, *flags), nproc=ranks)
+    assert result.returncode != 0
+    assert "upstream's one parameter group" in result.stderr and "mds-merge-mp" in result.stderr
+    reshaped = tmp_path / "reshaped"
+    merged = runs.in_process(main, "merge", "--load", checkpoint, "--save", reshaped,
+                             "--with-optimizer")  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    resumed = _resume(runs, ranks, shared_data, data_cache, tmp_path, reshaped, *file)
     whole = runs.losses(zero3_run)
     for iteration, loss in resumed.items():
         assert loss == pytest.approx(whole[iteration], rel=DEEPSPEED_RTOL), iteration
@@ -154,7 +193,7 @@ def test_deepspeed_s_stage_3_resumes_our_files(
         without_state.mkdir()
         weights_only = ("--no-load-optim", *file)
         fresh = _resume(
-            runs, ranks, shared_data, data_cache, without_state, checkpoint, *weights_only
+            runs, ranks, shared_data, data_cache, without_state, reshaped, *weights_only
         )
         assert abs(fresh[ITERATIONS] / whole[ITERATIONS] - 1) > LOST_STATE
 
@@ -216,7 +255,13 @@ def test_sub_groups_are_deepspeed_s():
                     its, group["params"]
                 )
             ]
-            found = ours._sub_groups()
+            found = ours._sub_groups(2)  # as the optimizer's two groups
             assert [(g, [id(p) for p in sub]) for g, sub in found] == [
                 (g, [id(p) for p in sub]) for g, sub in expected
+            ], (dp_size, sub_group_size)
+            # as upstream's one group, in module order (the order of the names)
+            ours._names = {p: str(i) for i, p in enumerate(params)}
+            one = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(its, params)
+            assert [[id(p) for p in sub] for _, sub in ours._sub_groups()] == [
+                [id(p) for p in sub] for sub in one
             ], (dp_size, sub_group_size)

@@ -661,14 +661,23 @@ def _load_through_deepspeed(
     optimizer, nor when ShardedMasterAdamW reads its partition file itself); returns the client
     state."""
     partition = load_optimizer and not universal and sharded_optimizer(context)
-    with unpickling_foreign_classes(context.engine):
-        _, client_state = context.engine.load_checkpoint(
-            str(path.parent),
-            tag=path.name,
-            load_optimizer_states=load_optimizer and not (universal or partition),
-            load_lr_scheduler_states=False,
-            load_module_only=not load_optimizer or universal or partition,
-        )
+    try:
+        with unpickling_foreign_classes(context.engine):
+            _, client_state = context.engine.load_checkpoint(
+                str(path.parent),
+                tag=path.name,
+                load_optimizer_states=load_optimizer and not (universal or partition),
+                load_lr_scheduler_states=False,
+                load_module_only=not load_optimizer or universal or partition,
+            )
+    except ValueError as error:  # torch's Optimizer.load_state_dict, under DeepSpeed's stage 3
+        if "number of parameter groups" not in str(error):
+            raise
+        raise ValueError(
+            f"{path}: its ZeRO-3 partitions hold upstream's one parameter group (mds-train's bf16 "
+            "ZeRO-3 and upstream's own write them so), DeepSpeed's stage 3 in this run keeps "
+            "two; reshape it with mds-merge-mp --with-optimizer and --load that"
+        ) from None
     if not load_optimizer:  # fp32 master copies follow the loaded weights
         refresh_master_weights(context.engine)
     if partition:

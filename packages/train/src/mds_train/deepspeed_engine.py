@@ -457,6 +457,7 @@ class SavedZero3:
     """What a DeepSpeed stage-3 optimizer state dict holds for its DP rank, per sub-group."""
 
     dp_size: int
+    group_count: int  # parameter groups the sub-groups were cut from
     fp32: list[torch.Tensor]
     exp_avg: list[torch.Tensor]
     exp_avg_sq: list[torch.Tensor]
@@ -477,6 +478,7 @@ def saved_zero3_state(saved: dict) -> SavedZero3:
         )
     return SavedZero3(
         dp_size=int(saved[constants.PARTITION_COUNT]),
+        group_count=len(base["param_groups"]),
         fp32=fp32,
         exp_avg=[s.get("exp_avg", torch.zeros_like(f)) for s, f in zip(states, fp32, strict=True)],
         exp_avg_sq=[

@@ -16,7 +16,8 @@ The two shard differently: FSDP2 gives each rank whole rows of each parameter (t
 split of dim 0), DeepSpeed's stage 3 `ceil(numel / DP)` values of each flattened parameter, its
 partitions laid end to end in sub-groups of `sub_group_size` values. Files are DeepSpeed's
 (`DeepSpeedZero3Files`): the state is gathered one parameter at a time and cut DeepSpeed's way
-on save, and back on load.
+on save, and back on load. They hold upstream's one parameter group (`UPSTREAM_ZERO3_GROUP`), so
+upstream's ZeRO-3 resumes them; the optimizer keeps Megatron's two (2-D weights decayed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from .deepspeed_engine import Zero3State, saved_zero3_state, zero3_optimizer_state
 from .master_weights import MasterWeightAdamW
+from .param_groups import UPSTREAM_ZERO3_GROUP
 
 # DeepSpeed's default `zero_optimization.sub_group_size` (elements per flat sub-group).
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
@@ -81,7 +83,10 @@ class DeepSpeedZero3Files:
     an optimizer that gives each parameter's whole fp32 master and moments (`whole_state`) and
     takes them back (`set_parameter_state`); the data-parallel layout is DeepSpeed's: each
     parameter's `ceil(numel / DP)` values from `rank * ceil(numel / DP)` of its flattened,
-    zero-padded tensor, laid end to end in sub-groups (`_create_fp16_sub_groups`)."""
+    zero-padded tensor, laid end to end in sub-groups (`_create_fp16_sub_groups`) of the files'
+    parameter groups: written as upstream's one, every parameter in module order
+    (`UPSTREAM_ZERO3_GROUP`); read as that or, in the files of DeepSpeed's own stage 3 (mds-train's
+    offload, fp16 and fp32 runs) and mds-train's before these, as the optimizer's groups."""
 
     stage = 3
 
@@ -101,12 +106,21 @@ class DeepSpeedZero3Files:
     def _partition_numel(self, param: torch.nn.Parameter) -> int:
         return math.ceil(param.numel() / self.dp_size)
 
-    def _sub_groups(self) -> list[tuple[int, list[torch.nn.Parameter]]]:
-        """(group index, parameters) of each of DeepSpeed's flat sub-groups: parameters in order
-        until one takes the sub-group to `sub_group_size` partition values or more."""
+    def _file_groups(self, count: int) -> list[list[torch.nn.Parameter]]:
+        """The parameters of each of the files' `count` groups: upstream's one in module order
+        (the order of `names`, which come from the module's named_parameters), or this
+        optimizer's own groups."""
+        if count != 1:
+            return [list(group["params"]) for group in self.param_groups]
+        mine = {param for group in self.param_groups for param in group["params"]}
+        return [[param for param in self._names if param in mine]]
+
+    def _sub_groups(self, count: int = 1) -> list[tuple[int, list[torch.nn.Parameter]]]:
+        """(group index, parameters) of each of DeepSpeed's flat sub-groups of the files' `count`
+        groups: parameters in order until one takes the sub-group to `sub_group_size` partition
+        values or more."""
         out = []
-        for g, group in enumerate(self.param_groups):
-            params = group["params"]
+        for g, params in enumerate(self._file_groups(count)):
             if self.sub_group_size >= sum(map(self._partition_numel, params)):
                 out.append((g, list(params)))
                 continue
@@ -152,9 +166,10 @@ class DeepSpeedZero3Files:
                 flats[key].append(torch.cat(pieces[key]))
             steps.append(step)
             sub_group_of.append(g)
-        options = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
+        # the learning rate and the inner AdamW's options are every group's alike
+        options = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         state = Zero3State(
-            groups=options,
+            groups=[{**options, **UPSTREAM_ZERO3_GROUP}],
             sub_group_of=sub_group_of,
             fp32=flats["fp32"],
             exp_avg=flats["exp_avg"],
@@ -175,7 +190,7 @@ class DeepSpeedZero3Files:
                 f"its ZeRO-3 partitions were saved by {saved.dp_size} data-parallel ranks, this "
                 f"run has {self.dp_size}"
             )
-        sub_groups = self._sub_groups()
+        sub_groups = self._sub_groups(saved.group_count)
         sizes = [sum(map(self._partition_numel, params)) for _, params in sub_groups]
         found = [flat.numel() for flat in saved.fp32]
         if found != sizes:

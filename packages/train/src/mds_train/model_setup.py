@@ -48,6 +48,7 @@ from .fully_sharded import (
 )
 from .gradients import install_fp32_clipping
 from .master_weights import MasterWeightAdamW
+from .param_groups import UPSTREAM_GROUP_KEYS
 from .sharded_master_weights import ShardedMasterAdamW
 
 logger = logging.getLogger(__name__)
@@ -160,15 +161,6 @@ class TrainingSetup:
     ds_config: dict[str, Any]  # what the engine runs
     is_pipeline: bool
     fp8: Any = None  # mds_model.fp8.Fp8Training under --fp8-e4m3/--fp8-hybrid: update per step
-
-
-# The keys upstream's `get_param_groups` gives its two groups (megatron/optimizer/__init__.py):
-# saved with the optimizer state, they are what its scheduler reads back on resume (a group
-# without `wd_mult` would be decayed).
-UPSTREAM_GROUP_KEYS = (
-    {"name": "wd_no_scale_lr", "wd_mult": 1.0, "lr_mult": 1.0},
-    {"name": "no_wd_no_scale_lr", "wd_mult": 0.0, "lr_mult": 1.0},
-)
 
 
 def parameter_groups(
