@@ -276,6 +276,31 @@ def resolved(argv: list[str], user: dict, world: int = 2, tensor_parallel: int =
     return config, merge_deepspeed_config(ds, user)
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_file_s_bf16_section_leaves_our_masters_to_deepspeed_s_fp32_mode(stage):
+    """Upstream's files enable bf16 (`"bf16": {"enabled": true}`): that is --bf16, and over
+    mds-train's own fp32 masters (bf16 at every stage without pipelining or offload) DeepSpeed
+    still runs in its fp32 mode (its bf16 mode broke the masters' bookkeeping: a KeyError at
+    start-up). Where DeepSpeed's own BF16 optimizer runs, the file's section stays."""
+    from mds_train.model_setup import build_deepspeed_config
+
+    user = {"bf16": {"enabled": True}, "zero_optimization": {"stage": stage}}
+    argv = [*TINY, "--zero-stage", str(stage)]
+    values, given = parse_given(argv)
+    topology = Topology(world_size=2, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    config = resolve_user_config(build_config(values), user, topology, given=given, source="f")
+    assert config.precision.bf16
+    ds = build_deepspeed_config(config, topology, None, user, is_pipeline=False)
+    assert "bf16" not in ds and ds["zero_optimization"]["stage"] == 0
+    offloaded = {
+        **user,
+        "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}},
+    }
+    if stage:  # DeepSpeed's own ZeRO optimizer, in its bf16 mode
+        ds = build_deepspeed_config(config, topology, None, offloaded, is_pipeline=False)
+        assert ds["bf16"] == {"enabled": True}
+
+
 def test_user_config_merges_and_contradictions_fail(tmp_path: Path):
     # The seed's ZeRO-3 file: deprecated cpu_offload, an agreeing batch and fp16 section.
     seed_file = tmp_path / "ds.json"

@@ -13,6 +13,7 @@ after a resume, where a lost optimizer state is off by more than 1e-3.
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -29,6 +30,8 @@ RESHAPED_RTOL = 1e-6  # one process sums the four micro-batches two ranks summed
 LOST_STATE = 1e-3
 # The model file's keys that differ between runs (progress records, the RNG, configs).
 RUN_RECORDS = {"args", "rng_state", "ds_config", "mds_train", "lr_scheduler", "ds_version"}
+UPSTREAM_STYLE_FILE = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+                      "gradient_clipping": 1.0}  # fmt: skip
 # What follows the parameter groups, by the end of its path: ours hold upstream's one,
 # DeepSpeed's as mds-train builds it two (compared by _upstream_s_one_group).
 GROUPED = (".param_shapes", ".optimizer_state_dict.fp32_flat_groups",
@@ -65,9 +68,13 @@ def _saving_run(runs, ranks, shared_data, data_cache, out: Path, *extra: str) ->
 
 @pytest.fixture(scope="module")
 def zero3_run(runs, ranks, shared_data, data_cache, tmp_path_factory) -> Path:
-    """Ours, saved at iterations 3 and 6."""
+    """Ours, saved at iterations 3 and 6, with a DeepSpeed file as upstream's scripts write one
+    (its bf16 section enabled: DeepSpeed must stay in its fp32 mode under our optimizer)."""
     out = tmp_path_factory.mktemp(f"zero3-dp{ranks}")
-    return _saving_run(runs, ranks, shared_data, data_cache, out)
+    upstream_file = out / "ds_config.json"
+    upstream_file.write_text(json.dumps(UPSTREAM_STYLE_FILE))
+    return _saving_run(runs, ranks, shared_data, data_cache, out,
+                       "--deepspeed_config", str(upstream_file))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -183,11 +183,16 @@ def merge_deepspeed_config(derived: dict[str, Any], user: dict[str, Any]) -> dic
     (`effective_zero_stage`: a bf16 pipeline's or fp16's stage 0 is 1). Upstream's bf16 Llama
     scripts write stage 0 in their file; DeepSpeed refuses that stage beside the BF16
     optimizer's fp32 gradient accumulation (`unsupported mix of model_dtype=torch.bfloat16 and
-    grad_accum_dtype=torch.float32`)."""
+    grad_accum_dtype=torch.float32`). So does bf16: upstream's files enable it, and whether
+    DeepSpeed runs its bf16 mode is mds-train's choice (`derive_deepspeed_config`)."""
     merged = _over(derived, user)
     for key in _BATCH_KEYS:
         merged[key] = derived[key]
     merged["zero_optimization"] = {**merged["zero_optimization"], **derived["zero_optimization"]}
+    if "bf16" not in derived:
+        # The file's `bf16.enabled` is --bf16 already; over mds-train's own fp32 masters DeepSpeed
+        # runs in its fp32 mode, and its bf16 mode would cast and wrap what they hold.
+        merged.pop("bf16", None)
     return merged
 
 
