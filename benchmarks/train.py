@@ -241,16 +241,22 @@ def is_llama(args) -> bool:
     return args.shape_name.startswith("llama")
 
 
+def reference_model_flags(shape_name: str, shape: dict) -> list[str]:
+    """The reference's model at `shape`: reference_gpt.py's sizes, and for a Llama shape
+    reference_llama.py's key/value heads, ffn, theta and vocabulary too."""
+    flags = ["--seq", str(shape["seq_length"]), "--layers", str(shape["num_layers"])]
+    flags += ["--hidden", str(shape["hidden_size"]), "--heads", str(shape["num_attention_heads"])]
+    if shape_name.startswith("llama"):
+        flags += ["--preset", shape_name, "--kv-heads", str(shape["num_query_groups"])]
+        flags += ["--ffn", str(shape["ffn_hidden_size"]), "--theta", str(LLAMA_THETA)]
+        flags += ["--vocab", str(PADDED_VOCAB)]
+    return flags
+
+
 def run_reference(args) -> float | None:
-    shape, peak = args.shape, args.peak_tflops
     command = [sys.executable, str(args.reference), "--compile", "--mbs", str(args.micro_batch)]
-    command += ["--steps", "20", "--peak", str(peak * 1e12), "--seq", str(shape["seq_length"])]
-    command += ["--layers", str(shape["num_layers"]), "--hidden", str(shape["hidden_size"])]
-    command += ["--heads", str(shape["num_attention_heads"])]
-    if is_llama(args):  # reference_llama.py: the key/value heads, ffn, theta and vocabulary too
-        command += ["--preset", args.shape_name, "--kv-heads", str(shape["num_query_groups"])]
-        command += ["--ffn", str(shape["ffn_hidden_size"]), "--theta", str(LLAMA_THETA)]
-        command += ["--vocab", str(PADDED_VOCAB)]
+    command += ["--steps", "20", "--peak", str(args.peak_tflops * 1e12)]
+    command += reference_model_flags(args.shape_name, args.shape)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:  # out of memory at a micro-batch search's top, say
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

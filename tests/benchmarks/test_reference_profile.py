@@ -46,7 +46,7 @@ def test_the_references_step_is_traced(host_profile, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # benchmarks/train.py's reference command line at --tiny's shape and micro-batch.
-    assert "argv --compile --mbs 2 --layers 2 --hidden 64 --heads 4 --seq 64" in result.stdout
+    assert "argv --compile --mbs 2 --seq 64 --layers 2 --hidden 64 --heads 4" in result.stdout
     (trace,) = host_profile.trace_files([folder])
     assert str(trace) in result.stdout.splitlines()
     steps = host_profile.summarise(host_profile.load_trace(trace))
