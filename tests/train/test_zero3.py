@@ -272,3 +272,24 @@ def test_sub_groups_are_deepspeed_s():
             assert [[id(p) for p in sub] for _, sub in ours._sub_groups()] == [
                 [id(p) for p in sub] for sub in one
             ], (dp_size, sub_group_size)
+
+
+def test_partitions_of_another_parameter_order_are_refused():
+    """The partitions' sizes do not tell their parameters' order: a model file whose
+    param_shapes name another order (here two equal-sized weights swapped) is refused in one
+    line naming the first difference; its own names load."""
+    from mds_train.fully_sharded import SingleRankZero3AdamW
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).bfloat16()
+    names = {p: n for n, p in model.named_parameters()}
+    optimizer = SingleRankZero3AdamW(
+        [{"params": list(model.parameters()), "lr": 0.1, "weight_decay": 0.0}],
+        names=names, betas=(0.9, 0.95), eps=1e-8,
+    )  # fmt: skip
+    saved, shapes = optimizer.state_dict(), optimizer.param_shapes()
+    optimizer.load_state_dict(saved, param_shapes=shapes)
+    swapped = [dict(zip(["1.weight", "1.bias", "0.weight", "0.bias"], group.values(), strict=True))
+               for group in shapes]  # fmt: skip
+    with pytest.raises(ValueError, match=r"hold 1\.weight where this run's hold 0\.weight"):
+        optimizer.load_state_dict(saved, param_shapes=swapped)

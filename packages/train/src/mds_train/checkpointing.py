@@ -182,11 +182,16 @@ def save_optimizer_partition(context: CheckpointContext, folder: Path) -> None:
 
 
 def load_optimizer_partition(
-    context: CheckpointContext, path: Path, *, weights_only: bool = False
+    context: CheckpointContext,
+    path: Path,
+    *,
+    weights_only: bool = False,
+    param_shapes: list[dict[str, Any]] | None = None,
 ) -> None:
     """This rank's partition of a ZeRO checkpoint (DeepSpeed's BF16, ZeRO or stage-3 optimizer's,
     bf16 or fp32, or ours) into ShardedMasterAdamW (ZeRO-1/2) or mds-train's ZeRO-3 (
-    whose weights are in it: `weights_only` takes those alone)."""
+    whose weights are in it: `weights_only` takes those alone; `param_shapes`, the stage-3
+    model file's, names the partitions' parameters)."""
     from mds_checkpoint import zero_optimizer_file
 
     groups = context.groups
@@ -214,7 +219,9 @@ def load_optimizer_partition(
         )
     try:
         if stage == 3:
-            context.optimizer.load_state_dict(saved, weights_only=weights_only)
+            context.optimizer.load_state_dict(
+                saved, weights_only=weights_only, param_shapes=param_shapes
+            )
         else:
             context.optimizer.load_state_dict(saved)
     except ValueError as error:
@@ -645,7 +652,8 @@ def _load_zero3_files(
             "it with mds-merge-mp (add --with-optimizer to keep the optimizer state)"
         )
     client_state = load_rank_file(model_file)
-    load_optimizer_partition(context, path, weights_only=not load_optimizer)
+    load_optimizer_partition(context, path, weights_only=not load_optimizer,
+                             param_shapes=client_state.get("param_shapes"))  # fmt: skip
     return client_state
 
 

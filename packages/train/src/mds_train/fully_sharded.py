@@ -180,10 +180,18 @@ class DeepSpeedZero3Files:
         return zero3_optimizer_state(state, betas=self._betas, eps=self._eps)
 
     @torch.no_grad()
-    def load_state_dict(self, state_dict: dict[str, Any], *, weights_only: bool = False) -> None:
+    def load_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        *,
+        weights_only: bool = False,
+        param_shapes: list[dict[str, Any]] | None = None,
+    ) -> None:
         """A DeepSpeed stage-3 optimizer state dict for this rank, saved at this DP over the same
         parameters (ValueError, one line, otherwise): the weights, and unless `weights_only` the
-        moments and step; collective over the data-parallel group where the state is sharded."""
+        moments and step; collective over the data-parallel group where the state is sharded.
+        `param_shapes`, the model file's, must name this run's parameters in the partitions'
+        order: the partitions' sizes alone do not tell the order."""
         saved = saved_zero3_state(state_dict)
         if saved.dp_size != self.dp_size:
             raise ValueError(
@@ -198,6 +206,9 @@ class DeepSpeedZero3Files:
                 f"its ZeRO-3 sub-groups hold {found} values, this run's {sizes}: the parameters "
                 "or the sub_group_size differ"
             )
+        if param_shapes is not None:
+            saved_names = [name for shapes in param_shapes for name in shapes]
+            _check_names(saved_names, [self._names[p] for _, ps in sub_groups for p in ps])
         keys = ("fp32",) if weights_only else ("fp32", *MOMENTS)
         for s, (_, params) in enumerate(sub_groups):
             offset = 0
@@ -415,6 +426,21 @@ class SingleRankZero3AdamW(DeepSpeedZero3Files, MasterWeightAdamW):
         if step is not None:
             state["step"].fill_(float(step))
         self._kernel_groups.clear()
+
+
+def _check_names(saved: list[str], mine: list[str]) -> None:
+    """ValueError, one line, where the saved partitions name other parameters or another order
+    (the sub-groups' sizes are checked before)."""
+    if saved == mine:
+        return
+    shorter = min(len(saved), len(mine))
+    index = next((i for i in range(shorter) if saved[i] != mine[i]), shorter)
+    theirs = saved[index] if index < len(saved) else "nothing more"
+    ours = mine[index] if index < len(mine) else "nothing more"
+    raise ValueError(
+        f"its ZeRO-3 partitions hold {theirs} where this run's hold {ours} (parameter {index} of "
+        "its param_shapes): the parameters or their order differ"
+    )
 
 
 def _all_gather(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
