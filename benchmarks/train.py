@@ -237,8 +237,8 @@ def contended_host(num_spinners: int):
             spinner.wait()
 
 
-def is_llama(args) -> bool:
-    return args.shape_name.startswith("llama")
+def is_llama(shape_name: str) -> bool:
+    return shape_name.startswith("llama")
 
 
 def reference_model_flags(shape_name: str, shape: dict) -> list[str]:
@@ -246,7 +246,7 @@ def reference_model_flags(shape_name: str, shape: dict) -> list[str]:
     reference_llama.py's key/value heads, ffn, theta and vocabulary too."""
     flags = ["--seq", str(shape["seq_length"]), "--layers", str(shape["num_layers"])]
     flags += ["--hidden", str(shape["hidden_size"]), "--heads", str(shape["num_attention_heads"])]
-    if shape_name.startswith("llama"):
+    if is_llama(shape_name):
         flags += ["--preset", shape_name, "--kv-heads", str(shape["num_query_groups"])]
         flags += ["--ffn", str(shape["ffn_hidden_size"]), "--theta", str(LLAMA_THETA)]
         flags += ["--vocab", str(PADDED_VOCAB)]
@@ -295,7 +295,7 @@ def train_command(
 ) -> list[str]:
     flags = [
         *extra_flags,
-        *(LLAMA_FLAGS if is_llama(args) else []),
+        *(LLAMA_FLAGS if is_llama(args.shape_name) else []),
         *(item for name, value in args.shape.items() for item in (SHAPE_FLAGS[name], str(value))),
         *("--micro-batch-size", str(args.micro_batch)),
         *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
@@ -367,9 +367,9 @@ def estimated_memory_gib(args, zero: int, recompute: str) -> float:
     from mds_model import GPTConfig, Plan, estimate, for_tensor_parallel
 
     config = GPTConfig.preset(
-        "llama" if is_llama(args) else "gpt2",
+        "llama" if is_llama(args.shape_name) else "gpt2",
         **args.shape,
-        **({"rotary_base": float(LLAMA_THETA)} if is_llama(args) else {}),
+        **({"rotary_base": float(LLAMA_THETA)} if is_llama(args.shape_name) else {}),
         vocab_size=50257,
         params_dtype="bfloat16",
         activation_checkpointing=recompute,
@@ -442,7 +442,7 @@ def main() -> None:
             os.sched_setaffinity(0, parse_cpus(args.cpus))  # children inherit it
         except (ValueError, OSError) as error:
             parser.error(str(error) if isinstance(error, ValueError) else f"--cpus: {error}")
-    tiny = TINY_LLAMA_SHAPE if is_llama(args) else TINY_SHAPE
+    tiny = TINY_LLAMA_SHAPE if is_llama(args.shape_name) else TINY_SHAPE
     args.shape = tiny if args.tiny else SHAPES[args.shape_name]
     for name, default in (
         TINY_SIZE_DEFAULTS if args.tiny else SIZE_DEFAULTS[args.shape_name]

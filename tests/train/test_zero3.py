@@ -157,8 +157,7 @@ def _upstream_s_one_group(mine: dict, its: dict) -> None:
     assert flat.numel() == sum(f.numel() for f in its["fp32_flat_groups"])
     (group,) = mine["optimizer_state_dict"]["param_groups"]
     assert {key: group[key] for key in UPSTREAM_ZERO3_GROUP} == UPSTREAM_ZERO3_GROUP
-    options = {k: v for k, v in its["optimizer_state_dict"]["param_groups"][0].items()}
-    assert list(group) == list(options)
+    assert list(group) == list(its["optimizer_state_dict"]["param_groups"][0])
     (state,) = mine["optimizer_state_dict"]["state"].values()
     assert state["exp_avg"].shape == flat.shape and state["exp_avg_sq"].shape == flat.shape
 
