@@ -8,6 +8,7 @@ from mds_model.config import GPTConfig
 from mds_model.cuda_graphs import graph_layers
 from mds_model.gpt import GPT
 from mds_model.rng import model_parallel_seed
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytestmark = pytest.mark.gpu
 
@@ -67,3 +68,35 @@ def test_graphed_dropout_draws_what_eager_draws_and_fresh_masks_each_replay():
     eager[0](x.clone().requires_grad_())
     eager[0](x.clone().requires_grad_())
     assert torch.equal(torch.cuda.get_rng_state(), after_graphed)
+
+
+class CopyCounter(TorchDispatchMode):
+    """Counts aten.copy_ calls (a graph replay itself issues none: only its input copies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.copy_.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_chained_layers_read_their_input_where_the_previous_graph_wrote_it():
+    """Three graphed layers: the first layer's input and the last one's output gradient are
+    copied into the captured buffers, and nothing between the layers (torch's
+    make_graphed_callables copies both at every layer)."""
+    stack = torch.nn.ModuleList([*layers(model_parallel_seed(5)), *layers(model_parallel_seed(6))])
+    graph_layers(stack[:3], sample_shape=SHAPE, dtype=torch.bfloat16)
+    x = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16)
+    with CopyCounter() as forward:
+        out = x
+        for layer in stack[:3]:
+            out = layer(out)
+    with CopyCounter() as backward:
+        out.backward(grad)
+        torch.cuda.synchronize()
+    assert forward.count == 1
+    assert backward.count == 1
+    assert x.grad is not None and bool(x.grad.abs().sum() > 0)
