@@ -43,7 +43,7 @@ def _check(shape, dtype, device, assert_close, *, with_residual, grad_into_summe
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 3), (5, 7), (3, 13, 129), (37, 1000)])
+@pytest.mark.parametrize("shape", [(1, 3), (5, 7), (3, 13, 129), (37, 1000), (3, 4097)])
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_add_rms_norm_matches_reference(shape, dtype, with_residual, device, assert_close):
     _check(

@@ -37,8 +37,8 @@ def inputs(seq, batch, groups, per_group, head_dim, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("groups", "per_group", "head_dim", "rotary_dim"),
-    [(2, 4, 16, 16), (3, 1, 8, 8), (1, 2, 20, 10), (2, 2, 12, 4)],
-    ids=["grouped", "per-head", "odd-head-partial", "quarter"],
+    [(2, 4, 16, 16), (3, 1, 8, 8), (1, 2, 20, 10), (2, 2, 12, 4), (10, 1, 8, 8)],
+    ids=["grouped", "per-head", "odd-head-partial", "quarter", "two-programs-of-groups"],
 )
 def test_kernel_matches_reference(
     groups, per_group, head_dim, rotary_dim, dtype, device, assert_close

@@ -34,7 +34,7 @@ def _check(shape, dtype, device, assert_close, *, scale=2.0, y=None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 3), (5, 7), (3, 13, 129), (37, 1000)])
+@pytest.mark.parametrize("shape", [(1, 3), (5, 7), (3, 13, 129), (37, 1000), (3, 4100)])
 def test_swiglu_matches_reference(shape, dtype, device, assert_close):
     _check(shape, dtype, device, assert_close)
 

@@ -18,7 +18,7 @@ positions (`decoding.StaticKVCache`), the queries returned.
 
 import torch
 
-from ._common import check_kernel_device
+from ._common import check_kernel_device, num_warps_for
 
 
 def rotate_half_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -96,12 +96,13 @@ if triton is not None:
         HEAD_DIM: tl.constexpr,
         ROTARY_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        BLOCK_G: tl.constexpr,  # groups per program
         BACKWARD: tl.constexpr,
         AT_POSITIONS: tl.constexpr,
         Q_SEQ_MAJOR: tl.constexpr,  # q (S, B, heads, hd) in memory, else (B, heads, S, hd)
     ):
         row = tl.program_id(0)  # s * batch + b
-        g = tl.program_id(1)
+        g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)[:, None]  # (BLOCK_G, 1)
         s = row // batch
         b = row % batch
         # the position's table row, and the key/value slot (per-row positions: a cache's)
@@ -110,16 +111,19 @@ if triton is not None:
         else:
             p = s
         d = tl.arange(0, BLOCK_D)
-        in_head = d < HEAD_DIM
         half = ROTARY_DIM // 2
         rotated = d < ROTARY_DIM
         # rotate-half's partner of each dimension and its sign: cat(-x2, x1)
-        partner = tl.where(d < half, d + half, d - half)
-        sign = tl.where(d < half, -1.0, 1.0)
-        c = tl.load(cos + p * ROTARY_DIM + d, mask=rotated, other=1.0)
-        sn = tl.load(sin + p * ROTARY_DIM + d, mask=rotated, other=0.0)
-        sn_partner = tl.load(sin + p * ROTARY_DIM + partner, mask=rotated, other=0.0)
-        base = src + s * stride_s + b * stride_b + g * (PER_GROUP + 2) * HEAD_DIM
+        partner = tl.where(d < half, d + half, d - half)[None, :]
+        sign = tl.where(d < half, -1.0, 1.0)[None, :]
+        c = tl.load(cos + p * ROTARY_DIM + d, mask=rotated, other=1.0)[None, :]
+        sn = tl.load(sin + p * ROTARY_DIM + d, mask=rotated, other=0.0)[None, :]
+        sn_partner = tl.load(sin + p * ROTARY_DIM + partner, mask=rotated[None, :], other=0.0)
+        in_head = (g < groups) & (d < HEAD_DIM)[None, :]
+        in_rotary = (g < groups) & rotated[None, :]
+        rotated = rotated[None, :]
+        d = d[None, :]
+        base = src + s * stride_s + b * stride_b + g * ((PER_GROUP + 2) * HEAD_DIM)
         heads = groups * PER_GROUP
         for j in tl.static_range(PER_GROUP + 2):
             if j < PER_GROUP and Q_SEQ_MAJOR:  # a query head
@@ -135,7 +139,7 @@ if triton is not None:
                 if j <= PER_GROUP:
                     # the transpose of y = x c + sign(d) x[partner] s[d]: x[d] gets dy[d] c[d]
                     # and dy[partner] s[partner] with the partner's sign, which is -sign(d)
-                    dy_partner = tl.load(dst + partner, mask=rotated, other=0.0).to(tl.float32)
+                    dy_partner = tl.load(dst + partner, mask=in_rotary, other=0.0).to(tl.float32)
                     dx = dy * c - sign * dy_partner * sn_partner
                     dx = tl.where(rotated, dx, dy)
                 else:
@@ -144,13 +148,19 @@ if triton is not None:
             else:
                 x = tl.load(base + j * HEAD_DIM + d, mask=in_head, other=0.0).to(tl.float32)
                 if j <= PER_GROUP:
-                    x_partner = tl.load(base + j * HEAD_DIM + partner, mask=rotated, other=0.0).to(
-                        tl.float32
-                    )
+                    x_partner = tl.load(
+                        base + j * HEAD_DIM + partner, mask=in_rotary, other=0.0
+                    ).to(tl.float32)
                     y = tl.where(rotated, x * c + sign * x_partner * sn, x)
                 else:
                     y = x
                 tl.store(dst + d, y.to(dst.dtype.element_ty), mask=in_head)
+
+
+# Up to 8 groups' heads per program, about 32 elements a thread: at the Llama 3B shape (8 groups,
+# head_dim 128, micro-batch 15) 160 us a call on an H200 against 213 us at one group per program
+# and two warps.
+_MAX_GROUPS_PER_PROGRAM = 8
 
 
 def _launch(
@@ -173,7 +183,9 @@ def _launch(
     (S, B, heads, hd) with `q_seq_major`, else (B, heads, S, hd)."""
     seq, batch = src.shape[:2]
     rotary_dim = cos.shape[-1]
-    _rotary_qkv_kernel[(seq * batch, groups)](
+    block_g = min(_MAX_GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
+    block_d = triton.next_power_of_2(head_dim)
+    _rotary_qkv_kernel[(seq * batch, triton.cdiv(groups, block_g))](
         src,
         q,
         k,
@@ -190,11 +202,12 @@ def _launch(
         PER_GROUP=per_group,
         HEAD_DIM=head_dim,
         ROTARY_DIM=rotary_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=block_d,
+        BLOCK_G=block_g,
         BACKWARD=backward,
         AT_POSITIONS=positions is not None,
         Q_SEQ_MAJOR=q_seq_major,
-        num_warps=1 if head_dim <= 64 else 2,
+        num_warps=num_warps_for(block_g * block_d, elem_per_thread=32),
     )
 
 

@@ -10,7 +10,7 @@ product, as torch's two eager ops round it.
 import torch
 import torch.nn.functional as F
 
-from ._common import as_rows, check_kernel_device
+from ._common import as_rows, check_kernel_device, num_warps_for
 
 
 def swiglu_reference(y: torch.Tensor) -> torch.Tensor:
@@ -94,13 +94,15 @@ if triton is not None:
         tl.store(dgate_ptrs + half, dup.to(dy_ptr.dtype.element_ty), mask=mask)
 
 
-# 8 rows x 256 columns of each half per program, 4 warps: 16 elements of each operand per thread
-# in fp32; the grid's second axis (at most 65535 programs) covers f up to ~16.7M.
-_BLOCK_M, _BLOCK_F = 8, 256
-
-
-def _grid(num_rows: int, half: int) -> tuple[int, int]:
-    return triton.cdiv(num_rows, _BLOCK_M), triton.cdiv(half, _BLOCK_F)
+def _tile(num_rows: int, half: int) -> tuple[tuple[int, int], dict]:
+    """The grid and tile: 2 rows x up to 2048 columns of each half per program, 16 elements of
+    each operand per thread (at the Llama 3B shape on an H200, 360 and 606 us a forward and
+    backward call against 371 and 622 us at 8 x 256); the grid's second axis (at most 65535
+    programs) covers f up to ~134M."""
+    block_m, block_f = 2, min(2048, triton.next_power_of_2(half))
+    grid = (triton.cdiv(num_rows, block_m), triton.cdiv(half, block_f))
+    warps = num_warps_for(block_m * block_f, elem_per_thread=16)
+    return grid, dict(BLOCK_M=block_m, BLOCK_F=block_f, num_warps=warps)
 
 
 class SwiGLUFunction(torch.autograd.Function):
@@ -112,17 +114,8 @@ class SwiGLUFunction(torch.autograd.Function):
         num_rows, width = y2d.shape
         half = width // 2
         out = torch.empty((num_rows, half), dtype=y.dtype, device=y.device)
-        _swiglu_fwd[_grid(num_rows, half)](
-            y2d,
-            out,
-            num_rows,
-            half,
-            y2d.stride(0),
-            out.stride(0),
-            BLOCK_M=_BLOCK_M,
-            BLOCK_F=_BLOCK_F,
-            num_warps=4,
-        )
+        grid, tile = _tile(num_rows, half)
+        _swiglu_fwd[grid](y2d, out, num_rows, half, y2d.stride(0), out.stride(0), **tile)
         ctx.save_for_backward(y2d)
         return out.view(*y.shape[:-1], half)
 
@@ -133,18 +126,9 @@ class SwiGLUFunction(torch.autograd.Function):
         half = width // 2
         dout2d = as_rows(dout)
         dy = torch.empty((num_rows, width), dtype=y2d.dtype, device=y2d.device)
-        _swiglu_bwd[_grid(num_rows, half)](
-            dout2d,
-            y2d,
-            dy,
-            num_rows,
-            half,
-            dout2d.stride(0),
-            y2d.stride(0),
-            dy.stride(0),
-            BLOCK_M=_BLOCK_M,
-            BLOCK_F=_BLOCK_F,
-            num_warps=4,
+        grid, tile = _tile(num_rows, half)
+        _swiglu_bwd[grid](
+            dout2d, y2d, dy, num_rows, half, dout2d.stride(0), y2d.stride(0), dy.stride(0), **tile
         )
         return dy.view(*dout.shape[:-1], width)
 
