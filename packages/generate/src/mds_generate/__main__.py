@@ -1,5 +1,5 @@
 """`python -m mds_generate` runs the mds-generate command line."""
 
-from .cli import main
+from .cli import script
 
-main()
+script()

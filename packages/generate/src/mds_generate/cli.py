@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mds_common.cli import new_app, run_app
+from mds_common.cli import new_app, run_app, run_then_exit
 from mds_common.flags import command_function, flag, group_from_values
 from mds_common.ignored_flags import TRAINING_FLAGS, IgnoredFlags, ignored
 
@@ -121,5 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def script() -> None:
+    """The `mds-generate` command (and `python -m mds_generate`): `main()`, then the process
+    ends without tearing the interpreter down (mds_common.cli.run_then_exit: torch's modules are
+    not cleared one by one after the command's output is written)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    main()
+    script()

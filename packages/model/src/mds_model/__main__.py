@@ -1,5 +1,5 @@
 """`python -m mds_model` runs the mds-model command line."""
 
-from .cli import main
+from .cli import script
 
-main()
+script()

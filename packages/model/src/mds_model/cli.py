@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
-from mds_common.cli import new_app, run_app
+from mds_common.cli import new_app, run_app, run_then_exit
 from mds_common.flags import command_function, flag, group_from_values, restate
 
 from .flags import GPTFlags, MicroBatchFlags, ParallelFlags
@@ -110,5 +110,12 @@ def main(argv: list[str] | None = None) -> None:
     run_app(app, prog="mds-model", distribution="mds-model", argv=argv)
 
 
+def script() -> None:
+    """The `mds-model` command (and `python -m mds_model`): `main()`, then the process ends without
+    tearing the interpreter down (mds_common.cli.run_then_exit: torch's modules are not cleared
+    one by one after the command's output is written)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    main()
+    script()
