@@ -68,9 +68,13 @@ def graph_layers(
     device = torch.device("cuda", torch.cuda.current_device())
     with torch.random.fork_rng(devices=[device]):
         sample = torch.randn(sample_shape, device=device, dtype=dtype, requires_grad=True)
-        _warm_up(layers, sample)
-        captured = _capture_chain(layers, sample)
-    for layer, graphs in zip(layers, captured, strict=True):
+        chain = [
+            _LayerGraphs(tuple(p for p in layer.parameters() if p.requires_grad))
+            for layer in layers
+        ]
+        _warm_up(layers, chain, sample)
+        _capture_chain(layers, chain, sample)
+    for layer, graphs in zip(layers, chain, strict=True):
         layer.forward = _graphed_forward(layer, graphs)
 
 
@@ -86,28 +90,32 @@ class _LayerGraphs:
         self.grad_input, self.grad_params = None, ()
 
 
-def _warm_up(layers: Sequence[nn.Module], sample: torch.Tensor, *, passes: int = 3) -> None:
+def _warm_up(
+    layers: Sequence[nn.Module],
+    chain: list[_LayerGraphs],
+    sample: torch.Tensor,
+    *,
+    passes: int = 3,
+) -> None:
     """Eager passes on a side stream before any capture (make_graphed_callables' three), so
     cuDNN's and Triton's first-call work and lazy allocations stay out of the graphs."""
     torch.cuda.synchronize()
     with torch.cuda.stream(torch.cuda.Stream()):
-        for layer in layers:
-            params = tuple(p for p in layer.parameters() if p.requires_grad)
+        for layer, graphs in zip(layers, chain, strict=True):
             for _ in range(passes):
                 out = layer(sample)
-                torch.autograd.grad(out, (sample, *params), torch.empty_like(out))
+                torch.autograd.grad(out, (sample, *graphs.params), torch.empty_like(out))
             del out
     torch.cuda.synchronize()
 
 
-def _capture_chain(layers: Sequence[nn.Module], sample: torch.Tensor) -> list[_LayerGraphs]:
-    """Forwards captured first to last, each on the previous one's output, then backwards last
-    to first, each on the next one's input gradient: the order they replay in, so the one pool's
-    reuse of freed memory between captures is safe at replay."""
+def _capture_chain(
+    layers: Sequence[nn.Module], chain: list[_LayerGraphs], sample: torch.Tensor
+) -> None:
+    """Fills `chain`: forwards captured first to last, each on the previous one's output, then
+    backwards last to first, each on the next one's input gradient: the order they replay in, so
+    the one pool's reuse of freed memory between captures is safe at replay."""
     pool = torch.cuda.graph_pool_handle()
-    chain = [
-        _LayerGraphs(tuple(p for p in layer.parameters() if p.requires_grad)) for layer in layers
-    ]
     x = sample
     for layer, graphs in zip(layers, chain, strict=True):
         graphs.input = x
@@ -123,7 +131,6 @@ def _capture_chain(layers: Sequence[nn.Module], sample: torch.Tensor) -> list[_L
             )
         graphs.grad_input, graphs.grad_params = grads[0], grads[1:]
         grad = graphs.grad_input
-    return chain
 
 
 class _GraphedLayer(torch.autograd.Function):
