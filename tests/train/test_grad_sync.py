@@ -1,5 +1,6 @@
-"""GradientReduction (fp32 accumulation and bucketed, overlapped data-parallel averaging) against
-gradients summed and averaged by hand, in a 2-process gloo run (grad_sync_worker.py)."""
+"""GradientReduction (fp32 accumulation and bucketed, overlapped data-parallel averaging) and
+ZeRO-1/2's ShardedGradientReduction (reduce-scattered into each rank's slices) against gradients
+summed and averaged by hand, in a 2-process gloo run (grad_sync_worker.py)."""
 
 import importlib.util
 import subprocess
@@ -34,23 +35,65 @@ def _expected_gradients(worker, world_size: int) -> list[torch.Tensor]:
     return [acc / world_size for acc in total]
 
 
-@pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16"])
-def test_gradients_are_fp32_sums_averaged_over_ranks(runs, tmp_path, reduce_dtype):
-    """fp32 on the wire matches to rounding; bf16 (--grad-reduce-in-bf16) to bf16's precision."""
-    world_size, port = 2, runs._free_port()
+def _run_workers(runs, tmp_path, reduce_dtype: str, mode: str, world_size: int) -> list[Path]:
+    port = runs._free_port()
     outputs = [tmp_path / f"rank{rank}.pt" for rank in range(world_size)]
     processes = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(rank), str(world_size), str(port), reduce_dtype]
-            + [str(outputs[rank])],
+            + [str(outputs[rank]), mode],
             env=runs._environment(),
         )
         for rank in range(world_size)
     ]
     assert [process.wait(timeout=120) for process in processes] == [0] * world_size
+    return outputs
+
+
+def _tolerance(reduce_dtype: str) -> float:
+    return 1e-6 if reduce_dtype == "float32" else 2e-2
+
+
+@pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16"])
+def test_gradients_are_fp32_sums_averaged_over_ranks(runs, tmp_path, reduce_dtype):
+    """fp32 on the wire matches to rounding; bf16 (--grad-reduce-in-bf16) to bf16's precision."""
+    world_size = 2
+    outputs = _run_workers(runs, tmp_path, reduce_dtype, "bucketed", world_size)
     expected = _expected_gradients(_worker_module(), world_size)
-    tolerance = 1e-6 if reduce_dtype == "float32" else 2e-2
+    tolerance = _tolerance(reduce_dtype)
     for output in outputs:
         for step in torch.load(output):
             for got, want in zip(step, expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reduce_dtype"), [("zero1", "float32"), ("zero2", "float32"), ("zero2", "bfloat16")]
+)
+def test_each_rank_keeps_its_slice_of_every_bucket(runs, tmp_path, mode, reduce_dtype):
+    """Each flat group (the weights, the biases: end to end, padded to a multiple of 2 x DP) is
+    cut into buckets of SHARD_BUCKET_ELEMENTS from its start; rank r's partition gradient is the
+    r-th half of each bucket of the averaged gradients, the halves end to end."""
+    world_size = 2
+    worker = _worker_module()
+    outputs = _run_workers(runs, tmp_path, reduce_dtype, mode, world_size)
+    expected = _expected_gradients(worker, world_size)
+    model = worker.tiny_model()
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    wanted = [[], []]  # per rank, per group
+    for group in worker.flat_groups(model):
+        whole = torch.cat([expected[index[id(p)]].reshape(-1) for p in group])
+        length = -(-whole.numel() // (2 * world_size)) * 2 * world_size
+        whole = torch.nn.functional.pad(whole, (0, length - whole.numel()))
+        step = worker.SHARD_BUCKET_ELEMENTS
+        for rank in range(world_size):
+            halves = []
+            for start in range(0, length, step):
+                share = min(step, length - start) // world_size
+                halves.append(whole[start + rank * share : start + (rank + 1) * share])
+            wanted[rank].append(torch.cat(halves))
+    tolerance = _tolerance(reduce_dtype)
+    for rank, output in enumerate(outputs):
+        for step_partitions in torch.load(output):
+            for got, want in zip(step_partitions, wanted[rank], strict=True):
                 torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)

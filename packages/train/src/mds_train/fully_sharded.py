@@ -27,8 +27,8 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from .collectives import gathered
 from .deepspeed_engine import Zero3State, saved_zero3_state, zero3_optimizer_state
 from .master_weights import MasterWeightAdamW
 from .param_groups import UPSTREAM_ZERO3_GROUP
@@ -219,7 +219,7 @@ class DeepSpeedZero3Files:
                     mine = getattr(saved, key)[s].narrow(0, offset, size).float()
                     if self.dp_size > 1:
                         device = _local(param).device
-                        mine = _all_gather(mine.to(device), self._dp_group, self.dp_size)
+                        mine = gathered(mine.to(device), self._dp_group, self.dp_size)
                     values[key] = mine[: param.numel()].view(param.shape)
                 step = None if weights_only else saved.steps[s]
                 self.set_parameter_state(param, values, step)
@@ -350,7 +350,7 @@ class FullyShardedAdamW(DeepSpeedZero3Files, torch.optim.Optimizer):
         chunk = math.ceil(param.shape[0] / self.dp_size)
         padded = torch.zeros((chunk, *param.shape[1:]), dtype=local.dtype, device=local.device)
         padded[: local.shape[0]].copy_(local)
-        return _all_gather(padded, self._dp_group, self.dp_size)[: param.shape[0]]
+        return gathered(padded, self._dp_group, self.dp_size)[: param.shape[0]]
 
     def whole_state(self, param: torch.nn.Parameter) -> tuple[dict[str, torch.Tensor], int]:
         local = _local(param)
@@ -441,14 +441,3 @@ def _check_names(saved: list[str], mine: list[str]) -> None:
         f"its ZeRO-3 partitions hold {theirs} where this run's hold {ours} (parameter {index} of "
         "its param_shapes): the parameters or their order differ"
     )
-
-
-def _all_gather(tensor: torch.Tensor, group, size: int) -> torch.Tensor:
-    """Every rank's equal-shaped `tensor`, concatenated along dim 0."""
-    out = torch.empty((size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype,
-                      device=tensor.device)  # fmt: skip
-    if dist.get_backend(group) == "nccl":
-        dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
-    else:  # gloo gathers into a list
-        dist.all_gather(list(out.chunk(size)), tensor.contiguous(), group=group)
-    return out

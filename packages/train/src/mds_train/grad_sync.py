@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .collectives import reduce_scatter_average
+from .shard_layout import ShardLayout, Slice
+
 # ~25M fp32 elements (100 MB) per bucket: torch DDP's 25 MB default for bf16 traffic is small
 # for fp32 and a 345M model, and fewer, larger all-reduces keep NCCL near its bandwidth.
 BUCKET_ELEMENTS = 25_000_000
@@ -160,120 +163,171 @@ class GradientReduction:
 
 
 @dataclass
-class _RangeBucket:
-    """Consecutive parameters of one flat group: elements [start, start + numel) of it."""
+class _ShardedBucket:
+    """Elements [start, start + numel) of one flat group; this rank keeps `mine` of them."""
 
     group: int
     start: int
     numel: int
-    indices: list[int]  # positions in the reduction's parameter list
-    staging: torch.Tensor | None = None  # this micro-batch's gradients, while it is reduced
+    mine: Slice
+    pieces: list[tuple[int, int, int, int]]  # (parameter, start in it, elements, start here)
+    buffer: torch.Tensor | None = None  # its gradients (ZeRO-1: the step's micro-batches summed)
+    wire: torch.Tensor | None = None  # what is being reduced: `buffer`, or a bf16 copy of it
     num_ready: int = 0
     handle: object | None = None
+    into_partition: bool = False  # reduced straight into the partition
+    partition_written: bool = False  # the partition holds this step's reduction already
 
 
-class PartitionedGradientReduction:
-    """ZeRO-2's gradients: each micro-batch's gradients are averaged over the data-parallel group
-    in buckets as backward makes them, and each rank adds only its own partition of every bucket
-    into its fp32 partition gradients (`partitions`, one per flat group, zeroed by `reset`). A
-    bucket's staging buffer lives while it fills and is reduced, so no rank holds a whole
-    model's gradients.
+class ShardedGradientReduction:
+    """ZeRO-1/2 gradients above one data-parallel rank, over the buckets of each flat group's
+    ShardLayout: a bucket's gradients are averaged over the group by one reduce-scatter as soon
+    as backward has made them all, and each rank keeps its slice in its fp32 partition gradients
+    (`partitions`, one per flat group, its slices end to end).
 
-    `layout` gives, per flat group, its parameters with their offsets into the group and this
-    rank's partition `(start, size)`; `model_order` is the model's parameter order (backward
-    runs it in reverse). Every rank launches the buckets in one order (the reverse of each
-    bucket's first parameter in the model); at the end of each backward the ones still open
-    (parameters that got no gradient count as zero) are launched and all of them finished.
+    ZeRO-1 (`accumulate_whole`) sums the step's micro-batches into whole fp32 buckets and reduces
+    on the last one (`is_last_micro_batch()`, asked during backward); ZeRO-2 reduces every
+    micro-batch's gradients from a buffer that lives while the bucket fills and is reduced, and
+    adds its slice, so no rank holds a whole model's gradients. Every rank launches the buckets in
+    one order (the reverse of each bucket's first parameter in `model_order`); at the end of a
+    backward that reduces, the buckets still open (parameters that got no gradient count as
+    zero) are launched and all of them finished. Reduced in `reduce_dtype` (bf16:
+    --grad-reduce-in-bf16), summed in fp32.
     """
 
     def __init__(
         self,
-        layout: list[tuple[list[torch.nn.Parameter], list[int], tuple[int, int]]],
+        groups: list[tuple[list[torch.nn.Parameter], ShardLayout]],
         model_order: list[torch.nn.Parameter],
         *,
+        accumulate_whole: bool,
+        is_last_micro_batch: Callable[[], bool],
         data_parallel_group,
         data_parallel_size: int,
-        bucket_elements: int = BUCKET_ELEMENTS,
         reduce_dtype: torch.dtype = torch.float32,
     ) -> None:
         self._group, self._dp_size = data_parallel_group, data_parallel_size
+        self._whole, self._is_last = accumulate_whole, is_last_micro_batch
         self._dtype = reduce_dtype
         position = {id(p): i for i, p in enumerate(model_order)}
         self._params: list[torch.nn.Parameter] = []
-        self._where: list[tuple[int, int]] = []  # (bucket, offset in it) per parameter
-        self._buckets: list[_RangeBucket] = []
-        self.partitions = []
-        self._partition_ranges = []
-        for g, (params, offsets, (start, size)) in enumerate(layout):
-            self.partitions.append(torch.zeros(size, dtype=torch.float32, device=params[0].device))
-            self._partition_ranges.append((start, size))
-            current: list[int] = []
-            for i in reversed(range(len(params))):  # from the group's end, as backward goes
-                current.append(i)
-                numel = offsets[current[0]] + params[current[0]].numel() - offsets[i]
-                if numel >= bucket_elements or i == 0:
-                    bucket_index, indices = len(self._buckets), []
-                    for j in reversed(current):  # the group's order
-                        indices.append(len(self._params))
-                        self._params.append(params[j])
-                        self._where.append((bucket_index, offsets[j] - offsets[i]))
-                    self._buckets.append(_RangeBucket(g, offsets[i], numel, indices))
-                    current = []
-        # launch order: the bucket whose earliest parameter comes latest in the model first
-        earliest = [min(position[id(self._params[k])] for k in b.indices) for b in self._buckets]
-        order = sorted(range(len(self._buckets)), key=lambda b: -earliest[b])
-        rank_of = {b: r for r, b in enumerate(order)}
-        self._buckets = [self._buckets[b] for b in order]
-        self._where = [(rank_of[b], offset) for b, offset in self._where]
+        # per parameter: (bucket, start in the parameter, elements, start in the bucket)
+        self._pieces: list[list[tuple[int, int, int, int]]] = []
+        self.partitions: list[torch.Tensor] = []
+        buckets: list[_ShardedBucket] = []
+        first_of: dict[int, int] = {}
+        for g, (params, layout) in enumerate(groups):
+            device = params[0].device
+            self.partitions.append(torch.zeros(layout.partition_numel, device=device))
+            index_of = []
+            for param in params:
+                index_of.append(len(self._params))
+                self._params.append(param)
+                self._pieces.append([])
+            for b, ((start, numel), mine) in enumerate(
+                zip(layout.buckets, layout.slices, strict=True)
+            ):
+                pieces = [(index_of[i], *rest) for i, *rest in layout.bucket_params(b)]
+                first_of[len(buckets)] = min(
+                    position[id(params[i])] for i, *_ in layout.bucket_params(b)
+                )
+                buckets.append(_ShardedBucket(g, start, numel, mine, pieces))
+        order = sorted(range(len(buckets)), key=lambda b: -first_of[b])
+        self._buckets = [buckets[b] for b in order]
+        for b, bucket in enumerate(self._buckets):
+            for param, start, numel, at in bucket.pieces:
+                self._pieces[param].append((b, start, numel, at))
+        self._written = [False] * len(self._params)  # ZeRO-1: copied into its buckets this step
         self._next = 0
-        self._pending: list[_RangeBucket] = []
+        self._pending: list[_ShardedBucket] = []
         self._callback_queued = False
         _hook_each(self._params, self._accumulate)
+
+    def _reducing(self) -> bool:
+        return not self._whole or self._is_last()
+
+    def _buffer(self, bucket: _ShardedBucket, device) -> torch.Tensor:
+        if bucket.buffer is None:
+            dtype = torch.float32 if self._whole else self._dtype
+            bucket.buffer = torch.zeros(bucket.numel, dtype=dtype, device=device)
+        return bucket.buffer
 
     @torch.no_grad()
     def _accumulate(self, index: int, param: torch.Tensor) -> None:
         if not self._callback_queued:  # once per backward, as torch DDP finishes its buckets
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
-        b, offset = self._where[index]
-        bucket = self._buckets[b]
-        if bucket.staging is None:
-            bucket.staging = torch.zeros(bucket.numel, dtype=self._dtype, device=param.device)
-        bucket.staging.narrow(0, offset, param.numel()).copy_(param.grad.reshape(-1))
-        param.grad = None
-        bucket.num_ready += 1
-        self._launch_ready()
+        gradient = param.grad.reshape(-1)
+        add = self._whole and self._written[index]
+        for b, start, numel, at in self._pieces[index]:
+            target = self._buffer(self._buckets[b], param.device).narrow(0, at, numel)
+            piece = gradient.narrow(0, start, numel)
+            target.add_(piece) if add else target.copy_(piece)
+        self._written[index] = True
+        param.grad = None  # the bf16 gradient is no longer needed
+        if self._reducing():
+            for b, *_ in self._pieces[index]:
+                self._buckets[b].num_ready += 1
+            self._launch_ready()
 
     def _launch_ready(self) -> None:
         while self._next < len(self._buckets):
             bucket = self._buckets[self._next]
-            if bucket.num_ready < len(bucket.indices):
+            if bucket.num_ready < len(bucket.pieces):
                 return
-            if bucket.staging is None:  # no parameter of it got a gradient
-                device = self.partitions[bucket.group].device
-                bucket.staging = torch.zeros(bucket.numel, dtype=self._dtype, device=device)
-            bucket.handle = _average_async(bucket.staging, self._group, self._dp_size)
+            self._launch(bucket)
             self._pending.append(bucket)
             self._next += 1
 
+    def _launch(self, bucket: _ShardedBucket) -> None:
+        """One reduce-scatter: straight into the partition on the step's first reduction, else
+        into the wire's own slice, added to the partition once it is done."""
+        wire = self._buffer(bucket, self.partitions[bucket.group].device)
+        bucket.wire = wire if wire.dtype == self._dtype else wire.to(self._dtype)
+        target = self._partition_slice(bucket)
+        bucket.into_partition = not bucket.partition_written and bucket.wire.dtype == target.dtype
+        output = target if bucket.into_partition else self._wire_slice(bucket)
+        bucket.handle = reduce_scatter_average(output, bucket.wire, self._group, async_op=True)
+
+    def _partition_slice(self, bucket: _ShardedBucket) -> torch.Tensor:
+        mine = bucket.mine
+        return self.partitions[bucket.group].narrow(0, mine.partition_start, mine.numel)
+
+    def _wire_slice(self, bucket: _ShardedBucket) -> torch.Tensor:
+        return bucket.wire.narrow(0, bucket.mine.start - bucket.start, bucket.mine.numel)
+
     @torch.no_grad()
     def _end_of_backward(self) -> None:
+        self._callback_queued = False
+        if self._reducing():
+            self.finish()
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Launches what is left of the reduction and waits for all of it."""
+        for index, written in enumerate(self._written):
+            if self._whole and not written:  # no gradient this step: zero, not an earlier step's
+                for b, _, numel, at in self._pieces[index]:
+                    device = self.partitions[0].device
+                    self._buffer(self._buckets[b], device).narrow(0, at, numel).zero_()
         for bucket in self._buckets[self._next :]:
-            bucket.num_ready = len(bucket.indices)
+            bucket.num_ready = len(bucket.pieces)
         self._launch_ready()
         for bucket in self._pending:
             bucket.handle.wait()
-            start, size = self._partition_ranges[bucket.group]
-            low = max(bucket.start, start)
-            high = min(bucket.start + bucket.numel, start + size)
-            if low < high:
-                mine = bucket.staging.narrow(0, low - bucket.start, high - low)
-                self.partitions[bucket.group].narrow(0, low - start, high - low).add_(mine)
-            bucket.staging, bucket.handle, bucket.num_ready = None, None, 0
-        self._pending, self._next, self._callback_queued = [], 0, False
+            if not bucket.into_partition:
+                target, reduced = self._partition_slice(bucket), self._wire_slice(bucket)
+                target.add_(reduced) if bucket.partition_written else target.copy_(reduced)
+            bucket.partition_written = True
+            if not self._whole:
+                bucket.buffer = None
+            bucket.handle, bucket.wire, bucket.num_ready = None, None, 0
+            bucket.into_partition = False
+        self._pending, self._next = [], 0
+        self._written = [False] * len(self._params)
 
     @torch.no_grad()
     def reset(self) -> None:
-        """The partitions' gradients back to zero, for the next step."""
-        for partition in self.partitions:
-            partition.zero_()
+        """The next reduction starts the next step's gradients."""
+        for bucket in self._buckets:
+            bucket.partition_written = False

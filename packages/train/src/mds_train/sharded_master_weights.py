@@ -10,15 +10,18 @@ DP in buckets that overlap backward (grad_sync.py), one Triton launch per parame
 this rank's partition and writes its bf16 weights, and one all-gather per group brings the other
 ranks' partitions.
 
-The layout is DeepSpeed's (`BF16_Optimizer._setup_for_real_optimizer`): each parameter group's
-weights lie end to end in one flat bf16 buffer (the parameters become views into it), zero-padded
-to a multiple of 2 x DP; rank r owns the r-th of DP equal partitions, whose fp32 copy is the inner
-torch AdamW's one parameter for the group. At ZeRO-2 above one rank each micro-batch's gradients
-are averaged in buckets and each rank keeps only its partition of them
-(grad_sync.PartitionedGradientReduction). `state_dict()` is what DeepSpeed's BF16 optimizer
-(ZeRO-1) or ZeRO optimizer (ZeRO-2) saves in `bf16_zero_pp_rank_{dp}_mp_rank_{tp}_optim_states.pt`,
-and `load_state_dict` takes either at the same DP, so DeepSpeed's (and upstream's) runs resume
-these files and these runs resume theirs (checkpointing.py writes and finds them).
+The weights' layout is DeepSpeed's (`BF16_Optimizer._setup_for_real_optimizer`): each parameter
+group's weights lie end to end in one flat bf16 buffer (the parameters become views into it),
+zero-padded to a multiple of 2 x DP. Above one rank each rank steps its slice of every bucket of
+that buffer (shard_layout.py, Megatron-core's cut), whose fp32 copy is the inner torch AdamW's one
+parameter for the group: each bucket's gradients are averaged by one reduce-scatter as backward
+makes them (grad_sync.ShardedGradientReduction; ZeRO-1 keeps the step's gradients whole until its
+last micro-batch, ZeRO-2 only its slices) and its weights gathered in place by one all-gather.
+`state_dict()` is what DeepSpeed's BF16 optimizer (ZeRO-1) or ZeRO optimizer (ZeRO-2) saves in
+`bf16_zero_pp_rank_{dp}_mp_rank_{tp}_optim_states.pt`, cut DeepSpeed's way (rank r's r-th of DP
+contiguous partitions, exchanged over the data-parallel group at save and back at load), and
+`load_state_dict` takes either at the same DP, so DeepSpeed's (and upstream's) runs resume these
+files and these runs resume theirs (checkpointing.py writes and finds them).
 """
 
 from __future__ import annotations
@@ -28,77 +31,62 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from mds_model.kernels import triton_available
 from mds_model.kernels.master_adamw import MasterAdamWGroup
 
+from .collectives import all_gather, gathered
 from .deepspeed_engine import PartitionState, deepspeed_optimizer_state, saved_partition
-from .grad_sync import GradientReduction, PartitionedGradientReduction
-
-# DeepSpeed's `nccl_start_alignment_factor`: a group's flat length is a multiple of 2 x DP, so
-# every partition starts on a 4-byte boundary.
-START_ALIGNMENT = 2
-
-
-@dataclass(frozen=True)
-class Fragment:
-    """The piece of one parameter inside this rank's partition."""
-
-    index: int  # the parameter's position in its group
-    start: int  # where the piece begins in the flattened parameter
-    numel: int
-    partition_start: int  # where it begins in the partition
+from .grad_sync import BUCKET_ELEMENTS, GradientReduction, ShardedGradientReduction
+from .shard_layout import Fragment, ShardLayout, shard_layout
 
 
 @dataclass
 class FlatGroup:
-    """One parameter group laid out as DeepSpeed lays it out."""
+    """One parameter group laid out as DeepSpeed lays it out, and this rank's slices of it."""
 
     params: list[torch.nn.Parameter]
     flat: torch.Tensor  # the group's weights end to end, zero-padded; the params are views
-    partition_size: int
-    rank: int
-    master: torch.Tensor  # fp32 copy of this rank's partition: the inner optimizer's parameter
-    fragments: list[Fragment]
-    offsets: list[int]  # each parameter's first element in `flat`
-    unpadded_numel: int  # the parameters' elements, before the padding
+    layout: ShardLayout
+    master: torch.Tensor  # fp32 copy of this rank's slices: the inner optimizer's parameter
 
     @property
-    def partition(self) -> torch.Tensor:
-        return self.flat.narrow(0, self.rank * self.partition_size, self.partition_size)
+    def fragments(self) -> list[Fragment]:
+        return self.layout.fragments
 
-    @property
-    def padding(self) -> int:
-        """This rank's padding elements, as DeepSpeed records them: all on the partitions past
-        the parameters' end."""
-        start = self.rank * self.partition_size
-        return max(0, min(self.partition_size, start + self.partition_size - self.unpadded_numel))
+    def write_weights(self) -> None:
+        """This rank's slices of the bf16 weights from the masters."""
+        for piece in self.layout.slices:
+            target = self.flat.narrow(0, piece.start, piece.numel)
+            target.copy_(self.master.narrow(0, piece.partition_start, piece.numel))
+
+    def read_weights(self) -> None:
+        """The masters from this rank's slices of the bf16 weights."""
+        for piece in self.layout.slices:
+            target = self.master.narrow(0, piece.partition_start, piece.numel)
+            target.copy_(self.flat.narrow(0, piece.start, piece.numel))
 
 
-def flatten_group(params: list[torch.nn.Parameter], *, rank: int, size: int) -> FlatGroup:
+def flatten_group(
+    params: list[torch.nn.Parameter],
+    *,
+    rank: int,
+    size: int,
+    bucket_elements: int = BUCKET_ELEMENTS,
+) -> FlatGroup:
     """Moves `params` into one flat buffer (DeepSpeed's `_flatten_dense_tensors_aligned` and
-    `_update_storage_to_flattened_tensor`) and cuts this rank's partition."""
-    unpadded = sum(p.numel() for p in params)
-    alignment = START_ALIGNMENT * size
-    padded = -(-unpadded // alignment) * alignment
-    flat = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
-    offset = 0
-    offsets = []
-    for param in params:
+    `_update_storage_to_flattened_tensor`) and takes this rank's slices' masters."""
+    layout = shard_layout(
+        [p.numel() for p in params], rank=rank, size=size, bucket_elements=bucket_elements
+    )
+    flat = torch.zeros(layout.padded_numel, dtype=params[0].dtype, device=params[0].device)
+    for param, offset in zip(params, layout.offsets, strict=True):
         view = flat.narrow(0, offset, param.numel())
         view.copy_(param.data.view(-1))
         param.data = view.view(param.shape)
-        offsets.append(offset)
-        offset += param.numel()
-    partition_size = padded // size
-    begin, end = rank * partition_size, (rank + 1) * partition_size
-    fragments = []
-    for index, (param, start) in enumerate(zip(params, offsets, strict=True)):
-        low, high = max(start, begin), min(start + param.numel(), end)
-        if low < high:
-            fragments.append(Fragment(index, low - start, high - low, low - begin))
-    master = flat.narrow(0, begin, partition_size).detach().float().clone()
-    return FlatGroup(params, flat, partition_size, rank, master, fragments, offsets, unpadded)
+    master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=flat.device)
+    group = FlatGroup(params, flat, layout, master)
+    group.read_weights()
+    return group
 
 
 class ShardedMasterAdamW(torch.optim.Optimizer):
@@ -148,7 +136,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             foreach=None if on_gpu else True,
         )
         self._reduction: GradientReduction | None = None
-        self._partitioned: PartitionedGradientReduction | None = None  # ZeRO-2 above one rank
+        self._sharded: ShardedGradientReduction | None = None  # above one rank
         self._gradients: dict[int, torch.Tensor] | None = None  # this step's, by id(param)
         self._gradient_divisor: torch.Tensor | None = None
         self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
@@ -168,18 +156,16 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     ) -> None:
         """From now on every gradient is added into an fp32 gradient as backward makes it and
         averaged over the data-parallel group in buckets (grad_sync.py); each rank then steps
-        its own partition of the averaged gradients. ZeRO-2 above one rank keeps only its
-        partition's gradients, averaged at every micro-batch."""
+        its own slices of the averaged gradients. ZeRO-2 keeps only those, averaged at every
+        micro-batch; ZeRO-1 the whole gradients until the step's last micro-batch."""
         params = {id(p) for group in self.param_groups for p in group["params"]}
         ordered = [p for p in model_parameters if id(p) in params]
-        if self.stage == 2 and data_parallel_size > 1:
-            layout = [
-                (flat.params, flat.offsets, (flat.rank * flat.partition_size, flat.partition_size))
-                for flat in self.flat_groups
-            ]
-            self._partitioned = PartitionedGradientReduction(
-                layout,
+        if data_parallel_size > 1:
+            self._sharded = ShardedGradientReduction(
+                [(flat.params, flat.layout) for flat in self.flat_groups],
                 ordered,
+                accumulate_whole=self.stage == 1,
+                is_last_micro_batch=is_last_micro_batch,
                 data_parallel_group=data_parallel_group,
                 data_parallel_size=data_parallel_size,
                 reduce_dtype=reduce_dtype,
@@ -198,17 +184,17 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
 
     @property
     def gradient_partition_group(self):
-        """The group over which this rank holds only a part of the gradients (ZeRO-2 above one
-        rank): a gradient norm sums its squares over it too. None: every rank holds them all."""
-        return None if self._partitioned is None else self._dp_group
+        """The group over which this rank holds only a part of the gradients (above one rank): a
+        gradient norm sums its squares over it too. None: this rank holds them all."""
+        return None if self._sharded is None else self._dp_group
 
     @torch.no_grad()
     def master_gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """The gradients this step reads, each with its parameter, for clipping's norm: each
-        parameter's whole gradient (the reduction's fp32 average, else the model's own bf16
-        gradient: every rank holds all of them), or at ZeRO-2 above one rank the pieces of this
-        rank's partition (see gradient_partition_group)."""
-        if self._partitioned is not None:
+        parameter's whole gradient at one rank (the reduction's fp32 sum, else the model's own
+        bf16 gradient), above one rank the pieces of this rank's slices (see
+        gradient_partition_group)."""
+        if self._sharded is not None:
             return [
                 (flat.params[f.index], self._fragment_gradient(g, f))
                 for g, flat in enumerate(self.flat_groups)
@@ -235,8 +221,8 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
 
     def _fragment_gradient(self, g: int, f: Fragment) -> torch.Tensor | None:
         """This step's gradient of fragment `f` of group `g` (None: its parameter got none)."""
-        if self._partitioned is not None:
-            return self._partitioned.partitions[g].narrow(0, f.partition_start, f.numel)
+        if self._sharded is not None:
+            return self._sharded.partitions[g].narrow(0, f.partition_start, f.numel)
         gradient = self._gradients.get(id(self.flat_groups[g].params[f.index]))
         return None if gradient is None else _piece(gradient, f)
 
@@ -258,8 +244,8 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         else:
             self._torch_step()
         self._gradients, self._gradient_divisor = None, None
-        if self._partitioned is not None:  # the engine's zero_grad (fp32 mode) is the model's
-            self._partitioned.reset()
+        if self._sharded is not None:  # the engine's zero_grad (fp32 mode) is the model's
+            self._sharded.reset()
         self._gather_weights()
         return None
 
@@ -323,7 +309,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         finally:
             self.inner.__dict__.pop("grad_scale", None)
         for flat in self.flat_groups:
-            flat.partition.copy_(flat.master)
+            flat.write_weights()
 
     def _adamw_state(self, g: int) -> dict[str, torch.Tensor]:
         """The inner AdamW's state of group `g`'s partition, made as torch's fused step makes it
@@ -340,21 +326,21 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _gather_weights(self) -> None:
-        """Every rank's updated partition into every rank's flat weights."""
+        """Every rank's updated slices into every rank's flat weights: one all-gather a bucket,
+        in place."""
         if self._dp_size == 1:
             return
         for flat in self.flat_groups:
-            mine = flat.partition.clone()
-            if dist.get_backend(self._dp_group) == "nccl":
-                dist.all_gather_into_tensor(flat.flat, mine, group=self._dp_group)
-            else:  # gloo gathers into a list
-                dist.all_gather(list(flat.flat.chunk(self._dp_size)), mine, group=self._dp_group)
+            for piece in flat.layout.slices:
+                start, numel = flat.layout.buckets[piece.bucket]
+                mine = flat.flat.narrow(0, piece.start, piece.numel)
+                all_gather(flat.flat.narrow(0, start, numel), mine, self._dp_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self._gradients, self._gradient_divisor = None, None
-        if self._partitioned is not None:
-            self._partitioned.reset()
+        if self._sharded is not None:
+            self._sharded.reset()
 
     # --- weights and state ----------------------------------------------------------------
 
@@ -362,14 +348,14 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     def refresh_model_params(self) -> None:
         """The model's weights from the masters (every rank's partition)."""
         for flat in self.flat_groups:
-            flat.partition.copy_(flat.master)
+            flat.write_weights()
         self._gather_weights()
 
     @torch.no_grad()
     def refresh_fp32_params(self) -> None:
         """Masters from the model's weights (after loading weights without optimizer state)."""
         for flat in self.flat_groups:
-            flat.master.copy_(flat.partition)
+            flat.read_weights()
 
     @torch.no_grad()
     def set_parameter_state(
@@ -412,15 +398,22 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             group.update(
                 {k: v for k, v in model_group.items() if k not in _OWN_OPTIONS + ("params",)}
             )
+        base["state"] = {  # the moments cut DeepSpeed's way; the live state left alone
+            index: {
+                key: self._to_deepspeed(flat, value) if key in MOMENTS else value
+                for key, value in base["state"][index].items()
+            }
+            for index, flat in enumerate(self.flat_groups)
+        }
         state = PartitionState(
             base=base,
-            partitions=[flat.master for flat in self.flat_groups],
-            paddings=[flat.padding for flat in self.flat_groups],
+            partitions=[self._to_deepspeed(flat, flat.master) for flat in self.flat_groups],
+            paddings=[flat.layout.deepspeed_padding for flat in self.flat_groups],
             dp_size=self._dp_size,
             fragments=[
                 [
                     (self._names[flat.params[f.index]], f.numel, f.partition_start)
-                    for f in flat.fragments
+                    for f in flat.layout.deepspeed_fragments
                 ]
                 for flat in self.flat_groups
             ],
@@ -452,13 +445,25 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             )
         for flat, partition in zip(self.flat_groups, saved, strict=True):
             # ZeRO-1/2 save partitions without their padding, the BF16 optimizer with it
-            if partition.numel() not in (flat.partition_size, flat.partition_size - flat.padding):
+            size, padding = flat.layout.partition_numel, flat.layout.deepspeed_padding
+            if partition.numel() not in (size, size - padding):
                 raise ValueError(
                     f"its optimizer partition holds {partition.numel()} values, this run's "
-                    f"{flat.partition_size}: the parameter groups differ"
+                    f"{size}: the parameter groups differ"
                 )
-            flat.master.zero_()
-            flat.master.narrow(0, 0, partition.numel()).copy_(partition)
+            flat.master.copy_(self._from_deepspeed(flat, partition))
+        base = {
+            "param_groups": base["param_groups"],
+            "state": {
+                index: {
+                    key: self._from_deepspeed(self.flat_groups[index], value)
+                    if key in MOMENTS
+                    else value
+                    for key, value in state.items()
+                }
+                for index, state in base["state"].items()
+            },
+        }
         own = [{key: group[key] for key in _OWN_OPTIONS} for group in self.inner.param_groups]
         self.inner.load_state_dict(_with_steps(base))
         for group, options in zip(self.inner.param_groups, own, strict=True):
@@ -466,7 +471,59 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         self._kernel_groups.clear()
         self.refresh_model_params()
 
+    # --- DeepSpeed's cut (its files) and ours ----------------------------------------------
 
+    def _to_deepspeed(self, flat: FlatGroup, mine: torch.Tensor) -> torch.Tensor:
+        """This rank's DeepSpeed partition of a tensor laid out as the masters (this rank's
+        slices end to end): each bucket gathered in turn, what falls in the partition kept.
+        Collective over the data-parallel group."""
+        layout = flat.layout
+        if self._dp_size == 1:
+            return mine.clone()
+        mine = mine.to(flat.master.device, torch.float32)
+        out = torch.zeros_like(flat.master)
+        begin = layout.deepspeed_start
+        for piece in layout.slices:
+            start, numel = layout.buckets[piece.bucket]
+            whole = gathered(
+                mine.narrow(0, piece.partition_start, piece.numel), self._dp_group, self._dp_size
+            )
+            low, high = max(start, begin), min(start + numel, begin + out.numel())
+            if low < high:
+                out.narrow(0, low - begin, high - low).copy_(
+                    whole.narrow(0, low - start, high - low)
+                )
+        return out
+
+    def _from_deepspeed(self, flat: FlatGroup, partition: torch.Tensor) -> torch.Tensor:
+        """A tensor laid out as the masters from this rank's DeepSpeed partition of it (zero past
+        a partition saved without its padding): every rank's partition gathered a chunk at a
+        time, what falls in this rank's slices kept. Collective over the data-parallel group."""
+        layout = flat.layout
+        size = layout.partition_numel
+        padded = torch.zeros_like(flat.master)
+        padded.narrow(0, 0, partition.numel()).copy_(partition)
+        if self._dp_size == 1:
+            return padded
+        out = torch.zeros_like(flat.master)
+        chunk = max(numel for _, numel in layout.buckets) // self._dp_size
+        for offset in range(0, size, chunk):
+            count = min(chunk, size - offset)
+            pieces = gathered(padded.narrow(0, offset, count), self._dp_group, self._dp_size)
+            for rank in range(self._dp_size):
+                begin = rank * size + offset  # where rank's piece lies in the flat group
+                for piece in layout.slices:
+                    low = max(begin, piece.start)
+                    high = min(begin + count, piece.start + piece.numel)
+                    if low < high:
+                        source = pieces.narrow(0, rank * count + low - begin, high - low)
+                        at = piece.partition_start + low - piece.start
+                        out.narrow(0, at, high - low).copy_(source)
+        return out
+
+
+# The Adam moments, laid out as the masters.
+MOMENTS = ("exp_avg", "exp_avg_sq")
 # The inner AdamW's implementation choices, kept over a loaded state dict's.
 _OWN_OPTIONS = ("fused", "foreach", "capturable", "differentiable")
 
