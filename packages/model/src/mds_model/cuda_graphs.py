@@ -62,8 +62,12 @@ def graph_layers(
     for layer in layers:
         if not layer.training:
             raise ValueError("CUDA graphs capture the training forward: call .train() first")
-        if layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks:
-            raise ValueError("CUDA graphs: a layer has module hooks, which a replay would skip")
+        # A forward pre-hook runs at each call, before the replay and outside the graphs (ZeRO's
+        # wait for the layer's gathered weights); the captures call `forward` itself.
+        if layer._forward_hooks or layer._backward_hooks:
+            raise ValueError(
+                "CUDA graphs: a layer has forward or backward hooks, which a replay would skip"
+            )
         _draw_attention_dropout_from_the_default_generator(layer)
     device = torch.device("cuda", torch.cuda.current_device())
     with torch.random.fork_rng(devices=[device]):
@@ -103,7 +107,7 @@ def _warm_up(
     with torch.cuda.stream(torch.cuda.Stream()):
         for layer, graphs in zip(layers, chain, strict=True):
             for _ in range(passes):
-                out = layer(sample)
+                out = layer.forward(sample)
                 torch.autograd.grad(out, (sample, *graphs.params), torch.empty_like(out))
             del out
     torch.cuda.synchronize()
@@ -120,7 +124,7 @@ def _capture_chain(
     for layer, graphs in zip(layers, chain, strict=True):
         graphs.input = x
         with torch.cuda.graph(graphs.forward, pool=pool):
-            graphs.output = layer(x)
+            graphs.output = layer.forward(x)
         x = graphs.output.detach().requires_grad_()
     grad = torch.empty_like(x)
     for graphs in reversed(chain):

@@ -235,11 +235,13 @@ class Trainer:
                 loss = engine(tokens, labels, loss_mask)
                 engine.backward(loss)
                 total += loss.detach().float()
-            engine.step()
             loss = total / self._num_micro
+            # Averaged before the step: after it, ZeRO-1/2 gather the weights on this
+            # communicator during the next forward, and this all-reduce would wait for that.
             if self.setup.groups.dp_size > 1:
                 dist.all_reduce(loss, group=self.setup.groups.dp_group)
                 loss /= self.setup.groups.dp_size
+            engine.step()
         return StepResult(
             loss=loss.detach(),
             applied=engine.was_step_applied(),

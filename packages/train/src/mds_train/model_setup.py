@@ -293,6 +293,7 @@ def build_training_setup(
     apply_fully_sharded(engine, optimizer, module, groups, compute_dtype=gpt_config.torch_dtype)
     apply_fp32_clipping(engine, ds_config, groups, is_pipeline=is_pipeline)
     apply_gradient_reduction_in_backward(engine, optimizer, module, config, topology, groups)
+    apply_weight_gather_in_forward(optimizer, module)
     apply_single_replica_shortcut(engine, ds_config, groups, is_pipeline=is_pipeline)
     return TrainingSetup(
         engine=engine,
@@ -531,6 +532,15 @@ def apply_gradient_reduction_in_backward(
         data_parallel_size=groups.dp_size,
         reduce_dtype=torch.bfloat16 if config.precision.grad_reduce_in_bf16 else torch.float32,
     )
+
+
+def apply_weight_gather_in_forward(optimizer, module: torch.nn.Module) -> None:
+    """ZeRO-1/2 (ShardedMasterAdamW, PP = 1): the weights' all-gather after a step overlaps the
+    next forward, the embedding, each layer and the final norm waiting for their own buckets
+    (the head's weight is the embedding's, or waited for with the final norm's)."""
+    if isinstance(optimizer, ShardedMasterAdamW):
+        gpt = module.gpt
+        optimizer.gather_weights_during_forward([gpt.embedding, *gpt.layers, gpt.final_layernorm])
 
 
 def apply_single_replica_shortcut(

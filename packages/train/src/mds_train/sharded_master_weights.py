@@ -26,6 +26,7 @@ files and these runs resume theirs (checkpointing.py writes and finds them).
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ from mds_model.kernels.master_adamw import MasterAdamWGroup
 from .collectives import all_gather, gathered
 from .deepspeed_engine import PartitionState, deepspeed_optimizer_state, saved_partition
 from .grad_sync import BUCKET_ELEMENTS, GradientReduction, ShardedGradientReduction
-from .shard_layout import Fragment, ShardLayout, shard_layout
+from .shard_layout import Fragment, ShardLayout, Slice, shard_layout
 
 
 @dataclass
@@ -142,6 +143,10 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         self._kernel_groups: dict[tuple[int, tuple[int, ...]], MasterAdamWGroup] = {}
         # torch's AdamW (no kernel) reads the partition's gradients as one fp32 tensor
         self._partition_grads: list[torch.Tensor] | None = None
+        # the weights' gather overlapping the next forward (gather_weights_during_forward)
+        self._gather_order: list[tuple[int, Slice]] | None = None
+        self._gathers: list = []  # its pending all-gathers, in launch order
+        self._gathers_waited = 0
 
     # --- gradients ------------------------------------------------------------------------
 
@@ -238,6 +243,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ARG002 - torch's signature
+        self.finish_weight_gather()
         self.master_gradients()
         if self.use_kernel:
             self._kernel_step()
@@ -327,14 +333,65 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def _gather_weights(self) -> None:
         """Every rank's updated slices into every rank's flat weights: one all-gather a bucket,
-        in place."""
+        in place; asynchronous, in the forward's order, when the next forward waits for them
+        (gather_weights_during_forward), else done before the next kernel."""
+        self.finish_weight_gather()
         if self._dp_size == 1:
             return
-        for flat in self.flat_groups:
+        overlapped = self._gather_order is not None
+        order = self._gather_order or [
+            (g, piece) for g, flat in enumerate(self.flat_groups) for piece in flat.layout.slices
+        ]
+        for g, piece in order:
+            flat = self.flat_groups[g]
+            start, numel = flat.layout.buckets[piece.bucket]
+            mine = flat.flat.narrow(0, piece.start, piece.numel)
+            handle = all_gather(
+                flat.flat.narrow(0, start, numel), mine, self._dp_group, async_op=overlapped
+            )
+            if overlapped:
+                self._gathers.append(handle)
+
+    def gather_weights_during_forward(self, stages: list[torch.nn.Module]) -> None:
+        """The weights' all-gather after each step runs during the next forward instead
+        (Megatron-core's --overlap-param-gather): `stages` are modules the forward calls in this
+        order, between them holding the model's parameters; the buckets are gathered in the
+        order the stages need them, and each stage waits, before it runs, for those that hold
+        its parameters and all launched before them (the last stage for all)."""
+        if self._dp_size == 1:
+            return
+        position: dict[int, int] = {}
+        for s, stage in enumerate(stages):
+            for param in stage.parameters():
+                position.setdefault(id(param), s)
+        last = len(stages)
+        buckets = []  # (first stage needing it, group, slice)
+        for g, flat in enumerate(self.flat_groups):
             for piece in flat.layout.slices:
-                start, numel = flat.layout.buckets[piece.bucket]
-                mine = flat.flat.narrow(0, piece.start, piece.numel)
-                all_gather(flat.flat.narrow(0, start, numel), mine, self._dp_group)
+                held = flat.layout.bucket_params(piece.bucket)
+                first = min(position.get(id(flat.params[i]), last) for i, *_ in held)
+                buckets.append((first, g, piece))
+        buckets.sort(key=lambda item: item[0])  # stable: each group's buckets in flat order
+        self._gather_order = [(g, piece) for _, g, piece in buckets]
+        for s, stage in enumerate(stages):
+            count = len(buckets) if s == last - 1 else sum(1 for b in buckets if b[0] <= s)
+            stage.register_forward_pre_hook(functools.partial(self._wait_for_gathers, count))
+            # a checkpoint reads the weights whole
+            stage.register_state_dict_pre_hook(lambda *_: self.finish_weight_gather())
+
+    def _wait_for_gathers(self, count: int, *_) -> None:
+        """The forward's kernels wait (on the GPU; the host goes on) for the first `count`
+        all-gathers of the last step."""
+        for handle in self._gathers[self._gathers_waited : count]:
+            handle.wait()
+        self._gathers_waited = max(self._gathers_waited, count)
+        if self._gathers_waited >= len(self._gathers):
+            self._gathers, self._gathers_waited = [], 0
+
+    def finish_weight_gather(self) -> None:
+        """Waits for what is left of the weights' gather: before the weights are read outside a
+        forward (a checkpoint) or written (a step, a load)."""
+        self._wait_for_gathers(len(self._gathers))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -347,6 +404,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def refresh_model_params(self) -> None:
         """The model's weights from the masters (every rank's partition)."""
+        self.finish_weight_gather()
         for flat in self.flat_groups:
             flat.write_weights()
         self._gather_weights()
@@ -354,6 +412,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def refresh_fp32_params(self) -> None:
         """Masters from the model's weights (after loading weights without optimizer state)."""
+        self.finish_weight_gather()
         for flat in self.flat_groups:
             flat.read_weights()
 
@@ -364,6 +423,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         """This rank's piece of one parameter's fp32 master and Adam moments from whole tensors
         (a reshaped checkpoint's: `fp32`, `exp_avg`, `exp_avg_sq`) and the group's step. The
         model's weights follow at refresh_model_params."""
+        self.finish_weight_gather()
         for g, flat in enumerate(self.flat_groups):
             for f in flat.fragments:
                 if flat.params[f.index] is not param:
@@ -426,6 +486,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         """A DeepSpeed ZeRO-1/2 or BF16 optimizer's state dict for this rank, saved at this DP
         over the same parameter groups (ValueError, one line, otherwise); then the model's
         weights from its masters."""
+        self.finish_weight_gather()
         found = saved_partition(state_dict)
         counts, saved, base = found.partition_counts, found.partitions, found.base
         if any(count != self._dp_size for count in counts):
