@@ -1,7 +1,7 @@
 """One rank of test_grad_sync: trains the shared tiny model's gradients over gloo through
 GradientReduction (`bucketed`: saves the fp32 master gradients of two steps) or ZeRO-1/2's
 ShardedGradientReduction (`zero1`, `zero2`: saves this rank's partition gradients of two steps,
-its slices of each flat group end to end).
+its slices of each flat group end to end, with each group's buckets).
 
     python grad_sync_worker.py RANK WORLD_SIZE PORT {float32,bfloat16} OUT.pt [MODE]
 """
@@ -15,7 +15,7 @@ from mds_train.grad_sync import GradientReduction, ShardedGradientReduction
 from mds_train.sharded_master_weights import flatten_group
 
 NUM_MICRO = 3
-# ZeRO's buckets, small enough that the first layer's weight spans three of them at DP = 2
+# ZeRO's buckets: the first layer's weight (768 values) gets its own, the rest share one
 SHARD_BUCKET_ELEMENTS = 256
 
 
@@ -80,8 +80,9 @@ def main(rank: int, world_size: int, port: int, reduce_dtype: str, out: str, mod
         if mode == "bucketed":
             reduction.finish()
             steps.append([m.grad.clone() for m in masters])
-        else:  # finished at the end of the last backward
-            steps.append([partition.clone() for partition in reduction.partitions])
+        else:  # finished at the end of the last backward; with each group's buckets
+            partitions = [partition.clone() for partition in reduction.partitions]
+            steps.append((partitions, [flat.layout.buckets for flat in flats]))
             reduction.reset()
     torch.save(steps, out)
     # Both ranks done before either closes its connections: a rank that tore its process group

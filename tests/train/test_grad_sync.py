@@ -72,28 +72,28 @@ def test_gradients_are_fp32_sums_averaged_over_ranks(runs, tmp_path, reduce_dtyp
 )
 def test_each_rank_keeps_its_slice_of_every_bucket(runs, tmp_path, mode, reduce_dtype):
     """Each flat group (the weights, the biases: end to end, padded to a multiple of 2 x DP) is
-    cut into buckets of SHARD_BUCKET_ELEMENTS from its start; rank r's partition gradient is the
-    r-th half of each bucket of the averaged gradients, the halves end to end."""
+    cut into buckets (the layout's, saved beside the gradients); rank r's partition gradient is
+    the r-th half of each bucket of the averaged gradients, the halves end to end."""
     world_size = 2
     worker = _worker_module()
     outputs = _run_workers(runs, tmp_path, reduce_dtype, mode, world_size)
     expected = _expected_gradients(worker, world_size)
     model = worker.tiny_model()
     index = {id(p): i for i, p in enumerate(model.parameters())}
-    wanted = [[], []]  # per rank, per group
+    wholes = []
     for group in worker.flat_groups(model):
         whole = torch.cat([expected[index[id(p)]].reshape(-1) for p in group])
         length = -(-whole.numel() // (2 * world_size)) * 2 * world_size
-        whole = torch.nn.functional.pad(whole, (0, length - whole.numel()))
-        step = worker.SHARD_BUCKET_ELEMENTS
-        for rank in range(world_size):
-            halves = []
-            for start in range(0, length, step):
-                share = min(step, length - start) // world_size
-                halves.append(whole[start + rank * share : start + (rank + 1) * share])
-            wanted[rank].append(torch.cat(halves))
+        wholes.append(torch.nn.functional.pad(whole, (0, length - whole.numel())))
     tolerance = _tolerance(reduce_dtype)
     for rank, output in enumerate(outputs):
-        for step_partitions in torch.load(output):
-            for got, want in zip(step_partitions, wanted[rank], strict=True):
-                torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        for partitions, buckets in torch.load(output):
+            assert len(buckets[0]) == 2  # the first weight in a bucket of its own
+            for got, whole, cuts in zip(partitions, wholes, buckets, strict=True):
+                assert [start for start, _ in cuts] == [0] + [s + n for s, n in cuts[:-1]]
+                assert sum(n for _, n in cuts) == whole.numel()
+                halves = [
+                    whole.narrow(0, start + rank * (numel // world_size), numel // world_size)
+                    for start, numel in cuts
+                ]
+                torch.testing.assert_close(got, torch.cat(halves), rtol=tolerance, atol=tolerance)

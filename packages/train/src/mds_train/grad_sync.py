@@ -247,9 +247,16 @@ class ShardedGradientReduction:
         return not self._whole or self._is_last()
 
     def _buffer(self, bucket: _ShardedBucket, device) -> torch.Tensor:
+        """The bucket's gradient buffer: ZeRO-1's made once, zeroed; ZeRO-2's at each
+        micro-batch, where only the padding past its parameters is zeroed (the parameters'
+        pieces are written, or zeroed by `finish` where a parameter got no gradient)."""
         if bucket.buffer is None:
-            dtype = torch.float32 if self._whole else self._dtype
-            bucket.buffer = torch.zeros(bucket.numel, dtype=dtype, device=device)
+            if self._whole:
+                bucket.buffer = torch.zeros(bucket.numel, dtype=torch.float32, device=device)
+            else:
+                bucket.buffer = torch.empty(bucket.numel, dtype=self._dtype, device=device)
+                covered = max(at + numel for _, _, numel, at in bucket.pieces)
+                bucket.buffer.narrow(0, covered, bucket.numel - covered).zero_()
         return bucket.buffer
 
     @torch.no_grad()
@@ -306,7 +313,7 @@ class ShardedGradientReduction:
     def finish(self) -> None:
         """Launches what is left of the reduction and waits for all of it."""
         for index, written in enumerate(self._written):
-            if self._whole and not written:  # no gradient this step: zero, not an earlier step's
+            if not written:  # no gradient: zero, not an earlier step's or the buffer's last
                 for b, _, numel, at in self._pieces[index]:
                     device = self.partitions[0].device
                     self._buffer(self._buckets[b], device).narrow(0, at, numel).zero_()

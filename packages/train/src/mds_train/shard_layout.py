@@ -118,15 +118,29 @@ class ShardLayout:
 
 
 def shard_layout(numels: list[int], *, rank: int, size: int, bucket_elements: int) -> ShardLayout:
-    """The group's buckets: `bucket_elements` rounded down to a multiple of BUCKET_ALIGNMENT x DP
-    each, from the group's start, the last one what is left (a multiple of 2 x DP). One rank:
-    one bucket, the whole group."""
+    """The group's buckets, cut as backward fills them: from the group's end, a bucket closes
+    at the parameter that takes it to `bucket_elements` or more, and a parameter of that size
+    or more gets a bucket of its own (the word embeddings', whose gradient is ready last, holds
+    back no other). Each cut is moved up to a multiple of BUCKET_ALIGNMENT x DP, so every
+    slice starts aligned; the last bucket ends at the group's end (a multiple of 2 x DP). One
+    rank: one bucket, the whole group."""
     layout = ShardLayout(tuple(numels), rank, size, ())
     padded = layout.padded_numel
-    step = max(1, bucket_elements // (BUCKET_ALIGNMENT * size)) * BUCKET_ALIGNMENT * size
     if size == 1:
-        step = padded
-    buckets = tuple((start, min(step, padded - start)) for start in range(0, padded, step))
+        return ShardLayout(tuple(numels), rank, size, ((0, padded),))
+    cuts, filled = {0, padded}, 0
+    for index in reversed(range(len(numels))):
+        start, numel = layout.offsets[index], numels[index]
+        if filled and numel >= bucket_elements:
+            cuts.add(start + numel)
+            filled = 0
+        filled += numel
+        if filled >= bucket_elements:
+            cuts.add(start)
+            filled = 0
+    alignment = BUCKET_ALIGNMENT * size
+    bounds = sorted({min(padded, -(-cut // alignment) * alignment) for cut in cuts})
+    buckets = tuple((low, high - low) for low, high in zip(bounds, bounds[1:], strict=False))
     return ShardLayout(tuple(numels), rank, size, buckets)
 
 
