@@ -1,14 +1,14 @@
 """ZeRO-1 and ZeRO-2 for bf16 runs: fp32 masters and Adam moments (and at ZeRO-2 the gradients)
-sharded over the data-parallel ranks in DeepSpeed's own flat layout, one fused step per shard, and
-DeepSpeed's own partition files.
+sharded over the data-parallel ranks, the weights in DeepSpeed's own flat layout, one fused step
+per shard, and DeepSpeed's own partition files.
 
 DeepSpeed's BF16 optimizer (its ZeRO-1 for bf16) reached 0.94x of the compiled reference on one
 H200 with the host quiet and 0.55x with it slowed, and keeps CUDA graphs out (packages/train
 README, "The engines"). This optimizer does the same work the way master_weights.py does it for
 ZeRO-0: each bf16 gradient is added into an fp32 gradient as backward makes it and averaged over
 DP in buckets that overlap backward (grad_sync.py), one Triton launch per parameter group steps
-this rank's partition and writes its bf16 weights, and one all-gather per group brings the other
-ranks' partitions.
+this rank's share and writes its bf16 weights, and one all-gather per bucket brings the other
+ranks' shares, during the next forward (gather_weights_during_forward).
 
 The weights' layout is DeepSpeed's (`BF16_Optimizer._setup_for_real_optimizer`): each parameter
 group's weights lie end to end in one flat bf16 buffer (the parameters become views into it),
@@ -408,6 +408,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
         for flat in self.flat_groups:
             flat.write_weights()
         self._gather_weights()
+        self.finish_weight_gather()  # whole before anything else reads them
 
     @torch.no_grad()
     def refresh_fp32_params(self) -> None:
