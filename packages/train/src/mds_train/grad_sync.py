@@ -227,10 +227,9 @@ class ShardedGradientReduction:
             for b, ((start, numel), mine) in enumerate(
                 zip(layout.buckets, layout.slices, strict=True)
             ):
-                pieces = [(index_of[i], *rest) for i, *rest in layout.bucket_params(b)]
-                first_of[len(buckets)] = min(
-                    position[id(params[i])] for i, *_ in layout.bucket_params(b)
-                )
+                held = layout.bucket_params(b)
+                pieces = [(index_of[i], *rest) for i, *rest in held]
+                first_of[len(buckets)] = min(position[id(params[i])] for i, *_ in held)
                 buckets.append(_ShardedBucket(g, start, numel, mine, pieces))
         order = sorted(range(len(buckets)), key=lambda b: -first_of[b])
         self._buckets = [buckets[b] for b in order]
@@ -312,10 +311,10 @@ class ShardedGradientReduction:
     @torch.no_grad()
     def finish(self) -> None:
         """Launches what is left of the reduction and waits for all of it."""
+        device = self.partitions[0].device
         for index, written in enumerate(self._written):
             if not written:  # no gradient: zero, not an earlier step's or the buffer's last
                 for b, _, numel, at in self._pieces[index]:
-                    device = self.partitions[0].device
                     self._buffer(self._buckets[b], device).narrow(0, at, numel).zero_()
         for bucket in self._buckets[self._next :]:
             bucket.num_ready = len(bucket.pieces)

@@ -538,10 +538,11 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
     def _to_deepspeed(self, flat: FlatGroup, mine: torch.Tensor) -> torch.Tensor:
         """This rank's DeepSpeed partition of a tensor laid out as the masters (this rank's
         slices end to end): each bucket gathered in turn, what falls in the partition kept.
-        Collective over the data-parallel group."""
+        Collective over the data-parallel group. One rank: `mine` itself (a copy of the masters
+        and moments would double their memory while the checkpoint is written)."""
         layout = flat.layout
         if self._dp_size == 1:
-            return mine.clone()
+            return mine
         mine = mine.to(flat.master.device, torch.float32)
         out = torch.zeros_like(flat.master)
         begin = layout.deepspeed_start
