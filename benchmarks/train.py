@@ -63,7 +63,13 @@ is our own bf16 step), its MFU against the FP8 ceiling (--fp8-peak-tflops, twice
 Hopper) too, and the two loss curves side by side: every tenth of the run, and the largest
 relative difference of their 10-iteration means after the first 10 iterations; with `eager` in
 the run too, the same measure between the two bf16 runs (the step is not bitwise deterministic):
-the spread any single-run comparison carries.
+the spread any single-run comparison carries. `--seeds 1,2,3,4` runs every variant once at each
+seed (mds-train's `--seed`: initial weights and data order, so a variant's run and `default`'s
+at one seed read the same tokens): speeds are then the seeds' median and the curves compared are
+the seeds' mean curves, with each seed's own pair and the standard error of the seed-paired
+differences at the worst window beside them (one pair of 300-iteration runs at micro-batch 4
+differs by about 1% between two bf16 runs alone). `--lr-warmup-iters` sets the warm-up (default
+2); `--losses-json PATH` keeps every run's logged losses.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
 `--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
@@ -88,6 +94,7 @@ Usage: python benchmarks/train.py --data-path P --vocab-file V --merge-file M
            [--reference PATH] [--shape 345m|1.3b|llama3-1b|llama3-3b]
            [--variants default,bf16-optimizer]
            [--contend N] [--cpus LIST] [--iterations 40] [--nproc 1 [--scaling]] [--tiny]
+           [--seeds 1,2,3,4] [--lr-warmup-iters 2] [--losses-json PATH]
            [--profile-dir DIR [--profile-steps 21,30]]
 """
 
@@ -299,7 +306,8 @@ def train_command(
         *(item for name, value in args.shape.items() for item in (SHAPE_FLAGS[name], str(value))),
         *("--micro-batch-size", str(args.micro_batch)),
         *("--train-iters", str(args.iterations), "--lr", "1e-4", "--min-lr", "1e-5"),
-        *("--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.01"),
+        *("--lr-decay-style", "cosine", "--lr-warmup-iters", str(args.lr_warmup_iters)),
+        *("--weight-decay", "0.01"),
         *("--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0"),
         *([] if "--fp16" in extra_flags else ["--bf16"]),
         *("--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", str(zero)),
@@ -307,6 +315,7 @@ def train_command(
         *("--merge-file", args.merge_file, "--split", "100,0,0", "--eval-iters", "0"),
         *("--log-interval", str(args.log_interval), "--output-dir", str(out)),
         *("--peak-tflops", str(args.peak_tflops)),
+        *([] if args.seed is None else ["--seed", str(args.seed)]),
         *("--tensor-model-parallel-size", str(args.tp)),
         *("--pipeline-model-parallel-size", str(args.pp)),
     ]
@@ -404,6 +413,23 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, help="default 40, 1.3b 30 (--tiny: 6)")
     parser.add_argument("--log-interval", type=int, help="default 10, 1.3b 5 (--tiny: 1)")
     parser.add_argument("--warmup", type=int, help="iterations left out of timing; default 10 (2)")
+    parser.add_argument(
+        "--lr-warmup-iters",
+        type=int,
+        default=2,
+        help="iterations of linear warm-up to the peak learning rate 1e-4 (default 2)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(seed) for seed in text.split(",")],
+        help="run every variant once at each of these seeds (mds-train --seed: initial weights "
+        "and data order); speeds are the seeds' median, loss curves their mean",
+    )
+    parser.add_argument(
+        "--losses-json",
+        type=Path,
+        help="write every run's logged losses here ({variant: [{iteration: loss} per seed]})",
+    )
     parser.add_argument("--micro-batch", type=int, help="default 16, 1.3b 8 (--tiny: 2)")
     parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
     parser.add_argument("--nproc", type=int, default=1)
@@ -490,29 +516,69 @@ def measure(args) -> None:
             print(
                 f"{args.reference.name} --compile: {reference:,.0f} tokens/s (measured, this call)"
             )
-    results = {}
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as work:
-        for variant in args.variants.split(","):
-            one_gpu = None
-            if args.scaling:
-                one = one_gpu_args(args)
-                one_gpu = run_ours(one, variant, Path(work) / "one-gpu")
-                if one_gpu:
-                    print(describe(one, variant, one_gpu, reference), flush=True)
-            figures = run_ours(args, variant, Path(work))
-            if not figures:
-                continue
-            results[variant] = figures
-            print(describe(args, variant, figures, reference), flush=True)
-            if one_gpu:
-                print(
-                    f"mds-train {variant}: DP = {args.nproc} at "
-                    f"{figures['tokens_per_second'] / one_gpu['tokens_per_second']:.3f}x one GPU's "
-                    "tokens/s (same micro-batch, same micro-batches per rank, this call)",
-                    flush=True,
-                )
+        # Seed-major, so a slow stretch of the machine falls on every variant alike.
+        for seed in args.seeds or [None]:
+            seeded = argparse.Namespace(**vars(args), seed=seed)
+            seed_work = Path(work) if seed is None else Path(work) / f"seed-{seed}"
+            for variant in args.variants.split(","):
+                figures = run_variant(seeded, variant, seed_work, reference)
+                if figures:
+                    runs.setdefault(variant, []).append(figures)
+    results = {variant: over_seeds(figures) for variant, figures in runs.items()}
+    if args.seeds:
+        for variant, figures in results.items():
+            print(
+                f"mds-train {variant} over seeds {', '.join(map(str, args.seeds))}: median "
+                f"{figures['tokens_per_second']:,.0f} tokens/s; the losses below are the seeds' "
+                "mean",
+                flush=True,
+            )
     compare_fp8(args, results)
     compare_zero(results)
+    if args.losses_json is not None:
+        losses = {variant: [run["losses"] for run in figures] for variant, figures in runs.items()}
+        args.losses_json.write_text(json.dumps(losses, indent=1) + "\n")
+
+
+def run_variant(args, variant: str, work: Path, reference: float | None) -> dict:
+    """One variant at one seed (and on one GPU first, with --scaling): its figures, printed."""
+    seed = "" if args.seed is None else f" [seed {args.seed}]"
+    one_gpu = None
+    if args.scaling:
+        one = one_gpu_args(args)
+        one_gpu = run_ours(one, variant, work / "one-gpu")
+        if one_gpu:
+            print(describe(one, variant, one_gpu, reference) + seed, flush=True)
+    figures = run_ours(args, variant, work)
+    if not figures:
+        return {}
+    figures["seed"] = args.seed
+    print(describe(args, variant, figures, reference) + seed, flush=True)
+    if one_gpu:
+        print(
+            f"mds-train {variant}: DP = {args.nproc} at "
+            f"{figures['tokens_per_second'] / one_gpu['tokens_per_second']:.3f}x one GPU's "
+            "tokens/s (same micro-batch, same micro-batches per rank, this call)",
+            flush=True,
+        )
+    return figures
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """One variant's runs at several seeds as one: the median speed, the mean loss curve (each
+    seed's run and its counterpart in another variant read the same data, so mean curves
+    compare like with like). One run is itself."""
+    if len(runs) == 1:
+        return runs[0]
+    logged = set.intersection(*(set(run["losses"]) for run in runs))
+    merged = dict(runs[0])
+    merged["tokens_per_second"] = statistics.median(run["tokens_per_second"] for run in runs)
+    merged["ms"] = statistics.median(run["ms"] for run in runs)
+    merged["losses"] = {i: statistics.fmean(run["losses"][i] for run in runs) for i in logged}
+    merged["runs"] = runs
+    return merged
 
 
 def one_gpu_args(args):
@@ -597,6 +663,8 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
             f"  largest relative difference of {CURVE_WINDOW}-iteration means after iteration "
             f"{CURVE_WINDOW}: {curve_difference(ours, theirs):.2%}"
         )
+        if "runs" in figures and "runs" in bf16:
+            print(f"  {paired_seeds(figures['runs'], bf16['runs'])}")
     # The measure's own noise: the bf16 step is not bitwise deterministic, so a second bf16
     # run (eager: the same kernels, launched from Python) drifts from the first.
     if bf16 is not None and "eager" in results and any(v.startswith("fp8") for v in results):
@@ -606,22 +674,55 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
             f"{CURVE_WINDOW}-iteration means after iteration {CURVE_WINDOW}: {spread:.2%} "
             "(the run-to-run spread of the measure)"
         )
+        if "runs" in results["eager"] and "runs" in bf16:
+            print(f"  {paired_seeds(results['eager']['runs'], bf16['runs'])}")
 
 
 def curve_difference(ours: dict[int, float], theirs: dict[int, float]) -> float:
     """The largest relative difference of two loss curves' CURVE_WINDOW-iteration means after
+    the first window."""
+    return max((abs(d) for d in window_differences(ours, theirs).values()), default=0.0)
+
+
+def window_differences(ours: dict[int, float], theirs: dict[int, float]) -> dict[int, float]:
+    """(ours - theirs) / theirs of the two curves' CURVE_WINDOW-iteration means, by window, after
     the first window. Each logged loss is its interval's mean: a window's mean is the mean of
     its lines."""
     windows: dict[int, list[int]] = {}
     for iteration in sorted(set(ours) & set(theirs)):
         if iteration > CURVE_WINDOW:
             windows.setdefault((iteration - 1) // CURVE_WINDOW, []).append(iteration)
-    worst = 0.0
-    for window in windows.values():
-        mean_theirs = sum(theirs[i] for i in window) / len(window)
-        mean_ours = sum(ours[i] for i in window) / len(window)
-        worst = max(worst, abs(mean_ours - mean_theirs) / mean_theirs)
-    return worst
+    differences = {}
+    for window, iterations in windows.items():
+        mean_theirs = statistics.fmean(theirs[i] for i in iterations)
+        mean_ours = statistics.fmean(ours[i] for i in iterations)
+        differences[window] = (mean_ours - mean_theirs) / mean_theirs
+    return differences
+
+
+def paired_seeds(ours: list[dict], theirs: list[dict]) -> str:
+    """Two variants run at the same seeds: each seed's own curve difference, and the mean
+    curves' worst window with the standard error of its seed-paired differences (how far the
+    mean itself can be trusted)."""
+    theirs_by_seed = {run["seed"]: run["losses"] for run in theirs}
+    pairs = [
+        (run["losses"], theirs_by_seed[run["seed"]])
+        for run in ours
+        if run["seed"] in theirs_by_seed
+    ]
+    if len(pairs) < 2:
+        return "fewer than two seeds ran on both sides: no paired figures"
+    singles = [curve_difference(o, t) for o, t in pairs]
+    per_seed = [window_differences(o, t) for o, t in pairs]
+    windows = set.intersection(*(set(d) for d in per_seed))
+    means = {w: statistics.fmean(d[w] for d in per_seed) for w in windows}
+    worst = max(windows, key=lambda w: abs(means[w]))
+    error = statistics.stdev(d[worst] for d in per_seed) / len(per_seed) ** 0.5
+    return (
+        f"each seed's own pair: {', '.join(f'{single:.2%}' for single in singles)}; mean of the "
+        f"seeds' paired differences at the worst window (iterations {worst * CURVE_WINDOW + 1}-"
+        f"{(worst + 1) * CURVE_WINDOW}): {means[worst]:+.2%} +- {error:.2%} (standard error)"
+    )
 
 
 if __name__ == "__main__":

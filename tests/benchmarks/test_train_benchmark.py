@@ -60,6 +60,27 @@ def test_fp8_s_curve_measure_is_also_given_for_two_bf16_runs(capsys):
     ) in out
 
 
+def test_seeds_compare_mean_curves_and_pair_each_seed_s_runs(capsys):
+    """With --seeds, a variant's curve is its seeds' mean, and each seed's FP8 run is paired with
+    the bf16 run of that seed (the same tokens), not with whichever ran at the same position."""
+    benchmark = load_benchmark()
+
+    def run(seed, losses, tokens_per_second=100.0):
+        return dict(seed=seed, losses=losses, tokens_per_second=tokens_per_second, ms=1.0, mfu=None)
+
+    bf16 = [run(1, {10: 9.0, 20: 8.0}), run(2, {10: 9.0, 20: 6.0})]
+    fp8 = [run(2, {10: 9.0, 20: 6.3}, 130.0), run(1, {10: 9.0, 20: 8.0}, 120.0)]
+    results = {"default": benchmark.over_seeds(bf16), "fp8": benchmark.over_seeds(fp8)}
+    assert results["default"]["losses"] == {10: 9.0, 20: 7.0}
+    assert results["fp8"]["tokens_per_second"] == 125.0  # the seeds' median
+    benchmark.compare_fp8(SimpleNamespace(peak_tflops=790.0, fp8_peak_tflops=1979.0), results)
+    out = capsys.readouterr().out
+    # Mean curves: 7.15 against 7.0 at 11-20 is 2.14%; by seed: seed 2 +5.00%, seed 1 0%.
+    assert "10-iteration means after iteration 10: 2.14%" in out
+    assert "each seed's own pair: 5.00%, 0.00%" in out
+    assert "(iterations 11-20): +2.50% +- 2.50% (standard error)" in out
+
+
 def test_cpus_are_read_as_taskset_reads_them():
     benchmark = load_benchmark()
     assert benchmark.parse_cpus("0,1") == {0, 1}
@@ -111,6 +132,8 @@ def test_a_llama_shape_runs_upstream_s_llama_flags_against_reference_llama(tmp_p
                 pp=1,
                 nproc=1,
                 global_batch=None,
+                lr_warmup_iters=2,
+                seed=7,
             ),
             tmp_path / "out",
             0,
@@ -124,6 +147,8 @@ def test_a_llama_shape_runs_upstream_s_llama_flags_against_reference_llama(tmp_p
         "--rotary-position-embeddings-theta 500000",
         "--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048",
         "--num-key-value-heads 8 --ffn-hidden-size 8192 --micro-batch-size 4",
+        "--lr-warmup-iters 2",
+        "--seed 7",
     ):
         assert flags in argv
 
