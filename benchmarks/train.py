@@ -313,6 +313,7 @@ def train_command(
         *("--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", str(zero)),
         *("--data-path", args.data_path, "--vocab-file", args.vocab_file),
         *("--merge-file", args.merge_file, "--split", "100,0,0", "--eval-iters", "0"),
+        *("--data-cache-path", str(out.parent / "index-cache")),  # not beside the user's data
         *("--log-interval", str(args.log_interval), "--output-dir", str(out)),
         *("--peak-tflops", str(args.peak_tflops)),
         *([] if args.seed is None else ["--seed", str(args.seed)]),
@@ -535,6 +536,15 @@ def measure(args) -> None:
                 "mean",
                 flush=True,
             )
+    if "default" in results and any(variant.startswith("fp8") for variant in results):
+        passes = corpus_passes(args)
+        if passes > 1:
+            print(
+                f"note: each run reads the corpus's tokens {passes:.2f} times: after iteration "
+                f"{int(args.iterations / passes)} the loss curves below also compare how the runs "
+                "fit tokens they have already seen",
+                flush=True,
+            )
     compare_fp8(args, results)
     compare_zero(results)
     if args.losses_json is not None:
@@ -676,6 +686,15 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
         )
         if "runs" in results["eager"] and "runs" in bf16:
             print(f"  {paired_seeds(results['eager']['runs'], bf16['runs'])}")
+
+
+def corpus_passes(args) -> float:
+    """How many times a run reads --data-path's tokens (all of them train: --split 100,0,0)."""
+    from mds_indexed_data.reader import IndexedDatasetReader
+
+    corpus = int(IndexedDatasetReader(args.data_path).sizes.sum(dtype="int64"))
+    global_batch = args.global_batch or args.micro_batch * args.nproc // (args.tp * args.pp)
+    return args.iterations * global_batch * args.shape["seq_length"] / corpus
 
 
 def curve_difference(ours: dict[int, float], theirs: dict[int, float]) -> float:
