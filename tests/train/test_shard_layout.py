@@ -57,3 +57,21 @@ def test_deepspeed_partitions_are_contiguous_and_padded_at_the_end():
         [(1, 2, 1, 0), (2, 0, 5, 1)],
         [(2, 5, 3, 0)],
     ]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_slices_overlapping_a_range_are_those_a_scan_finds(size):
+    """The load's lookup (bisection over the slices) against a plain scan of every slice."""
+    numels = [1000, 7, 513, 4096, 1, 333, 2048, 65]
+    for rank in range(size):
+        layout = shard_layout(numels, rank=rank, size=size, bucket_elements=700)
+        for start in range(0, layout.padded_numel, 97):
+            for numel in (1, 50, 700, 3000):
+                scanned = [
+                    s
+                    for s in layout.slices
+                    if s.start < start + numel and start < s.start + s.numel
+                ]
+                assert sorted(layout.slices_overlapping(start, numel), key=lambda s: s.start) == (
+                    sorted(scanned, key=lambda s: s.start)
+                )

@@ -12,6 +12,7 @@ ranks and needs an all-reduce. Checkpoints convert between the two (sharded_mast
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -76,6 +77,24 @@ class ShardLayout:
             share = numel // self.size
             out.append(Slice(b, start + self.rank * share, share, partition_start))
             partition_start += share
+        return out
+
+    @cached_property
+    def _slices_by_start(self) -> tuple[list[Slice], list[int]]:
+        ordered = sorted(self.slices, key=lambda piece: piece.start)
+        return ordered, [piece.start for piece in ordered]
+
+    def slices_overlapping(self, start: int, numel: int) -> list[Slice]:
+        """This rank's slices that share elements with [start, start + numel) of the flat group,
+        found by bisection (a load asks for every chunk of every rank's partition)."""
+        ordered, starts = self._slices_by_start
+        first = max(0, bisect.bisect_right(starts, start) - 1)
+        out = []
+        for piece in ordered[first:]:
+            if piece.start >= start + numel:
+                break
+            if piece.start + piece.numel > start:
+                out.append(piece)
         return out
 
     @property

@@ -575,7 +575,7 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
             pieces = gathered(padded.narrow(0, offset, count), self._dp_group, self._dp_size)
             for rank in range(self._dp_size):
                 begin = rank * size + offset  # where rank's piece lies in the flat group
-                for piece in layout.slices:
+                for piece in layout.slices_overlapping(begin, count):
                     low = max(begin, piece.start)
                     high = min(begin + count, piece.start + piece.numel)
                     if low < high:
