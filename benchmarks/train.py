@@ -527,6 +527,7 @@ def measure(args) -> None:
                 figures = run_variant(seeded, variant, seed_work, reference)
                 if figures:
                     runs.setdefault(variant, []).append(figures)
+                    save_losses(args, runs)  # after every run: a call cut short keeps them
     results = {variant: over_seeds(figures) for variant, figures in runs.items()}
     if args.seeds:
         for variant, figures in results.items():
@@ -547,6 +548,9 @@ def measure(args) -> None:
             )
     compare_fp8(args, results)
     compare_zero(results)
+
+
+def save_losses(args, runs: dict[str, list[dict]]) -> None:
     if args.losses_json is not None:
         losses = {variant: [run["losses"] for run in figures] for variant, figures in runs.items()}
         args.losses_json.write_text(json.dumps(losses, indent=1) + "\n")
