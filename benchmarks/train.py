@@ -356,6 +356,7 @@ def run_ours(args, variant: str, work: Path) -> dict:
     return {
         "tokens_per_second": batch * args.shape["seq_length"] / (ms / 1000.0),
         "ms": ms,
+        "global_batch": batch,
         "mfu": statistics.median(mfus) if mfus else None,
         "memory_gib": None if None in memories else max(memories),
         "reserved_gib": None if None in reserved else max(reserved),
@@ -538,7 +539,7 @@ def measure(args) -> None:
                 flush=True,
             )
     if "default" in results and any(variant.startswith("fp8") for variant in results):
-        passes = corpus_passes(args)
+        passes = corpus_passes(args, results["default"]["global_batch"])
         if passes > 1:
             print(
                 f"note: each run reads the corpus's tokens {passes:.2f} times: after iteration "
@@ -692,12 +693,12 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
             print(f"  {paired_seeds(results['eager']['runs'], bf16['runs'])}")
 
 
-def corpus_passes(args) -> float:
-    """How many times a run reads --data-path's tokens (all of them train: --split 100,0,0)."""
+def corpus_passes(args, global_batch: int) -> float:
+    """How many times a run of `global_batch` samples a step (as mds-train recorded it) reads
+    --data-path's tokens (all of them train: --split 100,0,0)."""
     from mds_indexed_data.reader import IndexedDatasetReader
 
     corpus = int(IndexedDatasetReader(args.data_path).sizes.sum(dtype="int64"))
-    global_batch = args.global_batch or args.micro_batch * args.nproc // (args.tp * args.pp)
     return args.iterations * global_batch * args.shape["seq_length"] / corpus
 
 
@@ -735,8 +736,8 @@ def paired_seeds(ours: list[dict], theirs: list[dict]) -> str:
     ]
     if len(pairs) < 2:
         return "fewer than two seeds ran on both sides: no paired figures"
-    singles = [curve_difference(o, t) for o, t in pairs]
     per_seed = [window_differences(o, t) for o, t in pairs]
+    singles = [max(abs(d) for d in differences.values()) for differences in per_seed]
     windows = set.intersection(*(set(d) for d in per_seed))
     means = {w: statistics.fmean(d[w] for d in per_seed) for w in windows}
     worst = max(windows, key=lambda w: abs(means[w]))

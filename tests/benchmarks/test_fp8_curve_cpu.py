@@ -49,7 +49,7 @@ def test_the_script_prints_each_variant_against_bf16(shared_data):
     assert "  fp8-history: final" in result.stdout
 
 
-def test_unknown_variants_are_one_line(shared_data):
+def test_unknown_variants_are_one_line():
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--data-path", "x", "--variants", "bf16,fp9"],
         capture_output=True, text=True,

@@ -223,3 +223,14 @@ def test_scaling_is_refused_where_it_compares_nothing(shared_data, flags):
     result = _tiny(shared_data, "--scaling", *flags)
     assert result.returncode == 2
     assert "--scaling" in result.stderr.strip().splitlines()[-1]
+
+
+def test_corpus_passes_count_the_tokens_the_recorded_batches_read(shared_data):
+    """The 1B runs' 300 iterations of 4 x 2048 tokens against the shared corpus's 1,361,845."""
+    benchmark = load_benchmark()
+    args = SimpleNamespace(
+        data_path=str(shared_data / "megatron-golden/meg-gpt2-openwebtext_text_document"),
+        iterations=300,
+        shape=benchmark.SHAPES["llama3-1b"],
+    )
+    assert benchmark.corpus_passes(args, 4) == 300 * 4 * 2048 / 1_361_845

@@ -578,10 +578,9 @@ class ShardedMasterAdamW(torch.optim.Optimizer):
                 for piece in layout.slices_overlapping(begin, count):
                     low = max(begin, piece.start)
                     high = min(begin + count, piece.start + piece.numel)
-                    if low < high:
-                        source = pieces.narrow(0, rank * count + low - begin, high - low)
-                        at = piece.partition_start + low - piece.start
-                        out.narrow(0, at, high - low).copy_(source)
+                    source = pieces.narrow(0, rank * count + low - begin, high - low)
+                    at = piece.partition_start + low - piece.start
+                    out.narrow(0, at, high - low).copy_(source)
         return out
 
 
