@@ -69,7 +69,8 @@ at one seed read the same tokens): speeds are then the seeds' median and the cur
 the seeds' mean curves, with each seed's own pair and the standard error of the seed-paired
 differences at the worst window beside them (one pair of 300-iteration runs at micro-batch 4
 differs by about 1% between two bf16 runs alone). `--lr-warmup-iters` sets the warm-up (default
-2); `--losses-json PATH` keeps every run's logged losses.
+2); `--losses-json PATH` keeps every run's logged losses, and benchmarks/loss_curves.py compares
+the files of several calls the same way.
 `--contend N` keeps N host cores busy with spinning processes from before the reference starts
 until the last variant ends, so both sides run on the same contended host (the header says so).
 `--cpus 0,1` (taskset's list: `0-3,8`) pins this script, and so the reference, mds-train and the
@@ -430,7 +431,8 @@ def main() -> None:
     parser.add_argument(
         "--losses-json",
         type=Path,
-        help="write every run's logged losses here ({variant: [{iteration: loss} per seed]})",
+        help="write every run's logged losses here, by variant and seed, for "
+        "benchmarks/loss_curves.py",
     )
     parser.add_argument("--micro-batch", type=int, help="default 16, 1.3b 8 (--tiny: 2)")
     parser.add_argument("--global-batch", type=int, help="default: micro-batch x DP")
@@ -552,8 +554,13 @@ def measure(args) -> None:
 
 
 def save_losses(args, runs: dict[str, list[dict]]) -> None:
+    """--losses-json: {variant: [{"seed": S, "losses": {iteration: loss}}, ...]}, which
+    benchmarks/loss_curves.py compares across calls."""
     if args.losses_json is not None:
-        losses = {variant: [run["losses"] for run in figures] for variant, figures in runs.items()}
+        losses = {
+            variant: [{"seed": run["seed"], "losses": run["losses"]} for run in figures]
+            for variant, figures in runs.items()
+        }
         args.losses_json.write_text(json.dumps(losses, indent=1) + "\n")
 
 
@@ -587,13 +594,18 @@ def over_seeds(runs: list[dict]) -> dict:
     compare like with like). One run is itself."""
     if len(runs) == 1:
         return runs[0]
-    logged = set.intersection(*(set(run["losses"]) for run in runs))
     merged = dict(runs[0])
     merged["tokens_per_second"] = statistics.median(run["tokens_per_second"] for run in runs)
     merged["ms"] = statistics.median(run["ms"] for run in runs)
-    merged["losses"] = {i: statistics.fmean(run["losses"][i] for run in runs) for i in logged}
+    merged["losses"] = mean_curve([run["losses"] for run in runs])
     merged["runs"] = runs
     return merged
+
+
+def mean_curve(curves: list[dict[int, float]]) -> dict[int, float]:
+    """The mean loss at each iteration every curve logged."""
+    logged = set.intersection(*(set(curve) for curve in curves))
+    return {i: statistics.fmean(curve[i] for curve in curves) for i in sorted(logged)}
 
 
 def one_gpu_args(args):

@@ -6,6 +6,7 @@ runs and their ratio."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -234,3 +235,11 @@ def test_corpus_passes_count_the_tokens_the_recorded_batches_read(shared_data):
         shape=benchmark.SHAPES["llama3-1b"],
     )
     assert benchmark.corpus_passes(args, 4) == 300 * 4 * 2048 / 1_361_845
+
+
+def test_losses_json_keeps_each_run_s_seed_for_loss_curves(tmp_path):
+    benchmark = load_benchmark()
+    path = tmp_path / "losses.json"
+    runs = {"default": [dict(seed=2, losses={10: 9.0}, tokens_per_second=1.0)]}
+    benchmark.save_losses(SimpleNamespace(losses_json=path), runs)
+    assert json.loads(path.read_text()) == {"default": [{"seed": 2, "losses": {"10": 9.0}}]}
