@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from train import mean_curve, paired_seeds, window_differences
+from train import mean_curve, paired_seeds, print_curves
 
 Curve = dict[int, float]
 
@@ -61,27 +61,16 @@ def seeds_text(seeds: list) -> str:
 
 
 def compare(name: str, ours: list[dict], base_name: str, base: list[dict]) -> None:
-    """`ours` against `base` at the seeds both have: mean curves, worst window, seed pairs."""
+    """`ours` against `base` at the seeds both have: the seeds' mean curves, their worst window,
+    each seed's pair."""
     base_by_seed = {run["seed"]: run for run in base}
     ours = [run for run in ours if run["seed"] in base_by_seed]
     if not ours:
         print(f"{name}: no seed in common with {base_name}: nothing to compare")
         return
-    theirs = mean_curve([base_by_seed[run["seed"]]["losses"] for run in ours])
-    mine = mean_curve([run["losses"] for run in ours])
     print(f"{name} against {base_name} at seeds {seeds_text([run['seed'] for run in ours])}")
-    shared = sorted(set(mine) & set(theirs))
-    every = max(1, len(shared) // 10)
-    print(f"  iteration  {base_name} loss  {name} loss  relative difference")
-    for iteration in shared[every - 1 :: every]:
-        a, b = theirs[iteration], mine[iteration]
-        print(f"  {iteration:9d}  {a:9.4f}  {b:9.4f}  {(b - a) / a:+.2%}")
-    differences = window_differences(mine, theirs)
-    worst = max((abs(d) for d in differences.values()), default=0.0)
-    print(
-        "  largest relative difference of the seeds' mean curves' 10-iteration means after "
-        f"iteration 10: {worst:.2%}"
-    )
+    theirs = mean_curve([base_by_seed[run["seed"]]["losses"] for run in ours])
+    print_curves(name, mean_curve([run["losses"] for run in ours]), base_name, theirs)
     print(f"  {paired_seeds(ours, [base_by_seed[run['seed']] for run in ours])}")
 
 

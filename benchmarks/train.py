@@ -679,17 +679,7 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
                 f"{fp8_mfu:.1%} of the FP8 ceiling ({args.fp8_peak_tflops:g})"
             )
         print(f"mds-train {variant}: {speedup:.3f}x mds-train default (bf16){ceilings}")
-        ours, theirs = figures["losses"], bf16["losses"]
-        shared = sorted(set(ours) & set(theirs))
-        every = max(1, len(shared) // 10)
-        print(f"  iteration  bf16 loss  {variant} loss  relative difference")
-        for iteration in shared[every - 1 :: every]:
-            a, b = theirs[iteration], ours[iteration]
-            print(f"  {iteration:9d}  {a:9.4f}  {b:9.4f}  {(b - a) / a:+.2%}")
-        print(
-            f"  largest relative difference of {CURVE_WINDOW}-iteration means after iteration "
-            f"{CURVE_WINDOW}: {curve_difference(ours, theirs):.2%}"
-        )
+        print_curves(variant, figures["losses"], "bf16", bf16["losses"])
         if "runs" in figures and "runs" in bf16:
             print(f"  {paired_seeds(figures['runs'], bf16['runs'])}")
     # The measure's own noise: the bf16 step is not bitwise deterministic, so a second bf16
@@ -703,6 +693,20 @@ def compare_fp8(args, results: dict[str, dict]) -> None:
         )
         if "runs" in results["eager"] and "runs" in bf16:
             print(f"  {paired_seeds(results['eager']['runs'], bf16['runs'])}")
+
+
+def print_curves(name: str, ours: dict[int, float], base: str, theirs: dict[int, float]) -> None:
+    """Two loss curves side by side every tenth of the run, and their largest difference."""
+    shared = sorted(set(ours) & set(theirs))
+    every = max(1, len(shared) // 10)
+    print(f"  iteration  {base} loss  {name} loss  relative difference")
+    for iteration in shared[every - 1 :: every]:
+        a, b = theirs[iteration], ours[iteration]
+        print(f"  {iteration:9d}  {a:9.4f}  {b:9.4f}  {(b - a) / a:+.2%}")
+    print(
+        f"  largest relative difference of {CURVE_WINDOW}-iteration means after iteration "
+        f"{CURVE_WINDOW}: {curve_difference(ours, theirs):.2%}"
+    )
 
 
 def corpus_passes(args, global_batch: int) -> float:
