@@ -40,13 +40,19 @@ def read_runs(paths: list[Path]) -> dict[str, dict[int | None, list[Curve]]]:
         if not isinstance(variants, dict):
             raise LossesError(f"{path}: not a --losses-json file (no variants at its top level)")
         for variant, variant_runs in variants.items():
-            for run in variant_runs:
+            for run in variant_runs if isinstance(variant_runs, list) else [None]:
                 if not isinstance(run, dict) or set(run) != {"seed", "losses"}:
                     raise LossesError(
                         f"{path}: {variant}'s runs carry no seeds; write the file again with "
                         "benchmarks/train.py --losses-json ({variant: [{seed, losses}]})"
                     )
-                curve = {int(i): float(loss) for i, loss in run["losses"].items()}
+                try:
+                    curve = {int(i): float(loss) for i, loss in run["losses"].items()}
+                except (AttributeError, TypeError, ValueError):
+                    raise LossesError(
+                        f"{path}: {variant}'s losses at seed {run['seed']} are not "
+                        "{iteration: loss}"
+                    ) from None
                 runs.setdefault(variant, {}).setdefault(run["seed"], []).append(curve)
     return runs
 
