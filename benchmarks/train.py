@@ -714,7 +714,7 @@ def corpus_passes(args, global_batch: int) -> float:
     --data-path's tokens (all of them train: --split 100,0,0)."""
     from mds_indexed_data.reader import IndexedDatasetReader
 
-    corpus = int(IndexedDatasetReader(args.data_path).sizes.sum(dtype="int64"))
+    corpus = IndexedDatasetReader(args.data_path).num_tokens
     return args.iterations * global_batch * args.shape["seq_length"] / corpus
 
 
